@@ -1,0 +1,99 @@
+import Foundation
+import Hummingbird
+
+/// A JSON object body read field by field, with a clear 400 naming the field on bad input.
+struct BodyFields {
+    let fields: [String: JSON]
+
+    static func read(_ request: Request, context: some RequestContext) async throws -> BodyFields {
+        let buffer: ByteBuffer
+        do {
+            buffer = try await request.body.collect(upTo: context.maxUploadSize)
+        } catch {
+            throw GatewayError(.contentTooLarge, "request_too_large", "The request body is larger than \(context.maxUploadSize) bytes.")
+        }
+        guard buffer.readableBytes > 0 else { throw GatewayError.invalidRequest("The request needs a JSON object body.") }
+        guard let json = try? JSON.parse(buffer) else {
+            throw GatewayError.invalidRequest("The request body is not valid JSON.")
+        }
+        guard let object = json.objectFields else {
+            throw GatewayError.invalidRequest("The request body must be a JSON object.")
+        }
+        return BodyFields(fields: Dictionary(object.map { ($0.key, $0.value) }, uniquingKeysWith: { _, b in b }))
+    }
+
+    func has(_ key: String) -> Bool { fields[key] != nil }
+
+    func string(_ key: String, required: Bool = false, maxLength: Int = 200) throws -> String? {
+        guard let value = fields[key], !value.isNull else {
+            if required { throw GatewayError.invalidRequest("'\(key)' is required.") }
+            return nil
+        }
+        guard let s = value.stringValue else { throw GatewayError.invalidRequest("'\(key)' must be a string.") }
+        guard !s.isEmpty, s.count <= maxLength else {
+            throw GatewayError.invalidRequest("'\(key)' must be 1 to \(maxLength) characters.")
+        }
+        return s
+    }
+
+    func requiredString(_ key: String, maxLength: Int = 200) throws -> String {
+        try string(key, required: true, maxLength: maxLength)!
+    }
+
+    /// A non-negative integer or `null`; `.absent` when the key is missing.
+    enum Cap { case absent, null, value(Int64) }
+
+    func cap(_ key: String) throws -> Cap {
+        guard let value = fields[key] else { return .absent }
+        if value.isNull { return .null }
+        guard case .int(let i) = value, i >= 0 else {
+            throw GatewayError.invalidRequest("'\(key)' must be a whole number of at least 0, or null for unlimited.")
+        }
+        return .value(i)
+    }
+
+    func bool(_ key: String) throws -> Bool? {
+        guard let value = fields[key], !value.isNull else { return nil }
+        guard let b = value.boolValue else { throw GatewayError.invalidRequest("'\(key)' must be true or false.") }
+        return b
+    }
+
+    func int(_ key: String, range: ClosedRange<Int64>) throws -> Int64? {
+        guard let value = fields[key], !value.isNull else { return nil }
+        guard case .int(let i) = value, range.contains(i) else {
+            throw GatewayError.invalidRequest("'\(key)' must be a whole number from \(range.lowerBound) to \(range.upperBound).")
+        }
+        return i
+    }
+
+    func number(_ key: String) throws -> Double? {
+        guard let value = fields[key], !value.isNull else { return nil }
+        if let d = value.doubleValue, d.isFinite, d >= 0, d < 1e12 { return d }
+        if let s = value.stringValue, let d = Double(s), d.isFinite, d >= 0, d < 1e12 { return d }
+        throw GatewayError.invalidRequest("'\(key)' must be a number of at least 0.")
+    }
+
+    func uuid(_ key: String, required: Bool = false) throws -> UUID? {
+        guard let s = try string(key, required: required, maxLength: 64) else { return nil }
+        guard let id = UUID(uuidString: s) else { throw GatewayError.invalidRequest("'\(key)' must be a UUID.") }
+        return id
+    }
+
+    func date(_ key: String) throws -> Date? {
+        guard let s = try string(key, maxLength: 64) else { return nil }
+        guard let d = Timestamp.parse(s) else {
+            throw GatewayError.invalidRequest("'\(key)' must be an ISO-8601 time such as 2026-11-01T00:00:00Z.")
+        }
+        return d
+    }
+}
+
+extension Parameters {
+    /// A UUID path parameter, 404 when it is not one (an id that cannot exist).
+    func uuid(_ name: String, what: String) throws -> UUID {
+        guard let text = self.get(name), let id = UUID(uuidString: text) else {
+            throw GatewayError.notFound("No \(what) with that id.")
+        }
+        return id
+    }
+}

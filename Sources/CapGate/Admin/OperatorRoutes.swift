@@ -1,0 +1,199 @@
+import Foundation
+import Hummingbird
+
+/// SPEC §5: plans, products, companies, users, API keys and plan assignment, for the operator.
+struct OperatorRoutes {
+    let tenants: TenantStore
+    let periods: PeriodStore
+
+    func register(on group: RouterGroup<AuthenticatedContext>) {
+        group.get("plans") { _, context in
+            try context.requireOperator()
+            return jsonResponse(listJSON(try await tenants.plans()))
+        }
+        group.post("plans") { request, context in
+            try context.requireOperator()
+            let fields = try await BodyFields.read(request, context: context)
+            let input = try planInput(fields, id: nil, existing: nil)
+            return jsonResponse(try await tenants.createPlan(input), status: .created)
+        }
+        group.get("plans/{id}") { _, context in
+            try context.requireOperator()
+            let id = context.parameters.get("id") ?? ""
+            guard let plan = try await tenants.plan(id) else { throw GatewayError.notFound("No plan with id '\(id)'.") }
+            return jsonResponse(plan)
+        }
+        group.put("plans/{id}") { request, context in
+            try context.requireOperator()
+            let id = context.parameters.get("id") ?? ""
+            guard let existing = try await tenants.plan(id) else { throw GatewayError.notFound("No plan with id '\(id)'.") }
+            let fields = try await BodyFields.read(request, context: context)
+            let input = try planInput(fields, id: id, existing: existing)
+            return jsonResponse(try await tenants.updatePlan(input))
+        }
+
+        group.get("products") { _, context in
+            try context.requireOperator()
+            return jsonResponse(listJSON(try await tenants.products()))
+        }
+        group.post("products") { request, context in
+            try context.requireOperator()
+            let fields = try await BodyFields.read(request, context: context)
+            let product = try fields.requiredString("product_id")
+            let plan = try fields.requiredString("plan_id", maxLength: 64)
+            let interval = try fields.string("interval", maxLength: 10) ?? "month"
+            guard interval == "month" || interval == "year" else {
+                throw GatewayError.invalidRequest("'interval' must be 'month' or 'year'.")
+            }
+            return jsonResponse(try await tenants.createProduct(productID: product, planID: plan, interval: interval), status: .created)
+        }
+
+        group.post("companies") { request, context in
+            try context.requireOperator()
+            let fields = try await BodyFields.read(request, context: context)
+            let id = try fields.uuid("id") ?? UUID()
+            let name = try fields.requiredString("name")
+            let plan = try fields.string("plan", maxLength: 64)
+            let autoRenew = try fields.bool("auto_renew") ?? true
+            let start = try fields.date("started_at") ?? Date()
+            if let plan, try await tenants.plan(plan) == nil {
+                throw GatewayError.notFound("No plan with id '\(plan)'.")
+            }
+            try await tenants.createCompany(id: id, name: name)
+            if let plan {
+                try await periods.assignPlan(company: id, plan: plan, start: start, autoRenew: autoRenew)
+            }
+            return jsonResponse(try await tenants.company(id) ?? .null, status: .created)
+        }
+        group.get("companies/{id}") { _, context in
+            let id = try context.parameters.uuid("id", what: "company")
+            try context.requireAdmin(of: id)
+            guard let company = try await tenants.company(id) else { throw GatewayError.notFound("No company with that id.") }
+            return jsonResponse(company)
+        }
+        group.put("companies/{id}/plan") { request, context in
+            try context.requireOperator()
+            let id = try context.parameters.uuid("id", what: "company")
+            let fields = try await BodyFields.read(request, context: context)
+            let plan = try fields.requiredString("plan", maxLength: 64)
+            let start = try fields.date("started_at") ?? Date()
+            let autoRenew = try fields.bool("auto_renew") ?? true
+            guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
+            try await periods.assignPlan(company: id, plan: plan, start: start, autoRenew: autoRenew)
+            return jsonResponse(try await tenants.company(id) ?? .null)
+        }
+
+        group.get("companies/{id}/users") { _, context in
+            let id = try context.parameters.uuid("id", what: "company")
+            try context.requireAdmin(of: id)
+            guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
+            return jsonResponse(listJSON(try await tenants.users(company: id)))
+        }
+        group.post("companies/{id}/users") { request, context in
+            try context.requireOperator()
+            let company = try context.parameters.uuid("id", what: "company")
+            let fields = try await BodyFields.read(request, context: context)
+            let id = try fields.uuid("id") ?? UUID()
+            let email = try fields.string("email", maxLength: 320)
+            let role = try fields.string("role", maxLength: 10) ?? "member"
+            guard role == "member" || role == "admin" else { throw GatewayError.invalidRequest("'role' must be 'member' or 'admin'.") }
+            var cap: Int64? = nil
+            if case .value(let v) = try fields.cap("monthly_cap") { cap = v }
+            let disabled = try fields.bool("disabled") ?? false
+            guard try await tenants.companyExists(company) else { throw GatewayError.notFound("No company with that id.") }
+            return jsonResponse(
+                try await tenants.createUser(company: company, id: id, email: email, role: role, monthlyCap: cap, disabled: disabled),
+                status: .created
+            )
+        }
+        group.patch("companies/{id}/users/{userId}") { request, context in
+            try context.requireOperator()
+            let company = try context.parameters.uuid("id", what: "company")
+            let user = try context.parameters.uuid("userId", what: "user")
+            let fields = try await BodyFields.read(request, context: context)
+            let role = try fields.string("role", maxLength: 10)
+            if let role, role != "member" && role != "admin" { throw GatewayError.invalidRequest("'role' must be 'member' or 'admin'.") }
+            var cap: Int64?? = nil
+            switch try fields.cap("monthly_cap") {
+            case .absent: cap = nil
+            case .null: cap = .some(nil)
+            case .value(let v): cap = .some(v)
+            }
+            var email: String?? = nil
+            if fields.has("email") { email = .some(try fields.string("email", maxLength: 320)) }
+            let disabled = try fields.bool("disabled")
+            guard try await tenants.user(company: company, id: user) != nil else {
+                throw GatewayError.notFound("No user with that id in this company.")
+            }
+            return jsonResponse(
+                try await tenants.updateUser(company: company, id: user, email: email, role: role, monthlyCap: cap, disabled: disabled)
+            )
+        }
+
+        group.get("companies/{id}/api-keys") { _, context in
+            let company = try context.parameters.uuid("id", what: "company")
+            try context.requireAdmin(of: company)
+            return jsonResponse(listJSON(try await tenants.keys(company: company)))
+        }
+        group.post("companies/{id}/api-keys") { request, context in
+            try context.requireOperator()
+            let company = try context.parameters.uuid("id", what: "company")
+            let fields = try await BodyFields.read(request, context: context)
+            let user = try fields.uuid("user_id", required: true)!
+            guard try await tenants.companyExists(company) else { throw GatewayError.notFound("No company with that id.") }
+            guard try await tenants.user(company: company, id: user) != nil else {
+                throw GatewayError.notFound("No user with that id in this company.")
+            }
+            return jsonResponse(try await tenants.createKey(company: company, user: user), status: .created)
+        }
+        group.delete("companies/{id}/api-keys/{keyId}") { _, context in
+            try context.requireOperator()
+            let company = try context.parameters.uuid("id", what: "company")
+            let key = try context.parameters.uuid("keyId", what: "API key")
+            guard let revoked = try await tenants.revokeKey(company: company, id: key) else {
+                throw GatewayError.notFound("No API key with that id in this company.")
+            }
+            return jsonResponse(revoked)
+        }
+    }
+
+    /// Reads a plan body; for an update, missing fields keep their current values.
+    func planInput(_ f: BodyFields, id: String?, existing: JSON?) throws -> TenantStore.PlanInput {
+        let planID: String
+        if let id {
+            if let bodyID = try f.string("id", maxLength: 64), bodyID != id {
+                throw GatewayError.invalidRequest("'id' in the body does not match the plan in the path.")
+            }
+            planID = id
+        } else {
+            planID = try f.requiredString("id", maxLength: 64)
+            guard planID.range(of: "^[a-z0-9][a-z0-9_.-]{0,63}$", options: .regularExpression) != nil else {
+                throw GatewayError.invalidRequest("'id' must be a slug: lowercase letters, digits, '-', '_' or '.'.")
+            }
+        }
+        func cap(_ key: String) throws -> Int64? {
+            switch try f.cap(key) {
+            case .absent: return existing?[key]?.intValue
+            case .null: return nil
+            case .value(let v): return v
+            }
+        }
+        let name = try f.string("name") ?? existing?["name"]?.stringValue
+        guard let name else { throw GatewayError.invalidRequest("'name' is required.") }
+        let currency = try f.string("currency", maxLength: 3)?.uppercased() ?? existing?["currency"]?.stringValue ?? "USD"
+        guard currency.count == 3, currency.allSatisfy({ $0.isLetter && $0.isASCII }) else {
+            throw GatewayError.invalidRequest("'currency' must be a three-letter ISO 4217 code such as USD.")
+        }
+        return TenantStore.PlanInput(
+            id: planID,
+            name: name,
+            companyCap: try cap("monthly_company_cap"),
+            userCap: try cap("monthly_user_cap"),
+            price: try f.number("price") ?? existing?["price"]?.doubleValue ?? 0,
+            currency: currency,
+            isDefault: try f.bool("is_default") ?? existing?["is_default"]?.boolValue ?? false,
+            isActive: try f.bool("is_active") ?? existing?["is_active"]?.boolValue ?? true,
+            sortOrder: Int32(try f.int("sort_order", range: -1_000_000...1_000_000) ?? existing?["sort_order"]?.intValue ?? 0)
+        )
+    }
+}

@@ -1,0 +1,197 @@
+import Foundation
+import Logging
+import PostgresNIO
+
+/// Usage reads for company admins and the operator (SPEC §4).
+public struct UsageStore: Sendable {
+    let database: Database
+    var logger: Logger { database.logger }
+
+    public init(database: Database) {
+        self.database = database
+    }
+
+    /// Every user of the company with used/limit/remaining in the period (0 when unused).
+    public func users(company: UUID, periodID: Int64?, planUserCap: Int64?) async throws -> [JSON] {
+        try await database.run { client in
+            var out: [JSON] = []
+            let rows = try await client.query(
+                """
+                SELECT u.id, u.email, u.role, COALESCE(uu.used, 0), u.monthly_cap, u.disabled
+                  FROM users u
+                  LEFT JOIN user_usage uu ON uu.company_id = u.company_id AND uu.user_id = u.id AND uu.period_id = \(periodID)
+                 WHERE u.company_id = \(company)
+                 ORDER BY u.created_at, u.id
+                """,
+                logger: logger
+            )
+            for try await (id, email, role, used, override, disabled) in rows.decode((UUID, String?, String, Int64, Int64?, Bool).self) {
+                let limit = override ?? planUserCap
+                out.append(
+                    .obj([
+                        "id": JSON(id), "email": JSON(email), "role": .string(role), "disabled": .bool(disabled),
+                        "used": .int(used), "limit": JSON(limit), "remaining": JSON(limit.map { max(0, $0 - used) }),
+                    ])
+                )
+            }
+            return out
+        }
+    }
+
+    /// The id of the period containing `at`, with the plan's per-user cap.
+    public func currentPeriod(company: UUID, at: Date = Date()) async throws -> (id: Int64, userCap: Int64?)? {
+        try await database.run { client in
+            let rows = try await client.query(
+                """
+                SELECT pp.id, pl.monthly_user_cap FROM plan_periods pp JOIN plans pl ON pl.id = pp.plan_id
+                 WHERE pp.company_id = \(company) AND pp.started_at <= \(at) AND pp.ends_at > \(at)
+                """,
+                logger: logger
+            )
+            for try await (id, cap) in rows.decode((Int64, Int64?).self) { return (id, cap) }
+            return nil
+        }
+    }
+
+    /// Periods that have started, newest first, each with plan, bounds, used and limit.
+    public func history(company: UUID, periods: Int, at: Date = Date()) async throws -> [JSON] {
+        let limit = Int64(periods)
+        return try await database.run { client in
+            var out: [JSON] = []
+            let rows = try await client.query(
+                """
+                SELECT pp.id, pp.plan_id, pl.name, pp.started_at, pp.ends_at, COALESCE(cu.used, 0), pl.monthly_company_cap
+                  FROM plan_periods pp JOIN plans pl ON pl.id = pp.plan_id
+                  LEFT JOIN company_usage cu ON cu.company_id = pp.company_id AND cu.period_id = pp.id
+                 WHERE pp.company_id = \(company) AND pp.started_at <= \(at)
+                 ORDER BY pp.started_at DESC
+                 LIMIT \(limit)
+                """,
+                logger: logger
+            )
+            for try await (_, plan, name, start, end, used, cap) in rows.decode((Int64, String, String, Date, Date, Int64, Int64?).self) {
+                out.append(
+                    .obj([
+                        "period": .obj(["start": JSON(start), "end": JSON(end)]),
+                        "plan": .obj(["id": .string(plan), "name": .string(name)]),
+                        "company": .obj(["used": .int(used), "limit": JSON(cap), "remaining": JSON(cap.map { max(0, $0 - used) })]),
+                        "current": .bool(start <= at && at < end),
+                    ])
+                )
+            }
+            return out
+        }
+    }
+
+    /// One ledger row.
+    public struct Event: Sendable {
+        public var id: Int64
+        public var createdAt: Date
+        public var userID: UUID
+        public var units: Int32
+        public var inputTokens: Int64?
+        public var outputTokens: Int64?
+        public var method: String
+        public var route: String
+        public var model: String?
+        public var outcome: String
+        public var upstreamStatus: Int32?
+        public var requestID: String
+
+        var json: JSON {
+            .obj([
+                "id": .int(id), "time": JSON(createdAt), "user_id": JSON(userID), "units": .int(Int64(units)),
+                "input_tokens": JSON(inputTokens), "output_tokens": JSON(outputTokens), "method": .string(method),
+                "route": .string(route), "model": JSON(model), "outcome": .string(outcome),
+                "upstream_status": JSON(upstreamStatus.map(Int.init)), "request_id": .string(requestID),
+            ])
+        }
+
+        static let csvHeader = "id,time,user_id,units,input_tokens,output_tokens,method,route,model,outcome,upstream_status,request_id\n"
+
+        var csvLine: String {
+            let fields: [String] = [
+                String(id), Timestamp.format(createdAt), userID.uuidString.lowercased(), String(units),
+                inputTokens.map(String.init) ?? "", outputTokens.map(String.init) ?? "", method, route, model ?? "",
+                outcome, upstreamStatus.map(String.init) ?? "", requestID,
+            ]
+            return fields.map(Self.csvField).joined(separator: ",") + "\n"
+        }
+
+        static func csvField(_ s: String) -> String {
+            // Quote when needed; neutralise spreadsheet formulas.
+            var value = s
+            if let first = value.first, "=+-@".contains(first), Int(value) == nil { value = "'" + value }
+            if value.contains(where: { $0 == "," || $0 == "\"" || $0 == "\n" || $0 == "\r" }) {
+                return "\"" + value.replacingOccurrences(of: "\"", with: "\"\"") + "\""
+            }
+            return value
+        }
+    }
+
+    /// Ledger rows in `[from, to)` after the keyset cursor (row id), oldest first.
+    public func events(company: UUID, from: Date, to: Date, after cursor: Int64, limit: Int) async throws -> [Event] {
+        let limit = Int64(limit)
+        return try await database.run { client in
+            let rows = try await client.query(
+                """
+                SELECT id, created_at, user_id, units, input_tokens, output_tokens, method, route, model, outcome,
+                       upstream_status, request_id
+                  FROM usage_ledger
+                 WHERE company_id = \(company) AND created_at >= \(from) AND created_at < \(to) AND id > \(cursor)
+                 ORDER BY id
+                 LIMIT \(limit)
+                """,
+                logger: logger
+            )
+            var out: [Event] = []
+            for try await r in rows.decode((Int64, Date, UUID, Int32, Int64?, Int64?, String, String, String?, String, Int32?, String).self) {
+                out.append(
+                    Event(
+                        id: r.0, createdAt: r.1, userID: r.2, units: r.3, inputTokens: r.4, outputTokens: r.5, method: r.6,
+                        route: r.7, model: r.8, outcome: r.9, upstreamStatus: r.10, requestID: r.11
+                    )
+                )
+            }
+            return out
+        }
+    }
+
+    /// The billing overview: every company with plan, period end, used, cap and percentage.
+    public func companies(sortByUsage: Bool, after cursor: Int, limit: Int, at: Date = Date()) async throws -> [JSON] {
+        let order = sortByUsage ? "pct DESC NULLS LAST, used DESC, c.id" : "c.created_at, c.id"
+        let offset = Int64(cursor)
+        let limit = Int64(limit)
+        var query = PostgresQuery(
+            unsafeSQL: """
+                SELECT c.id, c.name, pp.plan_id, pp.ends_at, COALESCE(cu.used, 0) AS used, pl.monthly_company_cap,
+                       CASE WHEN pl.monthly_company_cap > 0 THEN (COALESCE(cu.used, 0) * 100.0 / pl.monthly_company_cap)::float8 END AS pct
+                  FROM companies c
+                  LEFT JOIN plan_periods pp ON pp.company_id = c.id AND pp.started_at <= $1 AND pp.ends_at > $1
+                  LEFT JOIN plans pl ON pl.id = pp.plan_id
+                  LEFT JOIN company_usage cu ON cu.company_id = c.id AND cu.period_id = pp.id
+                 ORDER BY \(order)
+                 OFFSET $2 LIMIT $3
+                """
+        )
+        query.binds.append(at)
+        query.binds.append(offset)
+        query.binds.append(limit)
+        let q = query
+        return try await database.run { client in
+            var out: [JSON] = []
+            for try await (id, name, plan, end, used, cap, pct) in try await client.query(q, logger: logger)
+                .decode((UUID, String, String?, Date?, Int64, Int64?, Double?).self)
+            {
+                out.append(
+                    .obj([
+                        "id": JSON(id), "name": .string(name), "plan": JSON(plan), "period_end": JSON(end),
+                        "used": .int(used), "cap": JSON(cap),
+                        "percent_used": pct.map { .double(($0 * 10).rounded() / 10) } ?? .null,
+                    ])
+                )
+            }
+            return out
+        }
+    }
+}

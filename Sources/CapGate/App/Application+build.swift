@@ -1,0 +1,122 @@
+import AsyncHTTPClient
+import Foundation
+import Hummingbird
+import Logging
+import NIOCore
+import NIOPosix
+import PostgresNIO
+import ServiceLifecycle
+
+/// Builds the gateway: PostgreSQL pool, upstream client, stores, router and services.
+///
+/// `configuration.databaseURL` and `configuration.upstreamURL` must be set (the `serve`
+/// command checks; `dev` fills them with the embedded database and mock provider).
+public func buildApplication(
+    configuration: CapGateConfiguration,
+    logger: Logger,
+    onServerRunning: @escaping @Sendable (any Channel) async -> Void = { _ in }
+) async throws -> some ApplicationProtocol {
+    let databaseURL = try DatabaseURL(try configuration.require(configuration.databaseURL, key: "database.url"))
+    let upstreamURL = try configuration.require(configuration.upstreamURL, key: "upstream.url")
+    let group = MultiThreadedEventLoopGroup.singleton
+
+    var dbLogger = logger
+    dbLogger[metadataKey: "component"] = "database"
+    let client = PostgresClient(
+        configuration: databaseURL.clientConfiguration(maxConnections: configuration.databaseMaxConnections),
+        backgroundLogger: dbLogger
+    )
+    let database = Database(client: client, timeout: .milliseconds(Int64(configuration.databaseTimeout * 1000)), logger: dbLogger)
+    let upstream = UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
+    let authenticator = try await Authenticator(database: database, configuration: configuration)
+    let metering = MeteringStore(database: database)
+    let tenants = TenantStore(database: database)
+    let periods = PeriodStore(database: database)
+    let usage = UsageStore(database: database)
+    let billing = BillingStore(database: database)
+    let migrator = try? Migrator()
+    GatewayMetrics.pool(maxConnections: configuration.databaseMaxConnections)
+
+    let proxy = ProxyHandler(authenticator: authenticator, metering: metering, upstream: upstream, maxBodyBytes: configuration.proxyMaxBodyBytes)
+    let router = buildRouter(
+        prefix: configuration.proxyPrefix, proxy: proxy, authenticator: authenticator, database: database, migrator: migrator,
+        metering: metering, tenants: tenants, periods: periods, usage: usage, billing: billing
+    )
+
+    var services: [any Service] = [client, ClosingService(name: "upstream-client") { try await upstream.shutdown() }]
+    if configuration.billingRolloverInterval > 0 {
+        services.append(RolloverScheduler(billing: billing, interval: .seconds(configuration.billingRolloverInterval), logger: logger))
+    }
+    return Application(
+        router: router,
+        configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: nil),
+        services: services,
+        onServerRunning: onServerRunning,
+        eventLoopGroupProvider: .shared(group),
+        logger: logger
+    )
+}
+
+/// The router: health and metrics, the client usage routes, the admin API; the proxy prefix
+/// is handled by ``GatewayMiddleware`` in front of it.
+func buildRouter(
+    prefix: String, proxy: ProxyHandler, authenticator: Authenticator, database: Database, migrator: Migrator?,
+    metering: MeteringStore, tenants: TenantStore, periods: PeriodStore, usage: UsageStore, billing: BillingStore
+) -> Router<GatewayContext> {
+    let router = Router(context: GatewayContext.self)
+    let ownPaths: Set<String> = ["/v1/usage", "/v1/usage/check"]
+    router.add(middleware: GatewayMiddleware(proxy: proxy, prefix: prefix, ownPaths: ownPaths))
+
+    router.get("/healthz") { _, _ in
+        jsonResponse(.obj(["status": "ok"]))
+    }
+    router.get("/readyz") { _, _ in
+        do {
+            let pending = try await database.run { client in
+                guard let migrator else {
+                    _ = try await client.query("SELECT 1", logger: database.logger).collect()
+                    return 0
+                }
+                return try await migrator.pending(client: client, logger: database.logger).count
+            }
+            guard pending == 0 else {
+                return jsonResponse(.obj(["status": "migrations_pending", "pending": .int(Int64(pending))]), status: .serviceUnavailable)
+            }
+            return jsonResponse(.obj(["status": "ready"]))
+        } catch {
+            return jsonResponse(.obj(["status": "database_unreachable"]), status: .serviceUnavailable)
+        }
+    }
+    router.get("/metrics") { _, _ in
+        var headers = HTTPFields()
+        headers[.contentType] = "text/plain; version=0.0.4; charset=utf-8"
+        return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: GatewayMetrics.exposition())))
+    }
+    router.get("/openapi.yaml") { _, _ in
+        guard let text = OpenAPIDocument.text() else { throw GatewayError.notFound("openapi.yaml is not available in this build.") }
+        var headers = HTTPFields()
+        headers[.contentType] = "application/yaml"
+        return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: text)))
+    }
+
+    let usageRoutes = UsageRoutes(metering: metering, usage: usage, tenants: tenants)
+    let client = router.group("v1").add(middleware: AuthMiddleware(authenticator: authenticator)).group(context: AuthenticatedContext.self)
+    usageRoutes.registerClient(on: client)
+
+    let admin = router.group("admin/v1").add(middleware: AuthMiddleware(authenticator: authenticator)).group(context: AuthenticatedContext.self)
+    OperatorRoutes(tenants: tenants, periods: periods).register(on: admin)
+    usageRoutes.registerAdmin(on: admin)
+    BillingRoutes(billing: billing).register(on: admin)
+    return router
+}
+
+/// A service that waits for shutdown, then runs `close` (so a client outlives the server).
+struct ClosingService: Service {
+    let name: String
+    let close: @Sendable () async throws -> Void
+
+    func run() async throws {
+        try? await gracefulShutdown()
+        try await close()
+    }
+}

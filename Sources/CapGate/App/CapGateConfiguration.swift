@@ -1,0 +1,198 @@
+import Configuration
+import Foundation
+import SystemPackage
+
+/// CapGate's whole configuration, read once at start from (highest first) command-line flags,
+/// environment variables, `config/capgate.json`, then the defaults documented on each key.
+public struct CapGateConfiguration: Sendable {
+    /// `http.host` / `HTTP_HOST` (default `127.0.0.1`), `http.port` / `HTTP_PORT` (default `8080`; `0` picks a free port).
+    public var host: String
+    public var port: Int
+    /// `database.url` / `DATABASE_URL`: `postgres://user:password@host:port/db` (secret: holds a password).
+    /// Unset under `capgate dev` means the embedded PostgreSQL.
+    public var databaseURL: String?
+    /// `database.maxConnections` / `DATABASE_MAX_CONNECTIONS` (default `20`): the pool bound.
+    public var databaseMaxConnections: Int
+    /// `database.timeout` / `DATABASE_TIMEOUT` (seconds, default `5`): how long a request waits for the
+    /// database before it is answered 503 (fail closed).
+    public var databaseTimeout: Double
+    /// `upstream.url` / `UPSTREAM_URL`: the provider base URL.
+    public var upstreamURL: String?
+    /// `upstream.apiKey` / `UPSTREAM_API_KEY` (secret): sent upstream as `x-api-key`.
+    public var upstreamAPIKey: String?
+    /// `upstream.timeout` / `UPSTREAM_TIMEOUT` (seconds, default `600`): time allowed for the response head.
+    public var upstreamTimeout: Double
+    /// `upstream.connectTimeout` / `UPSTREAM_CONNECT_TIMEOUT` (seconds, default `10`).
+    public var upstreamConnectTimeout: Double
+    /// `upstream.idleTimeout` / `UPSTREAM_IDLE_TIMEOUT` (seconds, default `300`): longest silence while a body streams.
+    public var upstreamIdleTimeout: Double
+    /// `operator.token` / `OPERATOR_TOKEN` (secret): the operator's bearer token; unset disables the operator API.
+    public var operatorToken: String?
+    /// `jwt.secret` / `JWT_SECRET` (secret): HS256 shared secret.
+    public var jwtSecret: String?
+    /// `jwt.jwksFile` / `JWT_JWKS_FILE`: JWKS file with RS256/ES256 public keys.
+    public var jwtJWKSFile: String?
+    /// `jwt.companyClaim` / `JWT_COMPANY_CLAIM` (default `company_id`): dotted claim path of the company id.
+    public var jwtCompanyClaim: String
+    /// `proxy.prefix` / `PROXY_PREFIX` (default `/v1/`): paths forwarded upstream.
+    public var proxyPrefix: String
+    /// `proxy.maxBodyBytes` / `PROXY_MAX_BODY_BYTES` (default `33554432`, 32 MiB): request body limit (413 above).
+    public var proxyMaxBodyBytes: Int
+    /// `billing.rolloverInterval` / `BILLING_ROLLOVER_INTERVAL` (seconds, default `0` = off).
+    public var billingRolloverInterval: Int
+    /// `log.level` / `LOG_LEVEL` (default `info`).
+    public var logLevel: String
+
+    /// Every key CapGate reads, with its environment variable (used by docs and `--help`).
+    public static let keys: [String] = [
+        "http.host", "http.port", "database.url", "database.maxConnections", "database.timeout",
+        "upstream.url", "upstream.apiKey", "upstream.timeout", "upstream.connectTimeout",
+        "upstream.idleTimeout", "operator.token", "jwt.secret", "jwt.jwksFile", "jwt.companyClaim",
+        "proxy.prefix", "proxy.maxBodyBytes", "billing.rolloverInterval", "log.level",
+    ]
+    static let secretKeys: Set<String> = ["database.url", "upstream.apiKey", "operator.token", "jwt.secret"]
+
+    /// Reads and validates every key. Throws ``ConfigurationError`` naming the key on a bad value.
+    public init(reader: ConfigReader) throws {
+        host = reader.string(forKey: "http.host", default: "127.0.0.1")
+        port = try Self.int(reader, "http.port", default: 8080, range: 0...65535)
+        databaseURL = Self.nonEmpty(reader.string(forKey: "database.url", isSecret: true))
+        databaseMaxConnections = try Self.int(reader, "database.maxConnections", default: 20, range: 1...1000)
+        databaseTimeout = try Self.double(reader, "database.timeout", default: 5)
+        upstreamURL = Self.nonEmpty(reader.string(forKey: "upstream.url"))
+        upstreamAPIKey = Self.nonEmpty(reader.string(forKey: "upstream.apiKey", isSecret: true))
+        upstreamTimeout = try Self.double(reader, "upstream.timeout", default: 600)
+        upstreamConnectTimeout = try Self.double(reader, "upstream.connectTimeout", default: 10)
+        upstreamIdleTimeout = try Self.double(reader, "upstream.idleTimeout", default: 300)
+        operatorToken = Self.nonEmpty(reader.string(forKey: "operator.token", isSecret: true))
+        jwtSecret = Self.nonEmpty(reader.string(forKey: "jwt.secret", isSecret: true))
+        jwtJWKSFile = Self.nonEmpty(reader.string(forKey: "jwt.jwksFile"))
+        jwtCompanyClaim = reader.string(forKey: "jwt.companyClaim", default: "company_id")
+        proxyPrefix = reader.string(forKey: "proxy.prefix", default: "/v1/")
+        proxyMaxBodyBytes = try Self.int(reader, "proxy.maxBodyBytes", default: 32 << 20, range: 1...(1 << 34))
+        billingRolloverInterval = try Self.int(reader, "billing.rolloverInterval", default: 0, range: 0...(86400 * 366))
+        logLevel = reader.string(forKey: "log.level", default: "info")
+
+        if !proxyPrefix.hasPrefix("/") || !proxyPrefix.hasSuffix("/") {
+            throw ConfigurationError(key: "proxy.prefix", problem: "must start and end with '/', such as /v1/")
+        }
+        if let url = upstreamURL, URL(string: url)?.host == nil {
+            throw ConfigurationError(key: "upstream.url", problem: "is not an absolute http(s) URL")
+        }
+        if let url = databaseURL, (try? DatabaseURL(url)) == nil {
+            throw ConfigurationError(key: "database.url", problem: "is not a postgres://user:password@host:port/db URL")
+        }
+    }
+
+    /// Throws the one-line error for a key that the command needs but nobody set.
+    public func require(_ value: String?, key: String) throws -> String {
+        guard let value else { throw ConfigurationError(key: key, problem: "is required") }
+        return value
+    }
+
+    /// Loads configuration from flags (`key=value` pairs, highest), the environment, then the
+    /// JSON file (`CAPGATE_CONFIG` or `config/capgate.json`, optional).
+    public static func load(
+        flags: [String: String] = [:],
+        environment: [String: String] = ProcessInfo.processInfo.environment,
+        file: String? = nil
+    ) async throws -> CapGateConfiguration {
+        var providers: [any ConfigProvider] = []
+        var flagValues: [AbsoluteConfigKey: ConfigValue] = [:]
+        for (key, value) in flags {
+            let secret = secretKeys.contains(key)
+            if let int = Int(value) {
+                flagValues[AbsoluteConfigKey(ConfigKey(key))] = ConfigValue(.int(int), isSecret: secret)
+            } else {
+                flagValues[AbsoluteConfigKey(ConfigKey(key))] = ConfigValue(.string(value), isSecret: secret)
+            }
+        }
+        providers.append(InMemoryProvider(name: "flags", values: flagValues))
+        let secretVariables: Set<String> = ["DATABASE_URL", "UPSTREAM_API_KEY", "OPERATOR_TOKEN", "JWT_SECRET"]
+        providers.append(
+            EnvironmentVariablesProvider(
+                environmentVariables: environment,
+                secretsSpecifier: .specific(secretVariables)
+            )
+        )
+        let path = file ?? environment["CAPGATE_CONFIG"] ?? "config/capgate.json"
+        do {
+            providers.append(try await FileProvider<JSONSnapshot>(filePath: FilePath(path), allowMissing: true))
+        } catch {
+            throw ConfigurationError(key: "config file", problem: "\(path) could not be read as JSON")
+        }
+        return try CapGateConfiguration(reader: ConfigReader(providers: providers))
+    }
+
+    static func nonEmpty(_ s: String?) -> String? {
+        guard let s, !s.isEmpty else { return nil }
+        return s
+    }
+
+    static func int(_ reader: ConfigReader, _ key: String, default value: Int, range: ClosedRange<Int>) throws -> Int {
+        if let int = reader.int(forKey: ConfigKey(key)) {
+            guard range.contains(int) else {
+                throw ConfigurationError(key: key, problem: "must be between \(range.lowerBound) and \(range.upperBound)")
+            }
+            return int
+        }
+        if let text = reader.string(forKey: ConfigKey(key)) {
+            guard let int = Int(text), range.contains(int) else {
+                throw ConfigurationError(key: key, problem: "must be a whole number between \(range.lowerBound) and \(range.upperBound)")
+            }
+            return int
+        }
+        return value
+    }
+
+    static func double(_ reader: ConfigReader, _ key: String, default value: Double) throws -> Double {
+        if let d = reader.double(forKey: ConfigKey(key)) {
+            guard d > 0 else { throw ConfigurationError(key: key, problem: "must be a positive number of seconds") }
+            return d
+        }
+        if let i = reader.int(forKey: ConfigKey(key)) {
+            guard i > 0 else { throw ConfigurationError(key: key, problem: "must be a positive number of seconds") }
+            return Double(i)
+        }
+        if let text = reader.string(forKey: ConfigKey(key)) {
+            guard let d = Double(text), d > 0 else {
+                throw ConfigurationError(key: key, problem: "must be a positive number of seconds")
+            }
+            return d
+        }
+        return value
+    }
+}
+
+/// A configuration problem, printed as one line naming the key and its environment variable.
+public struct ConfigurationError: Error, CustomStringConvertible {
+    public var key: String
+    public var problem: String
+
+    public init(key: String, problem: String) {
+        self.key = key
+        self.problem = problem
+    }
+
+    /// The environment variable of a dotted key: `upstream.apiKey` → `UPSTREAM_API_KEY`.
+    public static func environmentName(of key: String) -> String {
+        var out = ""
+        for part in key.split(separator: ".") {
+            if !out.isEmpty { out += "_" }
+            var previousLower = false
+            for ch in part {
+                if ch.isUppercase && previousLower { out += "_" }
+                out += ch.uppercased()
+                previousLower = ch.isLowercase
+            }
+        }
+        return out
+    }
+
+    public var description: String {
+        if key.contains(".") && !key.contains(" ") {
+            return "configuration error: \(key) (\(Self.environmentName(of: key))) \(problem)"
+        }
+        return "configuration error: \(key) \(problem)"
+    }
+}

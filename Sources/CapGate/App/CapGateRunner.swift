@@ -1,0 +1,59 @@
+import Foundation
+import Hummingbird
+import Logging
+import PostgresNIO
+import ServiceLifecycle
+
+/// The bodies of the `capgate` subcommands, in the library so tests can drive them.
+public enum CapGateRunner {
+    /// `capgate serve`: migrates (under the advisory lock), then runs the gateway until SIGTERM/SIGINT.
+    public static func serve(configuration: CapGateConfiguration, logger: Logger) async throws {
+        let url = try DatabaseURL(try configuration.require(configuration.databaseURL, key: "database.url"))
+        _ = try await migrate(url: url, dryRun: false, logger: logger)
+        let app = try await buildApplication(configuration: configuration, logger: logger)
+        try await app.runService()
+    }
+
+    /// Runs `body` with a short-lived client (for the one-shot commands).
+    public static func withClient<T: Sendable>(
+        url: DatabaseURL, logger: Logger, _ body: @escaping @Sendable (PostgresClient) async throws -> T
+    ) async throws -> T {
+        let client = PostgresClient(configuration: url.clientConfiguration(maxConnections: 4), backgroundLogger: logger)
+        return try await withThrowingTaskGroup(of: T?.self) { group in
+            group.addTask {
+                await client.run()
+                return nil
+            }
+            defer { group.cancelAll() }
+            return try await body(client)
+        }
+    }
+
+    /// `capgate migrate [--dry-run]`: the lines to print.
+    public static func migrate(url: DatabaseURL, dryRun: Bool, logger: Logger) async throws -> [String] {
+        let migrator = try Migrator()
+        return try await withClient(url: url, logger: logger) { client in
+            if dryRun {
+                let pending = try await migrator.pending(client: client, logger: logger)
+                return pending.isEmpty ? ["nothing to apply"] : pending.map { "would apply \($0.version)" }
+            }
+            let applied = try await migrator.migrate(client: client, logger: logger)
+            return applied.isEmpty ? ["nothing to apply"] : applied.map { "applied \($0)" }
+        }
+    }
+
+    /// `capgate rollover [--at T] [--dry-run]`.
+    public static func rollover(url: DatabaseURL, at: Date, dryRun: Bool, logger: Logger) async throws -> BillingStore.RolloverSummary {
+        try await withClient(url: url, logger: logger) { client in
+            let billing = BillingStore(database: Database(client: client, timeout: .seconds(3600), logger: logger))
+            return try await billing.rollover(at: at, dryRun: dryRun)
+        }
+    }
+
+    /// `capgate verify`.
+    public static func verify(url: DatabaseURL, logger: Logger) async throws -> [BillingStore.Mismatch] {
+        try await withClient(url: url, logger: logger) { client in
+            try await BillingStore(database: Database(client: client, timeout: .seconds(3600), logger: logger)).verify()
+        }
+    }
+}

@@ -1,0 +1,101 @@
+import Foundation
+import Hummingbird
+import Logging
+
+/// The outermost middleware: gives every request an id (`request-id` header, logs, ledger),
+/// sends calls under the proxy prefix to the ``ProxyHandler``, turns every error into the SPEC's
+/// envelope, and writes one structured log line and the request metrics per request.
+struct GatewayMiddleware: RouterMiddleware {
+    typealias Context = GatewayContext
+
+    let proxy: ProxyHandler
+    let prefix: String
+    /// Paths under the prefix that CapGate answers itself.
+    let ownPaths: Set<String>
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        let started = ContinuousClock.now
+        var context = context
+        let requestID = "req_" + ApiKeyGenerator.randomToken(bytes: 12)
+        context.logger[metadataKey: "request_id"] = .string(requestID)
+        context.record.update { $0.requestID = requestID }
+        GatewayMetrics.inflight(1)
+        defer { GatewayMetrics.inflight(-1) }
+
+        let path = request.uri.path
+        let proxied = path.hasPrefix(prefix) && !ownPaths.contains(path)
+        var response: Response
+        do {
+            if proxied {
+                response = try await proxy.handle(request, context: context)
+            } else {
+                response = try await next(request, context)
+            }
+        } catch {
+            response = Self.errorResponse(error, logger: context.logger)
+        }
+        response.headers[.requestID] = requestID
+
+        let values = context.record.snapshot
+        let decision = values.decision ?? (response.status.code < 400 ? "none" : "rejected")
+        let route = proxied ? Self.routeLabel(path) : (values.routeLabel ?? Self.routeLabel(path))
+        GatewayMetrics.request(route: route, status: Int(response.status.code), decision: decision)
+        var metadata: Logger.Metadata = [
+            "method": .string(request.method.rawValue),
+            "route": .string(route),
+            "status": .stringConvertible(response.status.code),
+            "decision": .string(decision),
+            "latency_ms": .string(String(format: "%.2f", (ContinuousClock.now - started).milliseconds)),
+        ]
+        if let company = values.companyID { metadata["company_id"] = .string(company) }
+        if let user = values.userID { metadata["user_id"] = .string(user) }
+        if let status = values.upstreamStatus { metadata["upstream_status"] = .stringConvertible(status) }
+        if let ms = values.admissionMillis { metadata["admission_ms"] = .string(String(format: "%.2f", ms)) }
+        if let ms = values.upstreamMillis { metadata["upstream_ms"] = .string(String(format: "%.2f", ms)) }
+        context.logger.info("request", metadata: metadata)
+        return response
+    }
+
+    /// Any error as the SPEC's envelope; never a bare 500 for something the caller can fix.
+    static func errorResponse(_ error: any Error, logger: Logger) -> Response {
+        switch error {
+        case let error as GatewayError:
+            return error.makeResponse()
+        case let error as DatabaseError:
+            switch error {
+            case .unavailable:
+                return GatewayError.overloaded().makeResponse()
+            case .constraint:
+                return GatewayError.conflict("The change conflicts with existing data.").makeResponse()
+            case .other:
+                return GatewayError(.internalServerError, "api_error", "An internal error occurred; it was logged.").makeResponse()
+            }
+        case let error as HTTPError:
+            switch error.status {
+            case .notFound:
+                return GatewayError.notFound("No such route. CapGate's own routes are documented in openapi.yaml.").makeResponse()
+            case .contentTooLarge:
+                return GatewayError(.contentTooLarge, "request_too_large", "The request body is too large.").makeResponse()
+            case .methodNotAllowed:
+                return GatewayError(.methodNotAllowed, "invalid_request_error", "This method is not allowed on this route.").makeResponse()
+            case .badRequest:
+                return GatewayError.invalidRequest(error.body ?? "The request could not be read.").makeResponse()
+            default:
+                let type = error.status.code == 401 ? "authentication_error" : error.status.code == 403 ? "permission_error" : "invalid_request_error"
+                return GatewayError(error.status, type, error.body ?? error.status.reasonPhrase).makeResponse()
+            }
+        default:
+            logger.error("unhandled error", metadata: ["error": "\(String(reflecting: error))"])
+            return GatewayError(.internalServerError, "api_error", "An internal error occurred; it was logged.").makeResponse()
+        }
+    }
+
+    /// A bounded-cardinality label for a path: segments that look like ids become `:id`.
+    static func routeLabel(_ path: String) -> String {
+        let segments = path.split(separator: "/", omittingEmptySubsequences: false).prefix(8).map { segment -> Substring in
+            if segment.count >= 8 && segment.contains(where: \.isNumber) { return ":id" }
+            return segment.count > 40 ? ":long" : segment
+        }
+        return segments.joined(separator: "/")
+    }
+}

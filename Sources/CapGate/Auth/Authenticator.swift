@@ -1,0 +1,164 @@
+import Foundation
+import HTTPTypes
+import JWTKit
+import Logging
+import PostgresNIO
+
+/// Turns a request's credential into an ``Identity``.
+///
+/// Order (SPEC §2): `x-api-key`, then `Authorization: Bearer` holding the operator token, a
+/// CapGate key or a JWT (HS256 with `jwt.secret`, RS256/ES256 from `jwt.jwksFile`; `exp`
+/// required, `sub` = user id, company id from `jwt.companyClaim`).
+public struct Authenticator: Sendable {
+    let database: Database
+    let operatorToken: String?
+    let jwtKeys: JWTKeyCollection?
+    let companyClaim: String
+
+    public init(database: Database, configuration: CapGateConfiguration) async throws {
+        self.database = database
+        self.operatorToken = configuration.operatorToken
+        self.companyClaim = configuration.jwtCompanyClaim
+        if configuration.jwtSecret != nil || configuration.jwtJWKSFile != nil {
+            let keys = JWTKeyCollection()
+            if let secret = configuration.jwtSecret {
+                await keys.add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256)
+            }
+            if let file = configuration.jwtJWKSFile {
+                guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
+                    throw ConfigurationError(key: "jwt.jwksFile", problem: "names a file that cannot be read: \(file)")
+                }
+                do {
+                    try await keys.add(jwksJSON: text)
+                } catch {
+                    throw ConfigurationError(key: "jwt.jwksFile", problem: "is not a valid JWKS document")
+                }
+            }
+            self.jwtKeys = keys
+        } else {
+            self.jwtKeys = nil
+        }
+    }
+
+    /// The identity behind `headers`, or a 401 ``GatewayError``.
+    public func authenticate(_ headers: HTTPFields) async throws -> Identity {
+        if let key = headers[.xAPIKey], !key.isEmpty {
+            return try await identity(forKey: key)
+        }
+        guard let authorization = headers[.authorization] else {
+            throw GatewayError.authentication("No credential: send your CapGate API key in the x-api-key header or as Authorization: Bearer.")
+        }
+        let parts = authorization.split(separator: " ", maxSplits: 1)
+        guard parts.count == 2, parts[0].lowercased() == "bearer" else {
+            throw GatewayError.authentication("The Authorization header must be 'Bearer <token>'.")
+        }
+        let token = parts[1].trimmingCharacters(in: .whitespaces)
+        if let operatorToken, ApiKeyGenerator.constantTimeEquals(token, operatorToken) {
+            return .operator
+        }
+        if token.hasPrefix(ApiKeyGenerator.keyPrefix) {
+            return try await identity(forKey: token)
+        }
+        if token.split(separator: ".", omittingEmptySubsequences: false).count == 3 {
+            return try await identity(forJWT: token)
+        }
+        throw GatewayError.authentication("The bearer token is not a valid CapGate API key or token.")
+    }
+
+    func identity(forKey key: String) async throws -> Identity {
+        let hash = ApiKeyGenerator.hash(key)
+        let row = try await database.run { client in
+            let rows = try await client.query(
+                """
+                SELECT k.company_id, k.user_id, u.role, u.disabled, k.revoked_at IS NOT NULL
+                  FROM api_keys k JOIN users u ON u.company_id = k.company_id AND u.id = k.user_id
+                 WHERE k.key_hash = \(hash)
+                """,
+                logger: database.logger
+            )
+            for try await row in rows.decode((UUID, UUID, String, Bool, Bool).self) { return Optional(row) }
+            return nil
+        }
+        guard let (company, user, role, disabled, revoked) = row else {
+            throw GatewayError.authentication("Unknown API key. Check the key, or ask your administrator for a new one.")
+        }
+        if revoked { throw GatewayError.authentication("This API key was revoked. Ask your administrator for a new one.") }
+        if disabled { throw GatewayError.authentication("This user is disabled. Ask your administrator to enable it.") }
+        return .user(UserIdentity(companyID: company, userID: user, role: UserIdentity.Role(rawValue: role) ?? .member, credential: .apiKey))
+    }
+
+    func identity(forJWT token: String) async throws -> Identity {
+        guard let jwtKeys else {
+            throw GatewayError.authentication("Tokens are not accepted by this gateway: no JWT keys are configured.")
+        }
+        let payload: ClaimsPayload
+        do {
+            payload = try await jwtKeys.verify(token, as: ClaimsPayload.self, iteratingKeys: true)
+        } catch let error as JWTError where error.errorType == .claimVerificationFailure {
+            throw GatewayError.authentication("The token has expired or has no exp claim. Sign in again.")
+        } catch {
+            throw GatewayError.authentication("The token's signature or format is not valid.")
+        }
+        guard let sub = payload.claims["sub"]?.stringValue, let userID = UUID(uuidString: sub) else {
+            throw GatewayError.authentication("The token's sub claim must be the user's UUID.")
+        }
+        guard let companyText = payload.claims.value(atPath: companyClaim)?.stringValue,
+            let companyID = UUID(uuidString: companyText)
+        else {
+            throw GatewayError.authentication("The token has no company UUID at claim '\(companyClaim)'.")
+        }
+        let result = try await database.run { client -> (String, Bool)? in
+            // A user who is new in an existing company is created as a member on first use.
+            try await client.query(
+                """
+                INSERT INTO users (company_id, id, role)
+                SELECT id, \(userID), 'member' FROM companies WHERE id = \(companyID)
+                ON CONFLICT DO NOTHING
+                """,
+                logger: database.logger
+            )
+            let rows = try await client.query(
+                "SELECT role, disabled FROM users WHERE company_id = \(companyID) AND id = \(userID)",
+                logger: database.logger
+            )
+            for try await row in rows.decode((String, Bool).self) { return row }
+            return nil
+        }
+        guard let (role, disabled) = result else {
+            throw GatewayError.authentication("The token's user or company is not known to this gateway.")
+        }
+        if disabled { throw GatewayError.authentication("This user is disabled. Ask your administrator to enable it.") }
+        return .user(UserIdentity(companyID: companyID, userID: userID, role: UserIdentity.Role(rawValue: role) ?? .member, credential: .jwt))
+    }
+}
+
+/// A JWT payload kept whole, so the company claim can sit at any path.
+struct ClaimsPayload: JWTPayload {
+    var claims: JSON
+
+    init(from decoder: any Decoder) throws {
+        claims = try decoder.singleValueContainer().decode(JSON.self)
+    }
+
+    func encode(to encoder: any Encoder) throws {
+        try claims.encode(to: encoder)
+    }
+
+    func verify(using algorithm: some JWTAlgorithm) async throws {
+        guard let exp = claims["exp"]?.doubleValue else {
+            throw JWTError.claimVerificationFailure(failedClaim: nil, reason: "exp is required")
+        }
+        try ExpirationClaim(value: Date(timeIntervalSince1970: exp)).verifyNotExpired()
+        if let nbf = claims["nbf"]?.doubleValue {
+            try NotBeforeClaim(value: Date(timeIntervalSince1970: nbf)).verifyNotBefore()
+        }
+    }
+}
+
+extension HTTPField.Name {
+    static let xAPIKey = Self("x-api-key")!
+    static let idempotencyKey = Self("idempotency-key")!
+    static let requestID = Self("request-id")!
+    static let rateLimit = Self("RateLimit")!
+    static let rateLimitPolicy = Self("RateLimit-Policy")!
+}

@@ -1,0 +1,33 @@
+import Foundation
+
+/// Who is calling, as established from a verified credential (never from a client header).
+public enum Identity: Sendable, Equatable {
+    /// A user of one company.
+    case user(UserIdentity)
+    /// The operator (configuration's `operator.token`).
+    case `operator`
+
+    public var user: UserIdentity? {
+        if case .user(let u) = self { return u }
+        return nil
+    }
+}
+
+/// A verified user of a company.
+public struct UserIdentity: Sendable, Equatable {
+    public enum Role: String, Sendable { case member, admin }
+    /// How the caller proved who they are.
+    public enum Credential: String, Sendable { case apiKey = "api_key", jwt }
+
+    public var companyID: UUID
+    public var userID: UUID
+    public var role: Role
+    public var credential: Credential
+
+    public init(companyID: UUID, userID: UUID, role: Role, credential: Credential) {
+        self.companyID = companyID
+        self.userID = userID
+        self.role = role
+        self.credential = credential
+    }
+}

@@ -1,0 +1,55 @@
+import Foundation
+import Hummingbird
+import Logging
+import ServiceLifecycle
+
+/// `POST /admin/v1/billing/events` (operator): store events, idempotent by `transaction_id`.
+struct BillingRoutes {
+    let billing: BillingStore
+
+    func register(on group: RouterGroup<AuthenticatedContext>) {
+        group.post("billing/events") { request, context in
+            try context.requireOperator()
+            let fields = try await BodyFields.read(request, context: context)
+            let typeText = try fields.requiredString("type", maxLength: 20)
+            guard let kind = BillingStore.StoreEvent.Kind(rawValue: typeText) else {
+                let names = BillingStore.StoreEvent.Kind.allCases.map(\.rawValue).joined(separator: ", ")
+                throw GatewayError.invalidRequest("'type' must be one of: \(names).")
+            }
+            let event = BillingStore.StoreEvent(
+                kind: kind,
+                companyID: try fields.uuid("company_id", required: true)!,
+                productID: try fields.string("product_id"),
+                transactionID: try fields.requiredString("transaction_id"),
+                originalTransactionID: try fields.string("original_transaction_id"),
+                purchaseDate: try fields.date("purchase_date"),
+                expirationDate: try fields.date("expiration_date"),
+                payload: .object(fields.fields.sorted { $0.key < $1.key }.map { JSON.Field($0.key, $0.value) })
+            )
+            return jsonResponse(try await billing.apply(event))
+        }
+    }
+}
+
+/// Runs the rollover every `billing.rolloverInterval` seconds inside `serve`. With several
+/// gateway processes only the one holding the advisory lock acts; the others skip that round.
+/// It never touches the request path.
+struct RolloverScheduler: Service {
+    let billing: BillingStore
+    let interval: Duration
+    let logger: Logger
+
+    func run() async throws {
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            do {
+                let summary = try await billing.rollover(at: Date(), dryRun: false, wait: false)
+                if summary.moved > 0 || summary.withoutPlan > 0 {
+                    logger.info("scheduled rollover", metadata: ["summary": "\(summary)"])
+                }
+            } catch {
+                logger.error("scheduled rollover failed", metadata: ["error": "\(String(describing: error))"])
+            }
+            try? await cancelWhenGracefulShutdown { try await Task.sleep(for: interval) }
+        }
+    }
+}

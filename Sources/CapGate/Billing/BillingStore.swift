@@ -1,0 +1,216 @@
+import Foundation
+import Logging
+import PostgresNIO
+
+/// Store events (purchase, renewal, cancel, refund, expire, restore), the monthly rollover and
+/// the ledger verification, all in PostgreSQL.
+public struct BillingStore: Sendable {
+    let database: Database
+    var logger: Logger { database.logger }
+
+    public init(database: Database) {
+        self.database = database
+    }
+
+    /// A store event as posted to `POST /admin/v1/billing/events`.
+    public struct StoreEvent: Sendable {
+        public enum Kind: String, Sendable, CaseIterable { case purchase, renewal, cancel, refund, expire, restore }
+        public var kind: Kind
+        public var companyID: UUID
+        public var productID: String?
+        public var transactionID: String
+        public var originalTransactionID: String?
+        public var purchaseDate: Date?
+        public var expirationDate: Date?
+        public var payload: JSON
+
+        public init(
+            kind: Kind, companyID: UUID, productID: String?, transactionID: String, originalTransactionID: String? = nil,
+            purchaseDate: Date? = nil, expirationDate: Date? = nil, payload: JSON = .obj([:])
+        ) {
+            self.kind = kind
+            self.companyID = companyID
+            self.productID = productID
+            self.transactionID = transactionID
+            self.originalTransactionID = originalTransactionID
+            self.purchaseDate = purchaseDate
+            self.expirationDate = expirationDate
+            self.payload = payload
+        }
+    }
+
+    enum BillingError: Error {
+        case unknownProduct(String)
+        case productRequired
+        case noPeriod
+        case badDates
+    }
+
+    /// Records and applies a store event once per `transaction_id`; a repeat gets the first answer.
+    public func apply(_ event: StoreEvent, now: Date = Date()) async throws -> JSON {
+        do {
+            return try await database.transaction { connection in
+                try await PeriodStore.lockCompany(connection, logger: logger, company: event.companyID)
+                let previous = try await connection.query(
+                    "SELECT result::text FROM billing_events WHERE transaction_id = \(event.transactionID)", logger: logger
+                ).decode(String?.self).collect()
+                if let stored = previous.first {
+                    if let stored, let json = try? JSON.parse(Array(stored.utf8)) { return json }
+                    return .obj(["transaction_id": .string(event.transactionID), "applied": .bool(true)])
+                }
+                var planID: String? = nil
+                var interval = PeriodMath.Interval.month
+                if let product = event.productID {
+                    let rows = try await connection.query(
+                        "SELECT plan_id, interval FROM products WHERE product_id = \(product)", logger: logger
+                    ).decode((String, String).self).collect()
+                    guard let row = rows.first else { throw BillingError.unknownProduct(product) }
+                    planID = row.0
+                    interval = PeriodMath.Interval(rawValue: row.1) ?? .month
+                }
+                let eventTime = event.purchaseDate ?? now
+
+                switch event.kind {
+                case .purchase, .restore:
+                    guard let planID else { throw BillingError.productRequired }
+                    let start = event.purchaseDate ?? now
+                    let end = event.expirationDate ?? PeriodMath.add(months: interval == .month ? 1 : 12, to: start)
+                    guard end > start else { throw BillingError.badDates }
+                    try await PeriodStore.startPeriod(
+                        connection, logger: logger, company: event.companyID, plan: planID, start: start, end: end,
+                        interval: interval, autoRenew: true, source: event.kind.rawValue
+                    )
+                case .renewal:
+                    guard let planID else { throw BillingError.productRequired }
+                    let latest = try await Self.latestPeriod(connection, logger: logger, company: event.companyID)
+                    if let latest, latest.planID == planID {
+                        let end = event.expirationDate ?? PeriodMath.add(months: interval == .month ? 1 : 12, to: latest.endsAt)
+                        if end > latest.endsAt {
+                            try await connection.query(
+                                """
+                                UPDATE plan_periods SET ends_at = \(end), auto_renew = true, status = 'active'
+                                 WHERE company_id = \(event.companyID) AND id = \(latest.id)
+                                """,
+                                logger: logger
+                            )
+                        }
+                    } else {
+                        let start = latest?.endsAt ?? eventTime
+                        let end = event.expirationDate ?? PeriodMath.add(months: interval == .month ? 1 : 12, to: start)
+                        guard end > start else { throw BillingError.badDates }
+                        try await PeriodStore.startPeriod(
+                            connection, logger: logger, company: event.companyID, plan: planID, start: start, end: end,
+                            interval: interval, autoRenew: true, source: "renewal"
+                        )
+                    }
+                case .cancel:
+                    try await connection.query(
+                        """
+                        UPDATE plan_periods SET auto_renew = false, status = 'cancelled'
+                         WHERE company_id = \(event.companyID) AND ends_at > \(now)
+                        """,
+                        logger: logger
+                    )
+                case .refund, .expire:
+                    try await Self.moveToDefault(connection, logger: logger, company: event.companyID, at: now, source: event.kind.rawValue)
+                }
+
+                let company = try await Self.companyState(connection, logger: logger, company: event.companyID, at: now)
+                var result: JSON = .obj([
+                    "transaction_id": .string(event.transactionID), "type": .string(event.kind.rawValue),
+                    "applied": .bool(true), "company": company,
+                ])
+                let inserted = try await connection.query(
+                    """
+                    INSERT INTO billing_events (company_id, type, transaction_id, product_id, plan_id, payload, result)
+                    VALUES (\(event.companyID), \(event.kind.rawValue), \(event.transactionID), \(event.productID), \(planID),
+                            \(event.payload.serialized())::jsonb, \(result.serialized())::jsonb)
+                    RETURNING id
+                    """,
+                    logger: logger
+                ).decode(Int64.self).collect()
+                if case .object(var fields) = result {
+                    fields.insert(.init("id", .int(inserted[0])), at: 0)
+                    result = .object(fields)
+                }
+                try await connection.query(
+                    "UPDATE billing_events SET result = \(result.serialized())::jsonb WHERE id = \(inserted[0])", logger: logger
+                )
+                return result
+            }
+        } catch BillingError.unknownProduct(let product) {
+            throw GatewayError.unprocessable("Unknown product '\(product)': map it to a plan with POST /admin/v1/products first.")
+        } catch BillingError.productRequired {
+            throw GatewayError.invalidRequest("'product_id' is required for \(event.kind.rawValue) events.")
+        } catch BillingError.badDates {
+            throw GatewayError.invalidRequest("'expiration_date' must be after 'purchase_date'.")
+        } catch PeriodStore.PeriodError.unknownCompany {
+            throw GatewayError.notFound("No company with that id.")
+        } catch PeriodStore.PeriodError.periodHasUsage {
+            throw GatewayError.conflict("A period at or after purchase_date already has usage; it cannot be replaced.")
+        } catch DatabaseError.constraint(_, let constraint, _) where constraint?.contains("transaction_id") == true {
+            // A concurrent delivery of the same event won the race: answer with its result.
+            return try await apply(event, now: now)
+        }
+    }
+
+    struct PeriodRow {
+        var id: Int64
+        var planID: String
+        var startedAt: Date
+        var endsAt: Date
+        var anchor: Date
+        var interval: PeriodMath.Interval
+        var autoRenew: Bool
+        var status: String
+    }
+
+    static func latestPeriod(_ connection: PostgresConnection, logger: Logger, company: UUID) async throws -> PeriodRow? {
+        let rows = try await connection.query(
+            """
+            SELECT id, plan_id, started_at, ends_at, anchor, interval, auto_renew, status FROM plan_periods
+             WHERE company_id = \(company) ORDER BY started_at DESC LIMIT 1
+            """,
+            logger: logger
+        ).decode((Int64, String, Date, Date, Date, String, Bool, String).self).collect()
+        return rows.first.map {
+            PeriodRow(id: $0.0, planID: $0.1, startedAt: $0.2, endsAt: $0.3, anchor: $0.4, interval: .init(rawValue: $0.5) ?? .month, autoRenew: $0.6, status: $0.7)
+        }
+    }
+
+    /// Ends the running period at `at` and starts the default plan there (or leaves no plan).
+    static func moveToDefault(_ connection: PostgresConnection, logger: Logger, company: UUID, at: Date, source: String) async throws {
+        try await connection.query(
+            """
+            UPDATE plan_periods SET ends_at = \(at), status = 'expired'
+             WHERE company_id = \(company) AND started_at < \(at) AND ends_at > \(at)
+            """,
+            logger: logger
+        )
+        try await connection.query(
+            "UPDATE plan_periods SET status = 'expired' WHERE company_id = \(company) AND ends_at <= \(at) AND status <> 'expired' AND id = (SELECT id FROM plan_periods WHERE company_id = \(company) ORDER BY started_at DESC LIMIT 1)",
+            logger: logger
+        )
+        if let plan = try await defaultPlan(connection, logger: logger) {
+            try await PeriodStore.startPeriod(connection, logger: logger, company: company, plan: plan, start: at, autoRenew: true, source: source)
+        }
+    }
+
+    static func defaultPlan(_ connection: PostgresConnection, logger: Logger) async throws -> String? {
+        try await connection.query("SELECT id FROM plans WHERE is_default LIMIT 1", logger: logger).decode(String.self).collect().first
+    }
+
+    static func companyState(_ connection: PostgresConnection, logger: Logger, company: UUID, at: Date) async throws -> JSON {
+        let rows = try await connection.query(
+            """
+            SELECT c.id, c.name, c.created_at, pp.plan_id, pp.started_at, pp.ends_at, pp.auto_renew
+              FROM companies c
+              LEFT JOIN plan_periods pp ON pp.company_id = c.id AND pp.started_at <= \(at) AND pp.ends_at > \(at)
+             WHERE c.id = \(company)
+            """,
+            logger: logger
+        ).decode((UUID, String, Date, String?, Date?, Date?, Bool?).self).collect()
+        guard let r = rows.first else { return .null }
+        return TenantStore.companyJSON(id: r.0, name: r.1, createdAt: r.2, plan: r.3, start: r.4, end: r.5, autoRenew: r.6)
+    }
+}

@@ -1,0 +1,97 @@
+import Foundation
+import Logging
+import PostgresNIO
+
+/// Starts, ends and extends a company's plan periods. Every change runs in one transaction
+/// that first locks the company row, so period changes for one company never interleave.
+public struct PeriodStore: Sendable {
+    let database: Database
+    var logger: Logger { database.logger }
+
+    public init(database: Database) {
+        self.database = database
+    }
+
+    public enum PeriodError: Error {
+        case unknownCompany
+        case unknownPlan
+        case periodHasUsage
+    }
+
+    /// Starts a period on `plan` at `start`, anchored there, one interval long (or to `end`);
+    /// a period that was running ends where the new one starts.
+    @discardableResult
+    public static func startPeriod(
+        _ connection: PostgresConnection, logger: Logger, company: UUID, plan: String, start: Date, end: Date? = nil,
+        interval: PeriodMath.Interval = .month, autoRenew: Bool, source: String
+    ) async throws -> Int64 {
+        try await lockCompany(connection, logger: logger, company: company)
+        guard try await connection.query("SELECT 1 FROM plans WHERE id = \(plan)", logger: logger).collect().count == 1 else {
+            throw PeriodError.unknownPlan
+        }
+        let overlapping = try await connection.query(
+            "SELECT id, started_at FROM plan_periods WHERE company_id = \(company) AND ends_at > \(start) ORDER BY started_at FOR UPDATE",
+            logger: logger
+        ).decode((Int64, Date).self).collect()
+        for (id, startedAt) in overlapping {
+            if startedAt < start {
+                try await connection.query(
+                    "UPDATE plan_periods SET ends_at = \(start), status = 'superseded' WHERE company_id = \(company) AND id = \(id)",
+                    logger: logger
+                )
+            } else {
+                let used = try await connection.query(
+                    "SELECT 1 FROM usage_ledger WHERE company_id = \(company) AND period_id = \(id) LIMIT 1", logger: logger
+                ).collect()
+                guard used.isEmpty else { throw PeriodError.periodHasUsage }
+                try await connection.query("DELETE FROM user_usage WHERE company_id = \(company) AND period_id = \(id)", logger: logger)
+                try await connection.query("DELETE FROM company_usage WHERE company_id = \(company) AND period_id = \(id)", logger: logger)
+                try await connection.query("DELETE FROM plan_periods WHERE company_id = \(company) AND id = \(id)", logger: logger)
+            }
+        }
+        let ends = end ?? PeriodMath.add(months: interval == .month ? 1 : 12, to: start)
+        let rows = try await connection.query(
+            """
+            INSERT INTO plan_periods (company_id, plan_id, started_at, ends_at, anchor, interval, auto_renew, source)
+            VALUES (\(company), \(plan), \(start), \(ends), \(start), \(interval.rawValue), \(autoRenew), \(source))
+            RETURNING id
+            """,
+            logger: logger
+        ).decode(Int64.self).collect()
+        let id = rows[0]
+        try await connection.query(
+            "INSERT INTO company_usage (company_id, period_id, used) VALUES (\(company), \(id), 0)", logger: logger
+        )
+        return id
+    }
+
+    static func lockCompany(_ connection: PostgresConnection, logger: Logger, company: UUID) async throws {
+        let found = try await connection.query("SELECT 1 FROM companies WHERE id = \(company) FOR UPDATE", logger: logger).collect()
+        guard !found.isEmpty else { throw PeriodError.unknownCompany }
+    }
+
+    /// `PUT /admin/v1/companies/{id}/plan`.
+    public func assignPlan(company: UUID, plan: String, start: Date, autoRenew: Bool) async throws {
+        do {
+            try await database.transaction { connection in
+                let id = try await Self.startPeriod(
+                    connection, logger: logger, company: company, plan: plan, start: start, autoRenew: autoRenew, source: "operator"
+                )
+                let payload = JSON.obj(["plan": .string(plan), "started_at": JSON(start), "auto_renew": .bool(autoRenew), "period_id": .int(id)])
+                try await connection.query(
+                    """
+                    INSERT INTO billing_events (company_id, type, plan_id, payload)
+                    VALUES (\(company), 'plan_assigned', \(plan), \(payload.serialized())::jsonb)
+                    """,
+                    logger: logger
+                )
+            }
+        } catch PeriodError.unknownCompany {
+            throw GatewayError.notFound("No company with that id.")
+        } catch PeriodError.unknownPlan {
+            throw GatewayError.notFound("No plan with id '\(plan)'.")
+        } catch PeriodError.periodHasUsage {
+            throw GatewayError.conflict("A period that starts at or after started_at already has usage; choose a later started_at.")
+        }
+    }
+}

@@ -1,0 +1,98 @@
+import Foundation
+import Hummingbird
+import Logging
+import ServiceLifecycle
+
+/// `capgate dev`: the embedded default. With no `database.url` it starts a private PostgreSQL
+/// under the dev folder; it migrates, loads the demo data, starts the mock provider when no
+/// `upstream.url` is set, runs the gateway and prints ready-to-paste examples. Ctrl-C (or
+/// SIGTERM) stops the gateway, the mock and the database.
+public enum DevEnvironment {
+    public static func run(configuration: CapGateConfiguration, directory: String, logger: Logger) async throws {
+        var configuration = configuration
+        let folder = URL(fileURLWithPath: directory, relativeTo: URL(fileURLWithPath: FileManager.default.currentDirectoryPath)).standardized.path
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+
+        var embedded: EmbeddedPostgres? = nil
+        if configuration.databaseURL == nil {
+            logger.info("starting embedded PostgreSQL", metadata: ["folder": "\(folder)/postgres"])
+            let cluster = try EmbeddedPostgres.start(directory: folder + "/postgres", logger: logger)
+            embedded = cluster
+            configuration.databaseURL = cluster.url.text
+        }
+        defer { embedded?.stop() }
+
+        let url = try DatabaseURL(configuration.databaseURL!)
+        for line in try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) {
+            logger.info("migrate", metadata: ["result": "\(line)"])
+        }
+        let operatorToken = configuration.operatorToken
+        let seed = try await CapGateRunner.withClient(url: url, logger: logger) { client in
+            try await DemoSeed.ensure(client: client, directory: folder, operatorToken: operatorToken, logger: logger)
+        }
+        configuration.operatorToken = seed.operatorToken
+
+        var services: [any Service] = []
+        if configuration.upstreamURL == nil {
+            let mockPort = try EmbeddedPostgres.freePort()
+            var mockLogger = logger
+            mockLogger.logLevel = .warning
+            services.append(MockProvider().buildApplication(port: mockPort, logger: mockLogger))
+            configuration.upstreamURL = "http://127.0.0.1:\(mockPort)"
+            logger.info("mock provider", metadata: ["url": "http://127.0.0.1:\(mockPort)"])
+        }
+        let finalConfiguration = configuration
+        let gateway = try await buildApplication(configuration: configuration, logger: logger) { channel in
+            let port = channel.localAddress?.port ?? finalConfiguration.port
+            let text = examples(host: finalConfiguration.host, port: port, seed: seed, mock: finalConfiguration.upstreamURL?.contains("127.0.0.1") ?? false)
+            FileHandle.standardOutput.write(Data(text.utf8))
+        }
+        services.append(gateway)
+        let group = ServiceGroup(
+            configuration: .init(services: services.map { .init(service: $0) }, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        )
+        try await group.run()
+    }
+
+    /// The ready-to-paste curl and SDK examples printed at start.
+    static func examples(host: String, port: Int, seed: DemoSeed, mock: Bool) -> String {
+        let base = "http://\(host):\(port)"
+        let company = seed.companyID.uuidString.lowercased()
+        return """
+
+            CapGate dev is running at \(base)\(mock ? " (forwarding to the built-in mock provider)" : "")
+
+              operator token : \(seed.operatorToken)
+              admin key      : \(seed.adminKey)
+              member key     : \(seed.memberKey)
+              demo company   : \(company) (plan low: 100 per company, 25 per user)
+
+            A call through the gateway:
+              curl -s \(base)/v1/messages -H 'x-api-key: \(seed.memberKey)' -H 'anthropic-version: 2023-06-01' \\
+                -H 'content-type: application/json' \\
+                -d '{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"Hello"}]}'
+
+            A streamed call:
+              curl -sN \(base)/v1/messages -H 'x-api-key: \(seed.memberKey)' -H 'content-type: application/json' \\
+                -d '{"model":"claude-sonnet-4-5","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Hello"}]}'
+
+            Your usage:
+              curl -s \(base)/v1/usage -H 'x-api-key: \(seed.memberKey)'
+
+            The company's usage (admin):
+              curl -s \(base)/admin/v1/companies/\(company)/usage -H 'x-api-key: \(seed.adminKey)'
+
+            Every company (operator):
+              curl -s \(base)/admin/v1/companies -H 'Authorization: Bearer \(seed.operatorToken)'
+
+            Python (pip install anthropic):
+              import anthropic
+              client = anthropic.Anthropic(base_url="\(base)", api_key="\(seed.memberKey)")
+              print(client.messages.create(model="claude-sonnet-4-5", max_tokens=64,
+                    messages=[{"role": "user", "content": "Hello"}]).content[0].text)
+
+            Ctrl-C stops the gateway\(mock ? ", the mock provider" : "") and the embedded database.
+
+            """
+    }
+}

@@ -1,0 +1,182 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Logging
+import NIOCore
+import Synchronization
+
+/// A small stand-in for the Anthropic Messages API, used by `capgate dev` when no upstream is
+/// configured and by the tests. It answers on loopback only.
+///
+/// - `POST /v1/messages`: a message (JSON) or, with `"stream": true`, the SSE event sequence
+///   (`message_start` … `message_stop`) with `usage` in `message_start` and `message_delta`.
+/// - `GET /v1/models`: a model list. Any other path: a JSON echo of method, path, query and the
+///   header names received (so tests can see which credentials reached the provider).
+/// - Test controls, as request headers (or as the `model` name, so an SDK can steer them):
+///   `x-mock-status: 500` (or model `mock-error-500`), `x-mock-delay-ms: N` before the head
+///   (model `mock-stall`: 30 s), `x-mock-chunk-delay-ms: N` between SSE events,
+///   `x-mock-bytes: N` for an N-byte body.
+public struct MockProvider: Sendable {
+    /// Requests received, for tests that check nothing was forwarded.
+    public let counter = RequestCounter()
+
+    public init() {}
+
+    /// Counts requests in a thread-safe way.
+    public final class RequestCounter: Sendable {
+        let value = Mutex(0)
+        public init() {}
+        public var count: Int { value.withLock { $0 } }
+        func increment() { value.withLock { $0 += 1 } }
+    }
+
+    public func buildApplication(
+        host: String = "127.0.0.1", port: Int = 0, logger: Logger,
+        onServerRunning: @escaping @Sendable (any Channel) async -> Void = { _ in }
+    ) -> some ApplicationProtocol {
+        let router = Router()
+        let counter = self.counter
+        router.get("/v1/models") { _, _ -> Response in
+            counter.increment()
+            return Self.json(.obj(["data": .array([.obj(["type": "model", "id": "claude-mock-1", "display_name": "Mock"])]), "has_more": false]))
+        }
+        router.get("/__mock/requests") { _, _ -> Response in
+            Self.json(.obj(["count": .int(Int64(counter.count))]))
+        }
+        router.post("/v1/messages") { request, context -> Response in
+            counter.increment()
+            let body = try await request.body.collect(upTo: 64 << 20)
+            let json = (try? JSON.parse(body)) ?? .obj([:])
+            let model = json["model"]?.stringValue ?? "claude-mock-1"
+            let headers = request.headers
+            var status = headers[HTTPField.Name("x-mock-status")!].flatMap(Int.init) ?? 200
+            var delay = headers[HTTPField.Name("x-mock-delay-ms")!].flatMap(Int.init) ?? 0
+            if model == "mock-error-500" { status = 500 }
+            if model == "mock-stall" { delay = 30_000 }
+            if delay > 0 { try await Task.sleep(for: .milliseconds(delay)) }
+            if status >= 400 {
+                return Self.json(
+                    .obj(["type": "error", "error": .obj(["type": "api_error", "message": "mock provider failure"])]),
+                    status: .init(code: status)
+                )
+            }
+            let inputTokens = Int64(max(1, body.readableBytes / 4))
+            let text = "Hello from the mock provider."
+            let outputTokens: Int64 = 7
+            if let bytes = headers[HTTPField.Name("x-mock-bytes")!].flatMap(Int.init) {
+                return Self.bulk(bytes: bytes)
+            }
+            if json["stream"]?.boolValue == true {
+                let chunkDelay = headers[HTTPField.Name("x-mock-chunk-delay-ms")!].flatMap(Int.init) ?? 0
+                return Self.stream(model: model, text: text, inputTokens: inputTokens, outputTokens: outputTokens, chunkDelay: chunkDelay)
+            }
+            return Self.json(
+                .obj([
+                    "id": .string("msg_mock_" + ApiKeyGenerator.randomToken(bytes: 9)), "type": "message", "role": "assistant",
+                    "model": .string(model), "content": .array([.obj(["type": "text", "text": .string(text)])]),
+                    "stop_reason": "end_turn", "stop_sequence": .null,
+                    "usage": .obj(["input_tokens": .int(inputTokens), "output_tokens": .int(outputTokens)]),
+                ])
+            )
+        }
+        // Everything else: an echo.
+        for method in [HTTPRequest.Method.get, .post, .put, .patch, .delete] {
+            router.on("/**", method: method) { request, context -> Response in
+                counter.increment()
+                _ = try await request.body.collect(upTo: 64 << 20)
+                let names = request.headers.map { JSON.string($0.name.canonicalName) }
+                let apiKey = request.headers[HTTPField.Name("x-api-key")!]
+                return Self.json(
+                    .obj([
+                        "method": .string(request.method.rawValue), "path": .string(request.uri.path),
+                        "query": JSON(request.uri.query), "header_names": .array(names),
+                        "x_api_key": JSON(apiKey),
+                        "authorization": JSON(request.headers[.authorization]),
+                        "usage": .obj(["input_tokens": 3, "output_tokens": 4]),
+                    ])
+                )
+            }
+        }
+        return Application(
+            router: router,
+            configuration: .init(address: .hostname(host, port: port), serverName: nil),
+            onServerRunning: onServerRunning,
+            logger: logger
+        )
+    }
+
+    static func json(_ value: JSON, status: HTTPResponse.Status = .ok) -> Response {
+        var headers = HTTPFields()
+        headers[.contentType] = "application/json"
+        headers[HTTPField.Name("request-id")!] = "mock_req"
+        return Response(status: status, headers: headers, body: .init(byteBuffer: value.byteBuffer()))
+    }
+
+    static func stream(model: String, text: String, inputTokens: Int64, outputTokens: Int64, chunkDelay: Int) -> Response {
+        var headers = HTTPFields()
+        headers[.contentType] = "text/event-stream"
+        headers[.cacheControl] = "no-cache"
+        let words = text.split(separator: " ").map { String($0) + " " }
+        return Response(
+            status: .ok, headers: headers,
+            body: ResponseBody { writer in
+                func send(_ event: String, _ data: JSON) async throws {
+                    try await writer.write(ByteBuffer(string: "event: \(event)\ndata: \(data.serialized())\n\n"))
+                    if chunkDelay > 0 { try await Task.sleep(for: .milliseconds(chunkDelay)) }
+                }
+                try await send(
+                    "message_start",
+                    .obj([
+                        "type": "message_start",
+                        "message": .obj([
+                            "id": "msg_mock_stream", "type": "message", "role": "assistant", "model": .string(model),
+                            "content": .array([]), "stop_reason": .null, "stop_sequence": .null,
+                            "usage": .obj(["input_tokens": .int(inputTokens), "output_tokens": 1]),
+                        ]),
+                    ])
+                )
+                try await send("content_block_start", .obj(["type": "content_block_start", "index": 0, "content_block": .obj(["type": "text", "text": ""])]))
+                for word in words {
+                    try await send(
+                        "content_block_delta",
+                        .obj(["type": "content_block_delta", "index": 0, "delta": .obj(["type": "text_delta", "text": .string(word)])])
+                    )
+                }
+                try await send("content_block_stop", .obj(["type": "content_block_stop", "index": 0]))
+                try await send(
+                    "message_delta",
+                    .obj([
+                        "type": "message_delta", "delta": .obj(["stop_reason": "end_turn", "stop_sequence": .null]),
+                        "usage": .obj(["output_tokens": .int(outputTokens)]),
+                    ])
+                )
+                try await send("message_stop", .obj(["type": "message_stop"]))
+                try await writer.finish(nil)
+            }
+        )
+    }
+
+    static func bulk(bytes: Int) -> Response {
+        var headers = HTTPFields()
+        headers[.contentType] = "application/octet-stream"
+        return Response(
+            status: .ok, headers: headers,
+            body: ResponseBody(contentLength: bytes) { writer in
+                let chunk = ByteBuffer(repeating: UInt8(ascii: "x"), count: 64 * 1024)
+                var left = bytes
+                while left > 0 {
+                    let n = min(left, chunk.readableBytes)
+                    try await writer.write(chunk.getSlice(at: 0, length: n)!)
+                    left -= n
+                }
+                try await writer.finish(nil)
+            }
+        )
+    }
+}
+
+extension JSON: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, ExpressibleByBooleanLiteral {
+    public init(stringLiteral value: String) { self = .string(value) }
+    public init(integerLiteral value: Int64) { self = .int(value) }
+    public init(booleanLiteral value: Bool) { self = .bool(value) }
+}

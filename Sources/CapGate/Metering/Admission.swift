@@ -1,0 +1,52 @@
+import Foundation
+
+/// One call to be admitted against the company's and the user's caps.
+public struct AdmissionRequest: Sendable {
+    public var companyID: UUID
+    public var userID: UUID
+    public var units: Int
+    public var method: String
+    public var route: String
+    public var model: String?
+    public var feature: String?
+    public var requestID: String
+    public var idempotencyKey: String?
+    public var at: Date
+
+    public init(
+        companyID: UUID, userID: UUID, units: Int = 1, method: String, route: String, model: String? = nil,
+        feature: String? = nil, requestID: String, idempotencyKey: String? = nil, at: Date = Date()
+    ) {
+        self.companyID = companyID
+        self.userID = userID
+        self.units = units
+        self.method = method
+        self.route = route
+        self.model = model
+        self.feature = feature
+        self.requestID = requestID
+        self.idempotencyKey = idempotencyKey
+        self.at = at
+    }
+}
+
+/// What the admission transaction decided.
+public struct Admission: Sendable {
+    public enum Decision: String, Sendable {
+        /// Charged now; `ledgerID` is the new ledger row.
+        case charged
+        /// A retry of an `Idempotency-Key` already charged this period: forwarded, not charged.
+        case replayed
+        case companyCap = "company_cap"
+        case userCap = "user_cap"
+        case noActivePlan = "no_active_plan"
+        case unknownUser = "unknown_user"
+
+        public var admitted: Bool { self == .charged || self == .replayed }
+    }
+
+    public var decision: Decision
+    public var ledgerID: Int64?
+    public var periodID: Int64?
+    public var state: UsageState
+}

@@ -1,0 +1,248 @@
+import AsyncHTTPClient
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Logging
+import NIOCore
+import NIOHTTP1
+
+/// Forwards a client call to the provider after admitting it, and settles the charge after.
+///
+/// 1. authenticate (company and user only from the verified credential);
+/// 2. read the body up to `proxy.maxBodyBytes` (413 above, before anything is charged);
+/// 3. admit in one PostgreSQL transaction (402 over a cap, 503 when the database is away);
+/// 4. forward with the provider key, client credentials and hop-by-hop headers removed;
+/// 5. 2xx: the charge stands and the body streams back while token counts are captured and
+///    then written to the ledger row, from inside the body writer (it runs after the handler
+///    returns); non-2xx, unreachable (502) or timeout (504): refunded in one transaction.
+public struct ProxyHandler: Sendable {
+    let authenticator: Authenticator
+    let metering: MeteringStore
+    let upstream: UpstreamClient
+    let maxBodyBytes: Int
+
+    public init(authenticator: Authenticator, metering: MeteringStore, upstream: UpstreamClient, maxBodyBytes: Int) {
+        self.authenticator = authenticator
+        self.metering = metering
+        self.upstream = upstream
+        self.maxBodyBytes = maxBodyBytes
+    }
+
+    /// Headers never forwarded upstream: hop-by-hop fields, the client's credentials, and the
+    /// ones the client must not steer.
+    static let droppedRequestHeaders: Set<String> = [
+        "connection", "keep-alive", "transfer-encoding", "te", "upgrade", "trailer", "proxy-authorization",
+        "proxy-authenticate", "proxy-connection", "host", "content-length", "x-api-key", "authorization",
+        "accept-encoding", "expect", "x-capgate-company", "x-company-id", "cookie",
+    ]
+    /// Headers of the provider's answer not passed back.
+    static let droppedResponseHeaders: Set<String> = [
+        "connection", "keep-alive", "transfer-encoding", "te", "upgrade", "trailer", "proxy-authenticate",
+        "proxy-connection", "content-length", "request-id", "ratelimit", "ratelimit-policy",
+    ]
+
+    public func handle(_ request: Request, context: GatewayContext) async throws -> Response {
+        let logger = context.logger
+        let record = context.record
+        let identity = try await authenticator.authenticate(request.headers)
+        guard case .user(let user) = identity else {
+            throw GatewayError.permission("The operator token cannot make metered calls; use a user's CapGate API key.")
+        }
+        record.update {
+            $0.companyID = user.companyID.uuidString.lowercased()
+            $0.userID = user.userID.uuidString.lowercased()
+        }
+
+        let body = try await readBody(request)
+        let path = request.uri.path
+        let model = Self.model(in: body, contentType: request.headers[.contentType])
+        let idempotencyKey = request.headers[.idempotencyKey].flatMap { $0.isEmpty ? nil : String($0.prefix(200)) }
+
+        let admissionStart = ContinuousClock.now
+        let admission = try await metering.admit(
+            AdmissionRequest(
+                companyID: user.companyID, userID: user.userID, units: 1, method: request.method.rawValue,
+                route: String(path.prefix(500)), model: model, requestID: record.snapshot.requestID,
+                idempotencyKey: idempotencyKey
+            )
+        )
+        let admissionTime = ContinuousClock.now - admissionStart
+        GatewayMetrics.admission(admissionTime, decision: admission.decision.rawValue)
+        record.update {
+            $0.decision = admission.decision.rawValue
+            $0.admissionMillis = admissionTime.milliseconds
+        }
+
+        switch admission.decision {
+        case .charged, .replayed:
+            break
+        case .companyCap:
+            throw GatewayError(
+                .init(code: 402), "usage_cap_exceeded",
+                Self.capMessage(scope: "company", state: admission.state),
+                usage: admission.state.json(scope: "company"), headers: admission.state.rateLimitHeaders()
+            )
+        case .userCap:
+            throw GatewayError(
+                .init(code: 402), "usage_cap_exceeded",
+                Self.capMessage(scope: "user", state: admission.state),
+                usage: admission.state.json(scope: "user"), headers: admission.state.rateLimitHeaders()
+            )
+        case .noActivePlan:
+            throw GatewayError(
+                .init(code: 402), "no_active_plan",
+                "Your company has no active plan right now. Ask your administrator to choose a plan.",
+                usage: admission.state.json(scope: "company")
+            )
+        case .unknownUser:
+            throw GatewayError.authentication("This user is unknown or disabled in its company.")
+        }
+        let charge = admission.decision == .charged ? admission.ledgerID : nil
+
+        var outbound = HTTPClientRequest(url: upstream.baseURL + (request.head.path ?? path))
+        outbound.method = HTTPMethod(rawValue: request.method.rawValue)
+        outbound.headers.reserveCapacity(request.headers.count + 2)
+        for field in request.headers where !Self.droppedRequestHeaders.contains(field.name.canonicalName) {
+            outbound.headers.add(name: field.name.rawName, value: field.value)
+        }
+        outbound.headers.add(name: "accept-encoding", value: "identity")
+        if let key = upstream.apiKey { outbound.headers.add(name: "x-api-key", value: key) }
+        if body.readableBytes > 0 || request.method == .post || request.method == .put || request.method == .patch {
+            outbound.body = .bytes(body)
+        }
+
+        let upstreamStart = ContinuousClock.now
+        let response: HTTPClientResponse
+        do {
+            response = try await upstream.http.execute(outbound, deadline: .now() + upstream.headTimeout, logger: logger)
+        } catch {
+            let timedOut = (error as? HTTPClientError).map { $0 == .deadlineExceeded || $0 == .readTimeout || $0 == .connectTimeout } ?? false
+            if let charge {
+                await refund(user: user, ledgerID: charge, status: nil, reason: timedOut ? "timeout" : "unreachable", logger: logger)
+            }
+            record.update { $0.upstreamMillis = (ContinuousClock.now - upstreamStart).milliseconds }
+            logger.warning("upstream failed", metadata: ["error": "\(String(describing: error))"])
+            if timedOut {
+                throw GatewayError.upstreamTimeout("The AI provider did not answer in time. You were not charged; try again.")
+            }
+            throw GatewayError.upstream("The AI provider could not be reached or broke the connection. You were not charged; try again.")
+        }
+        let status = Int(response.status.code)
+        GatewayMetrics.upstream(ContinuousClock.now - upstreamStart, status: status)
+        record.update {
+            $0.upstreamStatus = status
+            $0.upstreamMillis = (ContinuousClock.now - upstreamStart).milliseconds
+        }
+
+        var headers = HTTPFields()
+        headers.reserveCapacity(response.headers.count + 3)
+        for (name, value) in response.headers where !Self.droppedResponseHeaders.contains(name.lowercased()) {
+            if let fieldName = HTTPField.Name(name) { headers.append(HTTPField(name: fieldName, value: value)) }
+        }
+        headers.append(contentsOf: admission.state.rateLimitHeaders())
+        let contentLength = response.headers.first(name: "content-length").flatMap(Int.init)
+        let upstreamBody = response.body
+
+        guard (200..<300).contains(status) else {
+            if let charge {
+                await refund(user: user, ledgerID: charge, status: status, reason: "upstream_status", logger: logger)
+            }
+            // The provider's own error passes through, so SDKs show it; the charge is gone.
+            let refundedState = charge == nil ? admission.state : Self.refunded(admission.state)
+            headers[.rateLimit] = nil
+            headers[.rateLimitPolicy] = nil
+            headers.append(contentsOf: refundedState.rateLimitHeaders())
+            return Response(
+                status: .init(code: status),
+                headers: headers,
+                body: ResponseBody(contentLength: contentLength) { writer in
+                    for try await chunk in upstreamBody { try await writer.write(chunk) }
+                    try await writer.finish(nil)
+                }
+            )
+        }
+
+        let metering = self.metering
+        let contentType = response.headers.first(name: "content-type")
+        return Response(
+            status: .init(code: status),
+            headers: headers,
+            body: ResponseBody(contentLength: contentLength) { writer in
+                var failure: (any Error)?
+                var capture = UsageCapture(contentType: contentType)
+                do {
+                    for try await chunk in upstreamBody {
+                        capture.feed(chunk)
+                        try await writer.write(chunk)
+                    }
+                    try await writer.finish(nil)
+                } catch {
+                    failure = error
+                }
+                capture.finish()
+                // The charge stands once the provider answered 2xx, even if the client left.
+                if let charge {
+                    do {
+                        try await metering.settle(
+                            companyID: user.companyID, ledgerID: charge, upstreamStatus: status,
+                            inputTokens: capture.inputTokens, outputTokens: capture.outputTokens
+                        )
+                    } catch {
+                        logger.error("could not record token counts", metadata: ["ledger_id": "\(charge)"])
+                    }
+                }
+                if let failure { throw failure }
+            }
+        )
+    }
+
+    func readBody(_ request: Request) async throws -> ByteBuffer {
+        if let declared = request.headers[.contentLength].flatMap(Int.init), declared > maxBodyBytes {
+            throw GatewayError.tooLarge(limit: maxBodyBytes)
+        }
+        do {
+            return try await request.body.collect(upTo: maxBodyBytes)
+        } catch let error as HTTPError where error.status == .contentTooLarge {
+            throw GatewayError.tooLarge(limit: maxBodyBytes)
+        } catch let error as NIOTooManyBytesError {
+            _ = error
+            throw GatewayError.tooLarge(limit: maxBodyBytes)
+        }
+    }
+
+    func refund(user: UserIdentity, ledgerID: Int64, status: Int?, reason: String, logger: Logger) async {
+        do {
+            try await metering.refund(companyID: user.companyID, ledgerID: ledgerID, upstreamStatus: status)
+            GatewayMetrics.refund(reason: reason)
+        } catch {
+            // The ledger row stays charged; `capgate verify` and the operator see it.
+            logger.error("refund failed", metadata: ["ledger_id": "\(ledgerID)", "reason": "\(reason)"])
+        }
+    }
+
+    static func refunded(_ state: UsageState) -> UsageState {
+        var s = state
+        s.companyUsed = max(0, s.companyUsed - 1)
+        s.userUsed = s.userUsed.map { max(0, $0 - 1) }
+        return s
+    }
+
+    /// The `model` field of a JSON body, for the ledger (nothing else of the body is read).
+    static func model(in body: ByteBuffer, contentType: String?) -> String? {
+        guard body.readableBytes > 0, contentType?.lowercased().contains("json") ?? true else { return nil }
+        guard let json = try? JSON.parse(body), let model = json["model"]?.stringValue else { return nil }
+        return String(model.prefix(200))
+    }
+
+    static func capMessage(scope: String, state: UsageState) -> String {
+        let planName = state.plan?.name ?? "current"
+        let end = state.periodEnd.map { " The allowance renews on \(Timestamp.format($0))." } ?? ""
+        let upgrade = state.upgrade.map { " Upgrading to the \($0.plan) plan raises the limit." } ?? ""
+        if scope == "company" {
+            let limit = state.companyLimit.map(String.init) ?? "unlimited"
+            return "Your company has used all \(limit) analyses included in the \(planName) plan for this period.\(end)\(upgrade)"
+        }
+        let limit = state.userLimit.map(String.init) ?? "unlimited"
+        return "You have used all \(limit) analyses allowed per user in this period.\(end)\(upgrade)"
+    }
+}

@@ -1,0 +1,108 @@
+import Logging
+import NIOCore
+import PostgresNIO
+
+/// The PostgreSQL pool plus the rules for talking to it: every call is bounded by
+/// `database.timeout`, and connection failures become ``DatabaseError/unavailable`` so the HTTP
+/// edge answers 503 (fail closed) instead of forwarding an unrecorded call.
+public struct Database: Sendable {
+    public let client: PostgresClient
+    public let timeout: Duration
+    public let logger: Logger
+
+    public init(client: PostgresClient, timeout: Duration, logger: Logger) {
+        self.client = client
+        self.timeout = timeout
+        self.logger = logger
+    }
+
+    /// Runs `body` with the pool, mapping failures to domain errors.
+    public func run<T: Sendable>(_ body: @escaping @Sendable (PostgresClient) async throws -> T) async throws -> T {
+        do {
+            return try await withDeadline(timeout) { try await body(client) }
+        } catch let error as DatabaseError {
+            throw error
+        } catch let error as GatewayError {
+            throw error
+        } catch {
+            throw DatabaseError.map(error, logger: logger)
+        }
+    }
+
+    /// Runs `body` in one transaction.
+    public func transaction<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
+        try await run { client in
+            do {
+                return try await client.withTransaction(logger: logger) { try await body($0) }
+            } catch let error as PostgresTransactionError {
+                if let inner = error.closureError { throw inner }
+                throw error
+            }
+        }
+    }
+}
+
+/// Database failures as the rest of CapGate sees them.
+public enum DatabaseError: Error, Sendable {
+    /// The database could not be reached (or did not answer in time).
+    case unavailable
+    /// A constraint was violated: the SQLSTATE and the constraint name.
+    case constraint(sqlState: String, constraint: String?, detail: String?)
+    /// Anything else (a bug, not the caller's fault).
+    case other(String)
+
+    static func map(_ error: any Error, logger: Logger) -> DatabaseError {
+        if let error = error as? DatabaseError { return error }
+        if let psql = error as? PSQLError {
+            if let state = psql.serverInfo?[.sqlState] {
+                if state.hasPrefix("23") {
+                    return .constraint(sqlState: state, constraint: psql.serverInfo?[.constraintName], detail: psql.serverInfo?[.detail])
+                }
+                if state.hasPrefix("08") || state.hasPrefix("57P") || state == "53300" {
+                    return .unavailable
+                }
+                logger.error("database error", metadata: ["error": "\(String(reflecting: psql))"])
+                return .other(state)
+            }
+            switch psql.code {
+            case .serverClosedConnection, .connectionError, .uncleanShutdown, .clientClosedConnection,
+                .poolClosed, .queryCancelled:
+                return .unavailable
+            default:
+                logger.error("database error", metadata: ["error": "\(String(reflecting: psql))"])
+                return .unavailable
+            }
+        }
+        if error is CancellationError { return .unavailable }
+        if error is DeadlineExceeded { return .unavailable }
+        if error is ChannelError || error is IOError { return .unavailable }
+        logger.error("database error", metadata: ["error": "\(String(reflecting: error))"])
+        return .unavailable
+    }
+}
+
+/// Thrown by ``withDeadline(_:_:)`` when the time ran out.
+public struct DeadlineExceeded: Error {}
+
+/// Runs `body`, cancelling it and throwing ``DeadlineExceeded`` if it takes longer than `limit`.
+public func withDeadline<T: Sendable>(_ limit: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
+    try await withThrowingTaskGroup(of: T.self) { group in
+        group.addTask { try await body() }
+        group.addTask {
+            try await Task.sleep(for: limit)
+            throw DeadlineExceeded()
+        }
+        defer { group.cancelAll() }
+        guard let first = try await group.next() else { throw DeadlineExceeded() }
+        return first
+    }
+}
+
+extension AsyncSequence {
+    /// Every element, in order.
+    func collect() async throws -> [Element] {
+        var out: [Element] = []
+        for try await element in self { out.append(element) }
+        return out
+    }
+}

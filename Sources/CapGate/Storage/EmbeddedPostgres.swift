@@ -1,0 +1,216 @@
+import Foundation
+import Logging
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// A private PostgreSQL cluster started from the machine's PostgreSQL binaries: used by
+/// `capgate dev` (under `.capgate/`) and by the tests (under a temporary folder).
+///
+/// It listens on 127.0.0.1 on a free port, keeps its socket inside the data folder, and runs
+/// through `runuser -u postgres` when CapGate runs as root (initdb refuses root).
+public final class EmbeddedPostgres: Sendable {
+    public enum EmbeddedError: Error, CustomStringConvertible {
+        case binariesMissing
+        case commandFailed(String, String)
+
+        public var description: String {
+            switch self {
+            case .binariesMissing:
+                "PostgreSQL binaries not found: install them with `apt-get update && apt-get install -y postgresql`, or set DATABASE_URL"
+            case .commandFailed(let command, let output):
+                "\(command) failed: \(output)"
+            }
+        }
+    }
+
+    public let dataDirectory: String
+    public let port: Int
+    public let password: String
+    public let binDirectory: String
+    let asRoot: Bool
+    let logger: Logger
+
+    /// The URL of the `capgate` database in this cluster (with its password: never log it).
+    public var url: DatabaseURL {
+        DatabaseURL(host: "127.0.0.1", port: port, username: "capgate", password: password, database: "capgate")
+    }
+
+    /// Initialises (when new) and starts a cluster in `directory`.
+    /// - Parameter settings: extra `postgres -c` settings (tests turn off fsync).
+    public static func start(
+        directory: String,
+        settings: [String: String] = [:],
+        logger: Logger
+    ) throws -> EmbeddedPostgres {
+        let bin = try findBinaries()
+        let asRoot = getuid() == 0
+        let fm = FileManager.default
+        try fm.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let data = directory + "/data"
+        let passwordFile = directory + "/password"
+        let password: String
+        if let existing = try? String(contentsOfFile: passwordFile, encoding: .utf8), fm.fileExists(atPath: data + "/PG_VERSION") {
+            password = existing.trimmingWhitespace()
+        } else {
+            try? fm.removeItem(atPath: data)
+            password = ApiKeyGenerator.randomToken(bytes: 18)
+            try password.write(toFile: passwordFile, atomically: true, encoding: .utf8)
+            chmod(passwordFile, 0o600)
+            let pwfile = directory + "/pwfile"
+            try password.write(toFile: pwfile, atomically: true, encoding: .utf8)
+            if asRoot { try chownToPostgres(directory) }
+            defer { try? fm.removeItem(atPath: pwfile) }
+            try run(
+                bin + "/initdb",
+                ["-D", data, "-U", "capgate", "--pwfile=" + pwfile, "--auth-local=trust", "--auth-host=scram-sha-256",
+                 "-E", "UTF8", "--locale=C", "--no-sync"],
+                asRoot: asRoot
+            )
+        }
+        if asRoot { try chownToPostgres(directory) }
+        // A cluster left running by an earlier run of ours in this folder is stopped first.
+        if fm.fileExists(atPath: data + "/postmaster.pid") {
+            _ = try? run(bin + "/pg_ctl", ["-D", data, "-m", "fast", "-w", "stop"], asRoot: asRoot)
+        }
+        let port = try freePort()
+        var options = "-p \(port) -k \(data) -c listen_addresses=127.0.0.1 -c max_connections=300"
+        for (key, value) in settings.sorted(by: { $0.key < $1.key }) { options += " -c \(key)=\(value)" }
+        try run(bin + "/pg_ctl", ["-D", data, "-l", directory + "/postgres.log", "-o", options, "-w", "-t", "60", "start"], asRoot: asRoot)
+        let cluster = EmbeddedPostgres(dataDirectory: data, port: port, password: password, binDirectory: bin, asRoot: asRoot, logger: logger)
+        // The capgate database (initdb made the capgate superuser).
+        _ = try? run(bin + "/psql", ["-h", data, "-p", "\(port)", "-U", "capgate", "-d", "postgres", "-q", "-c", "CREATE DATABASE capgate"], asRoot: asRoot)
+        return cluster
+    }
+
+    init(dataDirectory: String, port: Int, password: String, binDirectory: String, asRoot: Bool, logger: Logger) {
+        self.dataDirectory = dataDirectory
+        self.port = port
+        self.password = password
+        self.binDirectory = binDirectory
+        self.asRoot = asRoot
+        self.logger = logger
+    }
+
+    /// Creates another database in this cluster (tests use one per suite).
+    public func createDatabase(_ name: String) throws -> DatabaseURL {
+        try Self.run(binDirectory + "/psql", ["-h", dataDirectory, "-p", "\(port)", "-U", "capgate", "-d", "postgres", "-q", "-c", "CREATE DATABASE \"\(name)\""], asRoot: asRoot)
+        return DatabaseURL(host: "127.0.0.1", port: port, username: "capgate", password: password, database: name)
+    }
+
+    /// Stops the cluster (fast shutdown).
+    public func stop() {
+        _ = try? Self.run(binDirectory + "/pg_ctl", ["-D", dataDirectory, "-m", "fast", "-w", "stop"], asRoot: asRoot)
+    }
+
+    /// Stops the cluster immediately, as a crash would (tests of fail-closed behaviour).
+    public func kill() {
+        _ = try? Self.run(binDirectory + "/pg_ctl", ["-D", dataDirectory, "-m", "immediate", "-w", "stop"], asRoot: asRoot)
+    }
+
+    /// Starts it again on the same port after ``stop()`` or ``kill()``.
+    public func restart() throws {
+        let options = "-p \(port) -k \(dataDirectory) -c listen_addresses=127.0.0.1 -c max_connections=300"
+        try Self.run(binDirectory + "/pg_ctl", ["-D", dataDirectory, "-l", dataDirectory + "/../postgres.log", "-o", options, "-w", "-t", "60", "start"], asRoot: asRoot)
+    }
+
+    /// `pg_config --bindir`, else the newest `/usr/lib/postgresql/*/bin` holding `initdb`.
+    static func findBinaries() throws -> String {
+        let fm = FileManager.default
+        if let out = try? capture("/usr/bin/pg_config", ["--bindir"]) {
+            let dir = out.trimmingWhitespace()
+            if fm.isExecutableFile(atPath: dir + "/initdb") && fm.isExecutableFile(atPath: dir + "/pg_ctl") { return dir }
+        }
+        let root = "/usr/lib/postgresql"
+        let versions = ((try? fm.contentsOfDirectory(atPath: root)) ?? []).compactMap { Int($0) }.sorted(by: >)
+        for version in versions where fm.isExecutableFile(atPath: "\(root)/\(version)/bin/initdb") {
+            return "\(root)/\(version)/bin"
+        }
+        throw EmbeddedError.binariesMissing
+    }
+
+    static func chownToPostgres(_ path: String) throws {
+        try run("/bin/chown", ["-R", "postgres:postgres", path], asRoot: false)
+        chmod(path, 0o700)
+        if FileManager.default.fileExists(atPath: path + "/data") { chmod(path + "/data", 0o700) }
+    }
+
+    @discardableResult
+    static func run(_ executable: String, _ arguments: [String], asRoot: Bool) throws -> String {
+        if asRoot {
+            return try capture("/usr/sbin/runuser", ["-u", "postgres", "--", executable] + arguments, name: executable)
+        }
+        return try capture(executable, arguments)
+    }
+
+    /// Runs a program and returns its output; throws with the output when it fails.
+    ///
+    /// It spawns with posix_spawn and waits with waitpid rather than using Foundation's
+    /// `Process`: a server that `pg_ctl` starts inherits the descriptors its parent had, and
+    /// `Process` would wait for a descriptor the server keeps open for as long as it runs.
+    /// Every descriptor of ours is marked close-on-exec first, so the server holds none of them.
+    @discardableResult
+    static func capture(_ executable: String, _ arguments: [String], name: String? = nil) throws -> String {
+        let outputPath = NSTemporaryDirectory() + "capgate-cmd-" + UUID().uuidString
+        defer { try? FileManager.default.removeItem(atPath: outputPath) }
+        markDescriptorsCloseOnExec()
+
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        posix_spawn_file_actions_adddup2(&actions, 1, 2)
+
+        let argv = ([executable] + arguments).map { strdup($0) } + [nil]
+        defer { for arg in argv { free(arg) } }
+        var pid = pid_t()
+        let spawned = posix_spawn(&pid, executable, &actions, nil, argv, environ)
+        guard spawned == 0 else {
+            throw EmbeddedError.commandFailed(executable, "could not start: \(String(cString: strerror(spawned)))")
+        }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+        let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
+        let exited = (status & 0x7f) == 0
+        let code = (status >> 8) & 0xff
+        guard exited && code == 0 else {
+            let command = URL(fileURLWithPath: name ?? executable).lastPathComponent
+            throw EmbeddedError.commandFailed(command, text.trimmingWhitespace())
+        }
+        return text
+    }
+
+    static func markDescriptorsCloseOnExec() {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") else { return }
+        for name in names {
+            guard let fd = Int32(name), fd > 2 else { continue }
+            let flags = fcntl(fd, F_GETFD)
+            if flags >= 0 { _ = fcntl(fd, F_SETFD, flags | FD_CLOEXEC) }
+        }
+    }
+
+    /// A TCP port on 127.0.0.1 that nobody listens on right now.
+    public static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw EmbeddedError.commandFailed("socket", "no socket") }
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = 0
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) }
+        }
+        guard bound == 0 else { throw EmbeddedError.commandFailed("bind", "no free port") }
+        let named = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        guard named == 0 else { throw EmbeddedError.commandFailed("getsockname", "no free port") }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+}

@@ -1,0 +1,139 @@
+import Crypto
+import Foundation
+import Logging
+import PostgresNIO
+
+/// Applies `db/migrations/*.sql` in name order, each once, inside a transaction, recorded in
+/// `capgate_migrations` with its checksum, under a session advisory lock so that two runners
+/// never collide. A file changed after it was applied is an error, never silently skipped.
+public struct Migrator: Sendable {
+    /// One migration file.
+    public struct Migration: Sendable {
+        public var version: String
+        public var sql: String
+        public var checksum: String
+    }
+
+    public enum MigrationError: Error, CustomStringConvertible {
+        case folderMissing(String)
+        case changedAfterApplied(String)
+        case unknownApplied(String)
+        case failed(String, String)
+
+        public var description: String {
+            switch self {
+            case .folderMissing(let path): "migrations folder not found: \(path)"
+            case .changedAfterApplied(let v): "migration \(v) was changed after it was applied; write a new migration instead"
+            case .unknownApplied(let v): "the database has migration \(v) applied, which this build does not have"
+            case .failed(let v, let why): "migration \(v) failed: \(why)"
+            }
+        }
+    }
+
+    public let migrations: [Migration]
+
+    /// Loads the migration files from `folder` (default: ``defaultFolder()``).
+    public init(folder: String? = nil) throws {
+        let path = folder ?? Self.defaultFolder()
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: path) else {
+            throw MigrationError.folderMissing(path)
+        }
+        migrations = try names.filter { $0.hasSuffix(".sql") }.sorted().map { name in
+            let sql = try String(contentsOfFile: path + "/" + name, encoding: .utf8)
+            let digest = SHA256.hash(data: Data(sql.utf8)).map { String(format: "%02x", $0) }.joined()
+            return Migration(version: String(name.dropLast(4)), sql: sql, checksum: digest)
+        }
+    }
+
+    /// `CAPGATE_MIGRATIONS`, else `db/migrations` under the working directory, else the
+    /// folder of the checkout this binary was built from.
+    public static func defaultFolder() -> String {
+        if let env = ProcessInfo.processInfo.environment["CAPGATE_MIGRATIONS"] { return env }
+        let local = FileManager.default.currentDirectoryPath + "/db/migrations"
+        if FileManager.default.fileExists(atPath: local) { return local }
+        let source = URL(fileURLWithPath: #filePath)  // …/Sources/CapGate/Storage/Migrator.swift
+        return source.deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("db/migrations").path
+    }
+
+    static let lockKey: Int64 = 0x4361_7047_6174_6501  // "CapGate" + 1
+
+    /// The versions not applied yet. Throws when an applied file changed.
+    public func pending(client: PostgresClient, logger: Logger) async throws -> [Migration] {
+        try await client.withConnection { connection in
+            try await ensureTable(connection, logger: logger)
+            return try await pending(connection, logger: logger)
+        }
+    }
+
+    /// Applies what is pending and returns the versions applied.
+    @discardableResult
+    public func migrate(client: PostgresClient, logger: Logger) async throws -> [String] {
+        try await client.withConnection { connection in
+            try await connection.query("SELECT pg_advisory_lock(\(Self.lockKey))", logger: logger)
+            do {
+                try await ensureTable(connection, logger: logger)
+                var applied: [String] = []
+                for migration in try await pending(connection, logger: logger) {
+                    logger.info("applying migration", metadata: ["version": "\(migration.version)"])
+                    try await connection.query("BEGIN", logger: logger)
+                    do {
+                        for statement in SQLSplitter.statements(in: migration.sql) {
+                            try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger)
+                        }
+                        try await connection.query(
+                            "INSERT INTO capgate_migrations (version, checksum) VALUES (\(migration.version), \(migration.checksum))",
+                            logger: logger
+                        )
+                        try await connection.query("COMMIT", logger: logger)
+                    } catch {
+                        _ = try? await connection.query("ROLLBACK", logger: logger)
+                        throw MigrationError.failed(migration.version, Self.describe(error))
+                    }
+                    applied.append(migration.version)
+                }
+                try await connection.query("SELECT pg_advisory_unlock(\(Self.lockKey))", logger: logger)
+                return applied
+            } catch {
+                _ = try? await connection.query("SELECT pg_advisory_unlock(\(Self.lockKey))", logger: logger)
+                throw error
+            }
+        }
+    }
+
+    private func ensureTable(_ connection: PostgresConnection, logger: Logger) async throws {
+        try await connection.query(
+            """
+            CREATE TABLE IF NOT EXISTS capgate_migrations (
+                version text PRIMARY KEY, checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())
+            """,
+            logger: logger
+        )
+    }
+
+    private func pending(_ connection: PostgresConnection, logger: Logger) async throws -> [Migration] {
+        var applied: [String: String] = [:]
+        for try await (version, checksum) in try await connection.query(
+            "SELECT version, checksum FROM capgate_migrations", logger: logger
+        ).decode((String, String).self) {
+            applied[version] = checksum
+        }
+        for migration in migrations {
+            if let checksum = applied[migration.version], checksum != migration.checksum {
+                throw MigrationError.changedAfterApplied(migration.version)
+            }
+        }
+        let known = Set(migrations.map(\.version))
+        if let unknown = applied.keys.sorted().first(where: { !known.contains($0) }) {
+            throw MigrationError.unknownApplied(unknown)
+        }
+        return migrations.filter { applied[$0.version] == nil }
+    }
+
+    static func describe(_ error: any Error) -> String {
+        if let psql = error as? PSQLError, let message = psql.serverInfo?[.message] {
+            return message
+        }
+        return String(reflecting: error)
+    }
+}

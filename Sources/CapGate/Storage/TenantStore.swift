@@ -1,0 +1,307 @@
+import Foundation
+import Logging
+import PostgresNIO
+
+/// Plans, products, companies, users and API keys in PostgreSQL, returned as the SPEC §5 JSON
+/// objects. SQLSTATE codes are mapped to domain errors here, at the repository edge.
+public struct TenantStore: Sendable {
+    let database: Database
+    var logger: Logger { database.logger }
+
+    public init(database: Database) {
+        self.database = database
+    }
+
+    // MARK: plans
+
+    static let planColumns = "id, name, monthly_company_cap, monthly_user_cap, price::text, currency, is_default, is_active, sort_order"
+
+    static func planJSON(_ r: (String, String, Int64?, Int64?, String, String, Bool, Bool, Int32)) -> JSON {
+        .obj([
+            "id": .string(r.0), "name": .string(r.1),
+            "monthly_company_cap": JSON(r.2), "monthly_user_cap": JSON(r.3),
+            "price": .double(Double(r.4) ?? 0), "currency": .string(r.5),
+            "is_default": .bool(r.6), "is_active": .bool(r.7), "sort_order": .int(Int64(r.8)),
+        ])
+    }
+
+    public func plans() async throws -> [JSON] {
+        try await database.run { client in
+            var out: [JSON] = []
+            let rows = try await client.query(PostgresQuery(unsafeSQL: "SELECT \(Self.planColumns) FROM plans ORDER BY sort_order, id"), logger: logger)
+            for try await r in rows.decode((String, String, Int64?, Int64?, String, String, Bool, Bool, Int32).self) {
+                out.append(Self.planJSON(r))
+            }
+            return out
+        }
+    }
+
+    public func plan(_ id: String) async throws -> JSON? {
+        try await database.run { client in
+            let rows = try await client.query(
+                "SELECT id, name, monthly_company_cap, monthly_user_cap, price::text, currency, is_default, is_active, sort_order FROM plans WHERE id = \(id)",
+                logger: logger
+            )
+            for try await r in rows.decode((String, String, Int64?, Int64?, String, String, Bool, Bool, Int32).self) {
+                return Self.planJSON(r)
+            }
+            return nil
+        }
+    }
+
+    /// The fields of a plan as written by a create or an update.
+    public struct PlanInput: Sendable {
+        public var id: String
+        public var name: String
+        public var companyCap: Int64?
+        public var userCap: Int64?
+        public var price: Double
+        public var currency: String
+        public var isDefault: Bool
+        public var isActive: Bool
+        public var sortOrder: Int32
+    }
+
+    public func createPlan(_ p: PlanInput) async throws -> JSON {
+        do {
+            try await database.run { client in
+                try await client.query(
+                    """
+                    INSERT INTO plans (id, name, monthly_company_cap, monthly_user_cap, price, currency, is_default, is_active, sort_order)
+                    VALUES (\(p.id), \(p.name), \(p.companyCap), \(p.userCap), \(p.price)::numeric, \(p.currency), \(p.isDefault), \(p.isActive), \(p.sortOrder))
+                    """,
+                    logger: logger
+                )
+            }
+        } catch DatabaseError.constraint(_, let constraint, _) {
+            if constraint == "plans_single_default" {
+                throw GatewayError.conflict("Another plan is already the default; unset it first.")
+            }
+            throw GatewayError.conflict("A plan with id '\(p.id)' already exists.")
+        }
+        return try await plan(p.id) ?? .null
+    }
+
+    public func updatePlan(_ p: PlanInput) async throws -> JSON {
+        do {
+            try await database.run { client in
+                try await client.query(
+                    """
+                    UPDATE plans SET name = \(p.name), monthly_company_cap = \(p.companyCap), monthly_user_cap = \(p.userCap),
+                           price = \(p.price)::numeric, currency = \(p.currency), is_default = \(p.isDefault),
+                           is_active = \(p.isActive), sort_order = \(p.sortOrder), updated_at = now()
+                     WHERE id = \(p.id)
+                    """,
+                    logger: logger
+                )
+            }
+        } catch DatabaseError.constraint(_, let constraint, _) where constraint == "plans_single_default" {
+            throw GatewayError.conflict("Another plan is already the default; unset it first.")
+        }
+        return try await plan(p.id) ?? .null
+    }
+
+    // MARK: products
+
+    public func products() async throws -> [JSON] {
+        try await database.run { client in
+            var out: [JSON] = []
+            let rows = try await client.query("SELECT product_id, plan_id, interval FROM products ORDER BY product_id", logger: logger)
+            for try await (product, plan, interval) in rows.decode((String, String, String).self) {
+                out.append(.obj(["product_id": .string(product), "plan_id": .string(plan), "interval": .string(interval)]))
+            }
+            return out
+        }
+    }
+
+    public func createProduct(productID: String, planID: String, interval: String) async throws -> JSON {
+        guard try await plan(planID) != nil else { throw GatewayError.notFound("No plan with id '\(planID)'.") }
+        do {
+            try await database.run { client in
+                try await client.query(
+                    "INSERT INTO products (product_id, plan_id, interval) VALUES (\(productID), \(planID), \(interval))",
+                    logger: logger
+                )
+            }
+        } catch DatabaseError.constraint {
+            throw GatewayError.conflict("A product with id '\(productID)' already exists.")
+        }
+        return .obj(["id": .string(productID), "product_id": .string(productID), "plan_id": .string(planID), "interval": .string(interval)])
+    }
+
+    // MARK: companies
+
+    /// The company object: id, name, plan, period, auto_renew (of the period that contains now).
+    public func company(_ id: UUID, at: Date = Date()) async throws -> JSON? {
+        try await database.run { client in
+            let rows = try await client.query(
+                """
+                SELECT c.id, c.name, c.created_at, pp.plan_id, pp.started_at, pp.ends_at, pp.auto_renew
+                  FROM companies c
+                  LEFT JOIN plan_periods pp ON pp.company_id = c.id AND pp.started_at <= \(at) AND pp.ends_at > \(at)
+                 WHERE c.id = \(id)
+                """,
+                logger: logger
+            )
+            for try await r in rows.decode((UUID, String, Date, String?, Date?, Date?, Bool?).self) {
+                return Self.companyJSON(id: r.0, name: r.1, createdAt: r.2, plan: r.3, start: r.4, end: r.5, autoRenew: r.6)
+            }
+            return nil
+        }
+    }
+
+    static func companyJSON(id: UUID, name: String, createdAt: Date, plan: String?, start: Date?, end: Date?, autoRenew: Bool?) -> JSON {
+        .obj([
+            "id": JSON(id), "name": .string(name), "plan": JSON(plan),
+            "period": start.flatMap { s in end.map { e in JSON.obj(["start": JSON(s), "end": JSON(e)]) } } ?? .null,
+            "auto_renew": .bool(autoRenew ?? false), "created_at": JSON(createdAt),
+        ])
+    }
+
+    public func companyExists(_ id: UUID) async throws -> Bool {
+        try await database.run { client in
+            let rows = try await client.query("SELECT 1 FROM companies WHERE id = \(id)", logger: logger)
+            for try await _ in rows { return true }
+            return false
+        }
+    }
+
+    public func createCompany(id: UUID, name: String) async throws {
+        do {
+            try await database.run { client in
+                try await client.query("INSERT INTO companies (id, name) VALUES (\(id), \(name))", logger: logger)
+            }
+        } catch DatabaseError.constraint {
+            throw GatewayError.conflict("A company with id \(id.uuidString.lowercased()) already exists.")
+        }
+    }
+
+    // MARK: users
+
+    static func userJSON(_ r: (UUID, UUID, String?, String, Int64?, Bool, Date)) -> JSON {
+        .obj([
+            "id": JSON(r.0), "company_id": JSON(r.1), "email": JSON(r.2), "role": .string(r.3),
+            "monthly_cap": JSON(r.4), "disabled": .bool(r.5), "created_at": JSON(r.6),
+        ])
+    }
+
+    public func user(company: UUID, id: UUID) async throws -> JSON? {
+        try await database.run { client in
+            let rows = try await client.query(
+                "SELECT id, company_id, email, role, monthly_cap, disabled, created_at FROM users WHERE company_id = \(company) AND id = \(id)",
+                logger: logger
+            )
+            for try await r in rows.decode((UUID, UUID, String?, String, Int64?, Bool, Date).self) { return Self.userJSON(r) }
+            return nil
+        }
+    }
+
+    public func users(company: UUID) async throws -> [JSON] {
+        try await database.run { client in
+            var out: [JSON] = []
+            let rows = try await client.query(
+                "SELECT id, company_id, email, role, monthly_cap, disabled, created_at FROM users WHERE company_id = \(company) ORDER BY created_at, id",
+                logger: logger
+            )
+            for try await r in rows.decode((UUID, UUID, String?, String, Int64?, Bool, Date).self) { out.append(Self.userJSON(r)) }
+            return out
+        }
+    }
+
+    public func createUser(company: UUID, id: UUID, email: String?, role: String, monthlyCap: Int64?, disabled: Bool) async throws -> JSON {
+        do {
+            try await database.run { client in
+                try await client.query(
+                    """
+                    INSERT INTO users (company_id, id, email, role, monthly_cap, disabled)
+                    VALUES (\(company), \(id), \(email), \(role), \(monthlyCap), \(disabled))
+                    """,
+                    logger: logger
+                )
+            }
+        } catch DatabaseError.constraint {
+            throw GatewayError.conflict("A user with id \(id.uuidString.lowercased()) already exists.")
+        }
+        return try await user(company: company, id: id) ?? .null
+    }
+
+    public func updateUser(company: UUID, id: UUID, email: String??, role: String?, monthlyCap: Int64??, disabled: Bool?) async throws -> JSON {
+        try await database.run { client in
+            let setEmail = email != nil
+            let setCap = monthlyCap != nil
+            try await client.query(
+                """
+                UPDATE users SET
+                    email = CASE WHEN \(setEmail) THEN \(email ?? nil) ELSE email END,
+                    role = COALESCE(\(role), role),
+                    monthly_cap = CASE WHEN \(setCap) THEN \(monthlyCap ?? nil) ELSE monthly_cap END,
+                    disabled = COALESCE(\(disabled), disabled)
+                 WHERE company_id = \(company) AND id = \(id)
+                """,
+                logger: logger
+            )
+        }
+        return try await user(company: company, id: id) ?? .null
+    }
+
+    // MARK: API keys
+
+    static func keyJSON(id: UUID, userID: UUID, prefix: String, createdAt: Date, revokedAt: Date?, key: String? = nil) -> JSON {
+        var fields: [JSON.Field] = [
+            .init("id", JSON(id)), .init("user_id", JSON(userID)), .init("prefix", .string(prefix)),
+            .init("created_at", JSON(createdAt)), .init("revoked_at", JSON(revokedAt)),
+        ]
+        if let key { fields.append(.init("key", .string(key))) }
+        return .object(fields)
+    }
+
+    /// Creates a key for a user of the company; the key itself is returned once and never stored.
+    public func createKey(company: UUID, user: UUID) async throws -> JSON {
+        let (key, prefix, hash) = ApiKeyGenerator.make()
+        let id = UUID()
+        let created = try await database.run { client in
+            let rows = try await client.query(
+                """
+                INSERT INTO api_keys (company_id, id, user_id, prefix, key_hash)
+                VALUES (\(company), \(id), \(user), \(prefix), \(hash)) RETURNING created_at
+                """,
+                logger: logger
+            )
+            for try await date in rows.decode(Date.self) { return date }
+            return Date()
+        }
+        return Self.keyJSON(id: id, userID: user, prefix: prefix, createdAt: created, revokedAt: nil, key: key)
+    }
+
+    public func keys(company: UUID) async throws -> [JSON] {
+        try await database.run { client in
+            var out: [JSON] = []
+            let rows = try await client.query(
+                "SELECT id, user_id, prefix, created_at, revoked_at FROM api_keys WHERE company_id = \(company) ORDER BY created_at, id",
+                logger: logger
+            )
+            for try await r in rows.decode((UUID, UUID, String, Date, Date?).self) {
+                out.append(Self.keyJSON(id: r.0, userID: r.1, prefix: r.2, createdAt: r.3, revokedAt: r.4))
+            }
+            return out
+        }
+    }
+
+    /// Revokes a key at once; revoking twice keeps the first time. nil when unknown.
+    public func revokeKey(company: UUID, id: UUID) async throws -> JSON? {
+        try await database.run { client in
+            let rows = try await client.query(
+                """
+                UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now())
+                 WHERE company_id = \(company) AND id = \(id)
+                RETURNING id, user_id, prefix, created_at, revoked_at
+                """,
+                logger: logger
+            )
+            for try await r in rows.decode((UUID, UUID, String, Date, Date?).self) {
+                return Self.keyJSON(id: r.0, userID: r.1, prefix: r.2, createdAt: r.3, revokedAt: r.4)
+            }
+            return nil
+        }
+    }
+}
