@@ -80,8 +80,10 @@ public struct MockProvider: Sendable {
             )
         }
         // Everything else: an echo.
+        // (The router does not backtrack from /v1/… to a root wildcard, so both are registered.)
         for method in [HTTPRequest.Method.get, .post, .put, .patch, .delete] {
-            router.on("/**", method: method) { request, context -> Response in
+            for path in ["/**", "/v1/**"] {
+            router.on(RouterPath(path), method: method) { request, context -> Response in
                 counter.increment()
                 _ = try await request.body.collect(upTo: 64 << 20)
                 let names = request.headers.map { JSON.string($0.name.canonicalName) }
@@ -95,6 +97,7 @@ public struct MockProvider: Sendable {
                         "usage": .obj(["input_tokens": 3, "output_tokens": 4]),
                     ])
                 )
+            }
             }
         }
         return Application(

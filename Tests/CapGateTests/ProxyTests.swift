@@ -1,0 +1,280 @@
+import AsyncHTTPClient
+import CapGate
+import Foundation
+import NIOCore
+import NIOHTTP1
+import Testing
+
+@Suite("Metered proxy")
+struct ProxyTests {
+    @Test("a call is forwarded with the provider key, charged once, and carries usage headers")
+    func forwardsAndCharges() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            let reply = try await h.message(key: users[0].key)
+            #expect(reply.status == 200)
+            #expect(reply.json["content"]?.arrayValue?.first?["text"]?.stringValue == "Hello from the mock provider.")
+            #expect(reply.headers.first(name: "request-id")?.hasPrefix("req_") == true)
+            #expect(reply.headers.first(name: "RateLimit-Policy")?.hasPrefix("\"company\";q=100;w=") == true)
+            #expect(reply.headers.first(name: "RateLimit")?.contains("\"company\";r=99;t=") == true)
+            #expect(reply.headers.first(name: "RateLimit")?.contains("\"user\";r=24;t=") == true)
+            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
+            let requestID = reply.headers.first(name: "request-id")!
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE request_id = '\(requestID)' AND outcome = 'charged' AND input_tokens > 0 AND output_tokens = 7 AND upstream_status = 200 AND model = 'claude-test'") == 1)
+
+            // What reached the provider: its key, not the client's credentials.
+            let echo = try await h.request(.GET, "/v1/echo/anything?x=1", headers: [("x-api-key", users[0].key), ("authorization", "Bearer \(users[0].key)")])
+            #expect(echo.status == 200)
+            #expect(echo.json["x_api_key"]?.stringValue == "provider-secret-key")
+            #expect(echo.json["authorization"]?.isNull == true)
+            #expect(echo.json["path"]?.stringValue == "/v1/echo/anything")
+            #expect(echo.json["query"]?.stringValue == "x=1")
+            #expect(echo.body.contains(users[0].key) == false)
+        }
+    }
+
+    @Test("a streamed answer reaches the client event by event, before the provider finishes")
+    func streamsIncrementally() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (_, users) = try await h.createCompany(plan: "low", users: 1)
+            var request = HTTPClientRequest(url: h.gatewayURL + "/v1/messages")
+            request.method = .POST
+            request.headers.add(name: "x-api-key", value: users[0].key)
+            request.headers.add(name: "content-type", value: "application/json")
+            request.headers.add(name: "x-mock-chunk-delay-ms", value: "300")
+            request.body = .bytes(ByteBuffer(string: #"{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#))
+            let started = ContinuousClock.now
+            let response = try await Harness.http.execute(request, timeout: .seconds(30))
+            #expect(response.status == .ok)
+            #expect(response.headers.first(name: "content-type")?.hasPrefix("text/event-stream") == true)
+            var firstEventAt: Duration?
+            var text = ""
+            for try await chunk in response.body {
+                if firstEventAt == nil { firstEventAt = ContinuousClock.now - started }
+                text += String(buffer: chunk)
+            }
+            let total = ContinuousClock.now - started
+            // 10 events 300 ms apart: the first must arrive long before the last.
+            #expect(firstEventAt! < .milliseconds(1200))
+            #expect(total > .milliseconds(2500))
+            #expect(text.contains("event: message_stop"))
+            try await Task.sleep(for: .milliseconds(200))
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE output_tokens = 7 AND input_tokens > 0") == 1)
+        }
+    }
+
+    @Test("over the company cap: 402 usage_cap_exceeded with the usage object, nothing forwarded")
+    func companyCap() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("tiny", company: 2, user: 10, sort: 1)
+            try await h.createPlan("big", company: 50, user: 20, sort: 2)
+            let (company, users) = try await h.createCompany(plan: "tiny", users: 2)
+            #expect(try await h.message(key: users[0].key).status == 200)
+            #expect(try await h.message(key: users[1].key).status == 200)
+            let forwarded = h.mock.counter.count
+            let denied = try await h.message(key: users[0].key)
+            #expect(denied.status == 402)
+            #expect(h.mock.counter.count == forwarded)
+            let body = denied.json
+            #expect(body["type"]?.stringValue == "error")
+            #expect(body["error"]?["type"]?.stringValue == "usage_cap_exceeded")
+            #expect(body["error"]?["message"]?.stringValue?.isEmpty == false)
+            #expect(body["usage"]?["scope"]?.stringValue == "company")
+            #expect(body["usage"]?["plan"]?["id"]?.stringValue == "tiny")
+            #expect(body["usage"]?["company"]?["used"]?.intValue == 2)
+            #expect(body["usage"]?["company"]?["limit"]?.intValue == 2)
+            #expect(body["usage"]?["company"]?["remaining"]?.intValue == 0)
+            #expect(body["usage"]?["user"]?["used"]?.intValue == 1)
+            #expect(body["usage"]?["upgrade"]?["plan"]?.stringValue == "big")
+            #expect(body["usage"]?["upgrade"]?["company_limit"]?.intValue == 50)
+            #expect(body["usage"]?["period"]?["start"]?.stringValue != nil)
+            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 2)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 2)
+        }
+    }
+
+    @Test("over the user cap: 402 with scope user; an override cap wins over the plan's")
+    func userCap() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 1)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            #expect(try await h.message(key: users[0].key).status == 200)
+            let denied = try await h.message(key: users[0].key)
+            #expect(denied.status == 402)
+            #expect(denied.json["usage"]?["scope"]?.stringValue == "user")
+            #expect(denied.json["usage"]?["upgrade"]?.isNull == true)
+            let vip = try await h.createUser(company: company, cap: 3)
+            for _ in 0..<3 { #expect(try await h.message(key: vip.key).status == 200) }
+            #expect(try await h.message(key: vip.key).status == 402)
+            // Raising the plan's cap applies to the next request, no deploy.
+            #expect(try await h.op(.PUT, "/admin/v1/plans/low", .obj(["monthly_user_cap": 5])).status == 200)
+            #expect(try await h.message(key: users[0].key).status == 200)
+        }
+    }
+
+    @Test("no plan period: 402 no_active_plan; a request at ends_at belongs to the next period")
+    func noActivePlanAndPeriodEdge() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: nil, users: 1)
+            let denied = try await h.message(key: users[0].key)
+            #expect(denied.status == 402)
+            #expect(denied.json["error"]?["type"]?.stringValue == "no_active_plan")
+            #expect(denied.json["usage"]?["plan"]?.isNull == true)
+
+            // A period that ended exactly now-ish: [start, end) excludes end.
+            try await h.exec(
+                """
+                INSERT INTO plan_periods (company_id, plan_id, started_at, ends_at, anchor)
+                VALUES ('\(company.text)', 'low', now() - interval '1 month', now() - interval '1 millisecond', now() - interval '1 month')
+                """
+            )
+            #expect(try await h.message(key: users[0].key).status == 402)
+            try await h.exec(
+                """
+                INSERT INTO plan_periods (company_id, plan_id, started_at, ends_at, anchor)
+                SELECT company_id, 'low', ends_at, ends_at + interval '1 month', anchor FROM plan_periods WHERE company_id = '\(company.text)'
+                """
+            )
+            #expect(try await h.message(key: users[0].key).status == 200)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger l JOIN plan_periods p ON p.id = l.period_id WHERE p.started_at > now() - interval '1 minute'") == 1)
+        }
+    }
+
+    @Test("admission SQL: the boundary instant belongs to the later period")
+    func boundaryInstant() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: nil, users: 1)
+            try await h.exec(
+                """
+                INSERT INTO plan_periods (company_id, plan_id, started_at, ends_at, anchor) VALUES
+                ('\(company.text)', 'low', '2026-01-01T00:00:00Z', '2026-02-01T00:00:00Z', '2026-01-01T00:00:00Z'),
+                ('\(company.text)', 'low', '2026-02-01T00:00:00Z', '2026-03-01T00:00:00Z', '2026-01-01T00:00:00Z')
+                """
+            )
+            try await h.exec(
+                "SELECT capgate_admit('\(company.text)', '\(users[0].id.text)', 1, 'POST', '/v1/messages', NULL, NULL, 'r1', NULL, '2026-02-01T00:00:00Z')"
+            )
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger l JOIN plan_periods p ON p.id = l.period_id WHERE p.started_at = '2026-02-01T00:00:00Z'") == 1)
+        }
+    }
+
+    @Test("provider failures are refunded: 500 passes through, a closed connection is 502, a stall is 504")
+    func refunds() async throws {
+        let closer = try await ClosingServer.start()
+        defer { closer.stop() }
+        try await Harness.with(settings: ["upstream.timeout": "1"]) { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            let failed = try await h.message(key: users[0].key, headers: [("x-mock-status", "500")])
+            #expect(failed.status == 500)
+            #expect(failed.json["error"]?["type"]?.stringValue == "api_error")
+            let stalled = try await h.message(key: users[0].key, headers: [("x-mock-delay-ms", "3000")])
+            #expect(stalled.status == 504)
+            #expect(stalled.json["error"]?["type"]?.stringValue == "upstream_timeout")
+            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 0)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'refunded'") == 2)
+            #expect(try await h.scalar("SELECT COALESCE(sum(used), 0) FROM user_usage") == 0)
+        }
+        try await Harness.with(upstreamURL: "http://127.0.0.1:\(closer.port)") { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            let broken = try await h.message(key: users[0].key)
+            #expect(broken.status == 502)
+            #expect(broken.json["error"]?["type"]?.stringValue == "upstream_error")
+            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 0)
+        }
+        let unusedPort = try EmbeddedPostgres.freePort()
+        try await Harness.with(upstreamURL: "http://127.0.0.1:\(unusedPort)") { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            #expect(try await h.message(key: users[0].key).status == 502)
+            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 0)
+        }
+    }
+
+    @Test("the same Idempotency-Key twice is forwarded twice and charged once")
+    func idempotency() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            let first = try await h.message(key: users[0].key, headers: [("idempotency-key", "abc-1")])
+            let second = try await h.message(key: users[0].key, headers: [("idempotency-key", "abc-1")])
+            #expect(first.status == 200)
+            #expect(second.status == 200)
+            #expect(h.mock.counter.count == 2)
+            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
+            _ = try await h.message(key: users[0].key, headers: [("idempotency-key", "abc-2")])
+            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 2)
+        }
+    }
+
+    @Test("credentials: none, unknown, revoked and operator-token calls are refused; a client company header is ignored")
+    func credentials() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            let (other, _) = try await h.createCompany(plan: "low", users: 1)
+            let none = try await h.request(.POST, "/v1/messages", json: .obj(["model": "m"]))
+            #expect(none.status == 401)
+            #expect(none.json["error"]?["type"]?.stringValue == "authentication_error")
+            #expect(try await h.message(key: "cg_not-a-real-key").status == 401)
+            #expect(try await h.request(.POST, "/v1/messages", headers: [("authorization", "Basic abc")]).status == 401)
+            #expect(try await h.message(key: users[0].key, headers: [("x-company-id", other.text)]).status == 200)
+            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
+            #expect(try await h.scalar("SELECT COALESCE(sum(used), 0) FROM company_usage WHERE company_id = '\(other.text)'") == 0)
+            // Bearer with a CapGate key works like x-api-key.
+            #expect(try await h.request(.GET, "/v1/usage", headers: [("authorization", "Bearer \(users[0].key)")]).status == 200)
+            // Revocation takes effect on the next request.
+            let keys = try await h.op(.GET, "/admin/v1/companies/\(company.text)/api-keys")
+            let keyID = keys.json["data"]!.arrayValue![0]["id"]!.stringValue!
+            #expect(try await h.op(.DELETE, "/admin/v1/companies/\(company.text)/api-keys/\(keyID)").status == 200)
+            let revoked = try await h.message(key: users[0].key)
+            #expect(revoked.status == 401)
+            #expect(revoked.json["error"]?["message"]?.stringValue?.contains("revoked") == true)
+            #expect(try await h.request(.POST, "/v1/messages", headers: h.asOperator, json: .obj(["model": "m"])).status == 403)
+        }
+    }
+
+    @Test("a body over proxy.maxBodyBytes is 413 and charges nothing")
+    func bodyLimit() async throws {
+        try await Harness.with(settings: ["proxy.maxBodyBytes": "1000"]) { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            let big = try await h.request(
+                .POST, "/v1/messages", headers: [("x-api-key", users[0].key), ("content-type", "application/json")],
+                body: "{\"model\":\"m\",\"pad\":\"" + String(repeating: "x", count: 5000) + "\"}"
+            )
+            #expect(big.status == 413)
+            #expect(big.json["error"]?["type"]?.stringValue == "request_too_large")
+            #expect(try await h.scalar("SELECT COALESCE(sum(used), 0) FROM company_usage WHERE company_id = '\(company.text)'") == 0)
+        }
+    }
+
+    @Test("GET /v1/usage and /v1/usage/check report and dry-run without recording")
+    func usageRoutes() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 10, user: 3)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            _ = try await h.message(key: users[0].key)
+            let usage = try await h.request(.GET, "/v1/usage", headers: [("x-api-key", users[0].key)])
+            #expect(usage.status == 200)
+            #expect(usage.json["scope"]?.stringValue == "user")
+            #expect(usage.json["user"]?["used"]?.intValue == 1)
+            #expect(usage.json["user"]?["remaining"]?.intValue == 2)
+            #expect(usage.json["company"]?["limit"]?.intValue == 10)
+            let ok = try await h.request(.GET, "/v1/usage/check?units=2", headers: [("x-api-key", users[0].key)])
+            #expect(ok.json["allowed"]?.boolValue == true)
+            #expect(ok.json["reason"]?.isNull == true)
+            let no = try await h.request(.GET, "/v1/usage/check?units=3", headers: [("x-api-key", users[0].key)])
+            #expect(no.json["allowed"]?.boolValue == false)
+            #expect(no.json["reason"]?.stringValue == "usage_cap_exceeded")
+            #expect(no.json["usage"]?["scope"]?.stringValue == "user")
+            #expect(try await h.request(.GET, "/v1/usage/check?units=abc", headers: [("x-api-key", users[0].key)]).status == 400)
+            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
+        }
+    }
+}

@@ -1,0 +1,44 @@
+import CapGate
+import Foundation
+import Logging
+import PostgresNIO
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One throwaway PostgreSQL cluster per test process, started through the same code as
+/// `capgate dev`; every suite gets a database of its own in it.
+enum TestCluster {
+    static let logger: Logger = {
+        var logger = Logger(label: "capgate-tests")
+        logger.logLevel = ProcessInfo.processInfo.environment["CAPGATE_TEST_LOG"] == nil ? .critical : .debug
+        return logger
+    }()
+
+    static let shared: Result<EmbeddedPostgres, any Error> = Result {
+        let folder = NSTemporaryDirectory() + "capgate-tests-\(getpid())"
+        let cluster = try EmbeddedPostgres.start(
+            directory: folder,
+            settings: ["fsync": "off", "synchronous_commit": "off", "full_page_writes": "off", "max_connections": "600"],
+            logger: logger
+        )
+        clusterForExit = cluster
+        atexit {
+            clusterForExit?.stop()
+            if let folder = clusterForExit?.dataDirectory { try? FileManager.default.removeItem(atPath: folder + "/..") }
+        }
+        return cluster
+    }
+
+    nonisolated(unsafe) static var clusterForExit: EmbeddedPostgres?
+
+    /// A new, migrated database.
+    static func freshDatabase() async throws -> DatabaseURL {
+        let cluster = try shared.get()
+        let name = "t_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased().prefix(16)
+        let url = try cluster.createDatabase(String(name))
+        _ = try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger)
+        return url
+    }
+}
