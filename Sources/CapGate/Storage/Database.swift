@@ -20,12 +20,15 @@ public struct Database: Sendable {
     public func run<T: Sendable>(_ body: @escaping @Sendable (PostgresClient) async throws -> T) async throws -> T {
         do {
             return try await withDeadline(timeout) { try await body(client) }
-        } catch let error as DatabaseError {
-            throw error
-        } catch let error as GatewayError {
-            throw error
-        } catch {
+        } catch let error as PSQLError {
             throw DatabaseError.map(error, logger: logger)
+        } catch let error as PostgresTransactionError {
+            throw DatabaseError.map(error.closureError ?? error.commitError ?? error.beginError ?? error, logger: logger)
+        } catch is DeadlineExceeded, is CancellationError, is ChannelError, is IOError {
+            throw DatabaseError.unavailable
+        } catch {
+            // Domain errors thrown by the body pass through unchanged.
+            throw error
         }
     }
 

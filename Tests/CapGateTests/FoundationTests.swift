@@ -1,0 +1,126 @@
+import CapGate
+import Foundation
+import Testing
+
+@Suite("Migrations, configuration and period math")
+struct FoundationTests {
+    @Test("migrations apply once, in order; a second run does nothing; dry run lists; a changed file is an error")
+    func migrations() async throws {
+        let cluster = try TestCluster.shared.get()
+        let url = try cluster.createDatabase("m_" + UUID().uuidString.prefix(8).lowercased())
+        let logger = TestCluster.logger
+        #expect(try await CapGateRunner.migrate(url: url, dryRun: true, logger: logger) == ["would apply 0001_schema", "would apply 0002_admission"])
+        #expect(try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) == ["applied 0001_schema", "applied 0002_admission"])
+        #expect(try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) == ["nothing to apply"])
+        #expect(try await CapGateRunner.migrate(url: url, dryRun: true, logger: logger) == ["nothing to apply"])
+
+        // A copy of the migrations with one file edited after it was applied.
+        let folder = NSTemporaryDirectory() + "migrations-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        for name in try FileManager.default.contentsOfDirectory(atPath: Migrator.defaultFolder()) where name.hasSuffix(".sql") {
+            var text = try String(contentsOfFile: Migrator.defaultFolder() + "/" + name, encoding: .utf8)
+            if name.hasPrefix("0001") { text += "\n-- edited\n" }
+            try text.write(toFile: folder + "/" + name, atomically: true, encoding: .utf8)
+        }
+        let edited = try Migrator(folder: folder)
+        await #expect(throws: Migrator.MigrationError.self) {
+            try await CapGateRunner.withClient(url: url, logger: logger) { client in
+                try await edited.migrate(client: client, logger: logger)
+            }
+        }
+    }
+
+    @Test("two migrators at once: each file applied exactly once")
+    func concurrentMigrate() async throws {
+        let cluster = try TestCluster.shared.get()
+        let url = try cluster.createDatabase("m_" + UUID().uuidString.prefix(8).lowercased())
+        let logger = TestCluster.logger
+        async let a = CapGateRunner.migrate(url: url, dryRun: false, logger: logger)
+        async let b = CapGateRunner.migrate(url: url, dryRun: false, logger: logger)
+        let lines = try await a + b
+        #expect(lines.filter { $0.hasPrefix("applied") }.count == 2)
+        #expect(lines.filter { $0 == "nothing to apply" }.count == 1)
+    }
+
+    @Test("configuration: flags over environment over the JSON file over defaults")
+    func precedence() async throws {
+        let file = NSTemporaryDirectory() + "capgate-\(UUID().uuidString).json"
+        try #"{"http":{"host":"0.0.0.0","port":9000},"proxy":{"prefix":"/api/"},"upstream":{"url":"http://file.example"}}"#
+            .write(toFile: file, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let fromFile = try await CapGateConfiguration.load(environment: [:], file: file)
+        #expect(fromFile.host == "0.0.0.0")
+        #expect(fromFile.port == 9000)
+        #expect(fromFile.proxyPrefix == "/api/")
+        #expect(fromFile.jwtCompanyClaim == "company_id")
+        #expect(fromFile.billingRolloverInterval == 0)
+        let fromEnv = try await CapGateConfiguration.load(
+            environment: ["HTTP_PORT": "9100", "UPSTREAM_URL": "http://env.example", "UPSTREAM_API_KEY": "k", "PROXY_MAX_BODY_BYTES": "1234", "JWT_COMPANY_CLAIM": "org.id"],
+            file: file
+        )
+        #expect(fromEnv.port == 9100)
+        #expect(fromEnv.host == "0.0.0.0")
+        #expect(fromEnv.upstreamURL == "http://env.example")
+        #expect(fromEnv.upstreamAPIKey == "k")
+        #expect(fromEnv.proxyMaxBodyBytes == 1234)
+        #expect(fromEnv.jwtCompanyClaim == "org.id")
+        let fromFlags = try await CapGateConfiguration.load(flags: ["http.port": "9200"], environment: ["HTTP_PORT": "9100"], file: file)
+        #expect(fromFlags.port == 9200)
+        let defaults = try await CapGateConfiguration.load(environment: [:], file: "/nonexistent.json")
+        #expect(defaults.host == "127.0.0.1")
+        #expect(defaults.port == 8080)
+        #expect(defaults.proxyPrefix == "/v1/")
+    }
+
+    @Test("configuration errors name the key and its environment variable")
+    func errors() async throws {
+        do {
+            _ = try await CapGateConfiguration.load(environment: ["HTTP_PORT": "eighty"], file: "/nonexistent.json")
+            Issue.record("expected an error")
+        } catch let error as ConfigurationError {
+            #expect(error.description.contains("http.port (HTTP_PORT)"))
+        }
+        let configuration = try await CapGateConfiguration.load(environment: [:], file: "/nonexistent.json")
+        #expect(throws: ConfigurationError.self) { try configuration.require(configuration.databaseURL, key: "database.url") }
+        #expect(ConfigurationError.environmentName(of: "upstream.apiKey") == "UPSTREAM_API_KEY")
+        #expect(ConfigurationError.environmentName(of: "proxy.maxBodyBytes") == "PROXY_MAX_BODY_BYTES")
+        #expect(ConfigurationError.environmentName(of: "billing.rolloverInterval") == "BILLING_ROLLOVER_INTERVAL")
+    }
+
+    static func date(_ text: String) -> Date { Timestamp.parse(text)! }
+
+    @Test("period k of an anchor is clamped to the month's last day, computed from the anchor")
+    func periodMath() {
+        let jan31 = Self.date("2026-01-31T10:00:00Z")
+        #expect(PeriodMath.add(months: 1, to: jan31) == Self.date("2026-02-28T10:00:00Z"))
+        #expect(PeriodMath.add(months: 2, to: jan31) == Self.date("2026-03-31T10:00:00Z"))
+        #expect(PeriodMath.add(months: 1, to: Self.date("2028-01-31T10:00:00Z")) == Self.date("2028-02-29T10:00:00Z"))
+        #expect(PeriodMath.add(months: 12, to: Self.date("2028-02-29T00:00:00Z")) == Self.date("2029-02-28T00:00:00Z"))
+        #expect(PeriodMath.add(months: 48, to: Self.date("2028-02-29T00:00:00Z")) == Self.date("2032-02-29T00:00:00Z"))
+        #expect(PeriodMath.add(months: 1, to: Self.date("2026-12-15T23:59:59Z")) == Self.date("2027-01-15T23:59:59Z"))
+        #expect(PeriodMath.add(months: -1, to: Self.date("2026-03-31T00:00:00Z")) == Self.date("2026-02-28T00:00:00Z"))
+        let p = PeriodMath.period(containing: Self.date("2026-03-01T00:00:00Z"), anchor: jan31, interval: .month)
+        #expect(p.start == Self.date("2026-02-28T10:00:00Z"))
+        #expect(p.end == Self.date("2026-03-31T10:00:00Z"))
+        // The end instant belongs to the next period.
+        let edge = PeriodMath.period(containing: Self.date("2026-03-31T10:00:00Z"), anchor: jan31, interval: .month)
+        #expect(edge.start == Self.date("2026-03-31T10:00:00Z"))
+        let yearly = PeriodMath.period(containing: Self.date("2027-06-01T00:00:00Z"), anchor: Self.date("2024-02-29T00:00:00Z"), interval: .year)
+        #expect(yearly.start == Self.date("2027-02-28T00:00:00Z"))
+        #expect(yearly.end == Self.date("2028-02-29T00:00:00Z"))
+        // Every month of a year, for anchors on the 1st, 15th, 29th, 30th and 31st.
+        for day in [1, 15, 29, 30, 31] {
+            let anchor = Self.date(String(format: "2026-01-%02dT00:00:00Z", day))
+            for k in 0..<24 {
+                let (start, end) = PeriodMath.bounds(anchor: anchor, interval: .month, index: k)
+                #expect(start < end)
+                let inside = PeriodMath.period(containing: start.addingTimeInterval(1), anchor: anchor, interval: .month)
+                #expect(inside.start == start && inside.end == end && inside.index == k)
+                let parts = Calendar(identifier: .gregorian).dateComponents(in: TimeZone(identifier: "UTC")!, from: start)
+                let days = Calendar(identifier: .gregorian).range(of: .day, in: .month, for: start)!.count
+                #expect(parts.day == min(day, days))
+            }
+        }
+    }
+}

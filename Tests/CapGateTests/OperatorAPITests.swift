@@ -1,0 +1,143 @@
+import CapGate
+import Foundation
+import Testing
+
+@Suite("Operator API")
+struct OperatorAPITests {
+    @Test("plans: create, read, list, update; validation, 404, duplicate and second default 409")
+    func plans() async throws {
+        try await Harness.with { h in
+            let created = try await h.op(
+                .POST, "/admin/v1/plans",
+                .obj([
+                    "id": "low", "name": "Low Use", "monthly_company_cap": 100, "monthly_user_cap": 25, "price": 9.99,
+                    "currency": "USD", "is_default": true, "is_active": true, "sort_order": 1,
+                ])
+            )
+            #expect(created.status == 201)
+            #expect(created.json["id"]?.stringValue == "low")
+            #expect(created.json["monthly_company_cap"]?.intValue == 100)
+            #expect(created.json["price"]?.doubleValue == 9.99)
+            #expect(created.json["is_default"]?.boolValue == true)
+            let unlimited = try await h.op(.POST, "/admin/v1/plans", .obj(["id": "high", "name": "High", "monthly_company_cap": .null, "monthly_user_cap": .null]))
+            #expect(unlimited.status == 201)
+            #expect(unlimited.json["monthly_company_cap"]?.isNull == true)
+            #expect(try await h.op(.GET, "/admin/v1/plans/low").json["name"]?.stringValue == "Low Use")
+            #expect(try await h.op(.GET, "/admin/v1/plans").json["data"]?.arrayValue?.count == 2)
+            #expect(try await h.op(.GET, "/admin/v1/plans/nope").status == 404)
+
+            let duplicate = try await h.op(.POST, "/admin/v1/plans", .obj(["id": "low", "name": "Again"]))
+            #expect(duplicate.status == 409)
+            let secondDefault = try await h.op(.POST, "/admin/v1/plans", .obj(["id": "other", "name": "Other", "is_default": true]))
+            #expect(secondDefault.status == 409)
+            #expect(secondDefault.json["type"]?.stringValue == "error")
+            #expect(try await h.op(.PUT, "/admin/v1/plans/high", .obj(["is_default": true])).status == 409)
+
+            for bad: JSON in [
+                .obj(["name": "No id"]), .obj(["id": "Bad Id!", "name": "x"]), .obj(["id": "x", "name": "x", "monthly_company_cap": -1]),
+                .obj(["id": "x", "name": "x", "monthly_user_cap": "ten"]), .obj(["id": "x", "name": "x", "is_active": "yes"]),
+                .array([]),
+            ] {
+                let reply = try await h.op(.POST, "/admin/v1/plans", bad)
+                #expect(reply.status == 400, "\(bad.serialized()) → \(reply.body)")
+                #expect(reply.json["error"]?["type"]?.stringValue == "invalid_request_error")
+            }
+            let notJSON = try await h.request(.POST, "/admin/v1/plans", headers: h.asOperator + [("content-type", "application/json")], body: "{nope")
+            #expect(notJSON.status == 400)
+
+            let updated = try await h.op(.PUT, "/admin/v1/plans/low", .obj(["monthly_company_cap": 200, "name": "Low Use 2"]))
+            #expect(updated.status == 200)
+            #expect(updated.json["monthly_company_cap"]?.intValue == 200)
+            #expect(updated.json["monthly_user_cap"]?.intValue == 25)
+            #expect(try await h.op(.PUT, "/admin/v1/plans/nope", .obj(["name": "x"])).status == 404)
+        }
+    }
+
+    @Test("products map store ids to plans; unknown plan 404, duplicate 409, bad interval 400")
+    func products() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let created = try await h.op(.POST, "/admin/v1/products", .obj(["product_id": "skininsight.low.monthly", "plan_id": "low", "interval": "month"]))
+            #expect(created.status == 201)
+            #expect(created.json["product_id"]?.stringValue == "skininsight.low.monthly")
+            #expect(try await h.op(.GET, "/admin/v1/products").json["data"]?.arrayValue?.count == 1)
+            #expect(try await h.op(.POST, "/admin/v1/products", .obj(["product_id": "p2", "plan_id": "nope", "interval": "month"])).status == 404)
+            #expect(try await h.op(.POST, "/admin/v1/products", .obj(["product_id": "skininsight.low.monthly", "plan_id": "low", "interval": "month"])).status == 409)
+            #expect(try await h.op(.POST, "/admin/v1/products", .obj(["product_id": "p3", "plan_id": "low", "interval": "week"])).status == 400)
+        }
+    }
+
+    @Test("companies, users, keys and plan assignment")
+    func companiesUsersKeys() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            try await h.createPlan("medium", company: 500, user: 100, sort: 2)
+            let company = try await h.op(.POST, "/admin/v1/companies", .obj(["name": "Acme", "plan": "low"]))
+            #expect(company.status == 201)
+            let id = company.json["id"]!.stringValue!
+            #expect(company.json["plan"]?.stringValue == "low")
+            #expect(company.json["auto_renew"]?.boolValue == true)
+            #expect(company.json["period"]?["start"]?.stringValue != nil)
+            #expect(try await h.op(.GET, "/admin/v1/companies/\(id)").json["name"]?.stringValue == "Acme")
+            #expect(try await h.op(.GET, "/admin/v1/companies/\(UUID().text)").status == 404)
+            #expect(try await h.op(.GET, "/admin/v1/companies/not-a-uuid").status == 404)
+            #expect(try await h.op(.POST, "/admin/v1/companies", .obj(["name": "X", "plan": "nope"])).status == 404)
+            #expect(try await h.op(.POST, "/admin/v1/companies", .obj(["plan": "low"])).status == 400)
+            #expect(try await h.op(.POST, "/admin/v1/companies", .obj(["id": .string(id), "name": "Dup"])).status == 409)
+
+            let user = try await h.op(.POST, "/admin/v1/companies/\(id)/users", .obj(["email": "a@acme.test", "role": "admin", "monthly_cap": 5]))
+            #expect(user.status == 201)
+            let userID = user.json["id"]!.stringValue!
+            #expect(user.json["company_id"]?.stringValue == id)
+            #expect(user.json["monthly_cap"]?.intValue == 5)
+            #expect(user.json["disabled"]?.boolValue == false)
+            #expect(try await h.op(.POST, "/admin/v1/companies/\(id)/users", .obj(["role": "boss"])).status == 400)
+            #expect(try await h.op(.POST, "/admin/v1/companies/\(UUID().text)/users", .obj(["role": "member"])).status == 404)
+            let patched = try await h.op(.PATCH, "/admin/v1/companies/\(id)/users/\(userID)", .obj(["monthly_cap": .null, "role": "member"]))
+            #expect(patched.status == 200)
+            #expect(patched.json["monthly_cap"]?.isNull == true)
+            #expect(patched.json["role"]?.stringValue == "member")
+            #expect(patched.json["email"]?.stringValue == "a@acme.test")
+            #expect(try await h.op(.PATCH, "/admin/v1/companies/\(id)/users/\(UUID().text)", .obj(["disabled": true])).status == 404)
+
+            let key = try await h.op(.POST, "/admin/v1/companies/\(id)/api-keys", .obj(["user_id": .string(userID)]))
+            #expect(key.status == 201)
+            let secret = key.json["key"]!.stringValue!
+            #expect(secret.count >= 40)
+            #expect(secret.hasPrefix(key.json["prefix"]!.stringValue!))
+            #expect(key.json["revoked_at"]?.isNull == true)
+            // Only the SHA-256 is stored.
+            #expect(try await h.scalar("SELECT count(*) FROM api_keys WHERE key_hash = sha256('\(secret)'::bytea)") == 1)
+            #expect(try await h.scalar("SELECT count(*) FROM api_keys WHERE encode(key_hash, 'escape') LIKE '%\(secret.dropFirst(3).prefix(20))%'") == 0)
+            #expect(try await h.op(.POST, "/admin/v1/companies/\(id)/api-keys", .obj(["user_id": .string(UUID().text)])).status == 404)
+            #expect(try await h.op(.DELETE, "/admin/v1/companies/\(id)/api-keys/\(UUID().text)").status == 404)
+
+            // A disabled user's key stops working.
+            #expect(try await h.request(.GET, "/v1/usage", headers: [("x-api-key", secret)]).status == 200)
+            #expect(try await h.op(.PATCH, "/admin/v1/companies/\(id)/users/\(userID)", .obj(["disabled": true])).status == 200)
+            #expect(try await h.request(.GET, "/v1/usage", headers: [("x-api-key", secret)]).status == 401)
+
+            let moved = try await h.op(.PUT, "/admin/v1/companies/\(id)/plan", .obj(["plan": "medium", "auto_renew": false]))
+            #expect(moved.status == 200)
+            #expect(moved.json["plan"]?.stringValue == "medium")
+            #expect(moved.json["auto_renew"]?.boolValue == false)
+            #expect(try await h.scalar("SELECT count(*) FROM plan_periods WHERE company_id = '\(id)'") == 2)
+            #expect(try await h.op(.PUT, "/admin/v1/companies/\(id)/plan", .obj(["plan": "nope"])).status == 404)
+            #expect(try await h.op(.PUT, "/admin/v1/companies/\(id)/plan", .obj(["plan": "low", "started_at": "yesterday"])).status == 400)
+        }
+    }
+
+    @Test("operator routes refuse company credentials and missing credentials")
+    func operatorOnly() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1, role: "admin")
+            let admin = [("x-api-key", users[0].key)]
+            #expect(try await h.request(.GET, "/admin/v1/plans", headers: admin).status == 403)
+            #expect(try await h.request(.POST, "/admin/v1/plans", headers: admin, json: .obj(["id": "x", "name": "x"])).status == 403)
+            #expect(try await h.request(.POST, "/admin/v1/companies/\(company.text)/users", headers: admin, json: .obj([:])).status == 403)
+            #expect(try await h.request(.GET, "/admin/v1/plans").status == 401)
+            #expect(try await h.request(.GET, "/admin/v1/plans", headers: [("authorization", "Bearer wrong-token")]).status == 401)
+        }
+    }
+}
