@@ -32,7 +32,8 @@ struct ConcurrencyTests {
             #expect(counts[200] == 50)
             #expect(counts[402] == 450)
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 50)
-            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)' AND outcome = 'charged'") == 50)
+            #expect(
+                try await h.scalar("SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)' AND outcome = 'charged'") == 50)
             #expect(try await h.scalar("SELECT sum(used) FROM user_usage WHERE company_id = '\(company.text)'") == 50)
         }
     }

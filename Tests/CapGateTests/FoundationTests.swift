@@ -9,8 +9,12 @@ struct FoundationTests {
         let cluster = try TestCluster.shared.get()
         let url = try cluster.createDatabase("m_" + UUID().uuidString.prefix(8).lowercased())
         let logger = TestCluster.logger
-        #expect(try await CapGateRunner.migrate(url: url, dryRun: true, logger: logger) == ["would apply 0001_schema", "would apply 0002_admission"])
-        #expect(try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) == ["applied 0001_schema", "applied 0002_admission"])
+        #expect(
+            try await CapGateRunner.migrate(url: url, dryRun: true, logger: logger) == [
+                "would apply 0001_schema", "would apply 0002_admission",
+            ])
+        #expect(
+            try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) == ["applied 0001_schema", "applied 0002_admission"])
         #expect(try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) == ["nothing to apply"])
         #expect(try await CapGateRunner.migrate(url: url, dryRun: true, logger: logger) == ["nothing to apply"])
 
@@ -56,7 +60,10 @@ struct FoundationTests {
         #expect(fromFile.jwtCompanyClaim == "company_id")
         #expect(fromFile.billingRolloverInterval == 0)
         let fromEnv = try await CapGateConfiguration.load(
-            environment: ["HTTP_PORT": "9100", "UPSTREAM_URL": "http://env.example", "UPSTREAM_API_KEY": "k", "PROXY_MAX_BODY_BYTES": "1234", "JWT_COMPANY_CLAIM": "org.id"],
+            environment: [
+                "HTTP_PORT": "9100", "UPSTREAM_URL": "http://env.example", "UPSTREAM_API_KEY": "k", "PROXY_MAX_BODY_BYTES": "1234",
+                "JWT_COMPANY_CLAIM": "org.id",
+            ],
             file: file
         )
         #expect(fromEnv.port == 9100)
@@ -106,7 +113,8 @@ struct FoundationTests {
         // The end instant belongs to the next period.
         let edge = PeriodMath.period(containing: Self.date("2026-03-31T10:00:00Z"), anchor: jan31, interval: .month)
         #expect(edge.start == Self.date("2026-03-31T10:00:00Z"))
-        let yearly = PeriodMath.period(containing: Self.date("2027-06-01T00:00:00Z"), anchor: Self.date("2024-02-29T00:00:00Z"), interval: .year)
+        let yearly = PeriodMath.period(
+            containing: Self.date("2027-06-01T00:00:00Z"), anchor: Self.date("2024-02-29T00:00:00Z"), interval: .year)
         #expect(yearly.start == Self.date("2027-02-28T00:00:00Z"))
         #expect(yearly.end == Self.date("2028-02-29T00:00:00Z"))
         // Every month of a year, for anchors on the 1st, 15th, 29th, 30th and 31st.

@@ -34,7 +34,9 @@ struct JWTTests {
             let token = try await Self.hs256(TestClaims(sub: newUser.text, exp: Self.inAnHour, company_id: company.text))
             let reply = try await h.request(.GET, "/v1/usage", headers: [("authorization", "Bearer \(token)")])
             #expect(reply.status == 200)
-            #expect(try await h.scalar("SELECT count(*) FROM users WHERE id = '\(newUser.text)' AND role = 'member' AND company_id = '\(company.text)'") == 1)
+            #expect(
+                try await h.scalar(
+                    "SELECT count(*) FROM users WHERE id = '\(newUser.text)' AND role = 'member' AND company_id = '\(company.text)'") == 1)
             let call = try await h.request(
                 .POST, "/v1/messages", headers: [("authorization", "Bearer \(token)")], json: .obj(["model": "m", "max_tokens": 5])
             )
@@ -49,9 +51,12 @@ struct JWTTests {
             try await h.createPlan("low", company: 100, user: 25)
             let (company, users) = try await h.createCompany(plan: "low", users: 1)
             let (other, _) = try await h.createCompany(plan: "low", users: 1)
-            let expired = try await Self.hs256(TestClaims(sub: users[0].id.text, exp: Int(Date().timeIntervalSince1970) - 60, company_id: company.text))
+            let expired = try await Self.hs256(
+                TestClaims(sub: users[0].id.text, exp: Int(Date().timeIntervalSince1970) - 60, company_id: company.text))
             let noExp = try await Self.hs256(TestClaims(sub: users[0].id.text, exp: nil, company_id: company.text))
-            let forged = try await Self.hs256(TestClaims(sub: users[0].id.text, exp: Self.inAnHour, company_id: company.text), secret: "another-secret-0123456789-abcdefghij")
+            let forged = try await Self.hs256(
+                TestClaims(sub: users[0].id.text, exp: Self.inAnHour, company_id: company.text),
+                secret: "another-secret-0123456789-abcdefghij")
             let unknownCompany = try await Self.hs256(TestClaims(sub: UUID().text, exp: Self.inAnHour, company_id: UUID().text))
             // A user of one company presenting another company's id.
             let crossCompany = try await Self.hs256(TestClaims(sub: users[0].id.text, exp: Self.inAnHour, company_id: other.text))
@@ -77,7 +82,8 @@ struct JWTTests {
             let signer = JWTKeyCollection()
             await signer.add(ecdsa: key, kid: "k1")
             let token = try await signer.sign(
-                TestClaims(sub: users[0].id.text, exp: Self.inAnHour, company_id: nil, app_metadata: ["company_id": company.text]), kid: "k1"
+                TestClaims(sub: users[0].id.text, exp: Self.inAnHour, company_id: nil, app_metadata: ["company_id": company.text]),
+                kid: "k1"
             )
             let reply = try await h.request(.GET, "/v1/usage", headers: [("authorization", "Bearer \(token)")])
             #expect(reply.status == 200, "\(reply.body)")

@@ -19,7 +19,8 @@ struct OperatorAPITests {
             #expect(created.json["monthly_company_cap"]?.intValue == 100)
             #expect(created.json["price"]?.doubleValue == 9.99)
             #expect(created.json["is_default"]?.boolValue == true)
-            let unlimited = try await h.op(.POST, "/admin/v1/plans", .obj(["id": "high", "name": "High", "monthly_company_cap": .null, "monthly_user_cap": .null]))
+            let unlimited = try await h.op(
+                .POST, "/admin/v1/plans", .obj(["id": "high", "name": "High", "monthly_company_cap": .null, "monthly_user_cap": .null]))
             #expect(unlimited.status == 201)
             #expect(unlimited.json["monthly_company_cap"]?.isNull == true)
             #expect(try await h.op(.GET, "/admin/v1/plans/low").json["name"]?.stringValue == "Low Use")
@@ -42,7 +43,8 @@ struct OperatorAPITests {
                 #expect(reply.status == 400, "\(bad.serialized()) → \(reply.body)")
                 #expect(reply.json["error"]?["type"]?.stringValue == "invalid_request_error")
             }
-            let notJSON = try await h.request(.POST, "/admin/v1/plans", headers: h.asOperator + [("content-type", "application/json")], body: "{nope")
+            let notJSON = try await h.request(
+                .POST, "/admin/v1/plans", headers: h.asOperator + [("content-type", "application/json")], body: "{nope")
             #expect(notJSON.status == 400)
 
             let updated = try await h.op(.PUT, "/admin/v1/plans/low", .obj(["monthly_company_cap": 200, "name": "Low Use 2"]))
@@ -57,13 +59,20 @@ struct OperatorAPITests {
     func products() async throws {
         try await Harness.with { h in
             try await h.createPlan("low", company: 100, user: 25)
-            let created = try await h.op(.POST, "/admin/v1/products", .obj(["product_id": "skininsight.low.monthly", "plan_id": "low", "interval": "month"]))
+            let created = try await h.op(
+                .POST, "/admin/v1/products", .obj(["product_id": "skininsight.low.monthly", "plan_id": "low", "interval": "month"]))
             #expect(created.status == 201)
             #expect(created.json["product_id"]?.stringValue == "skininsight.low.monthly")
             #expect(try await h.op(.GET, "/admin/v1/products").json["data"]?.arrayValue?.count == 1)
-            #expect(try await h.op(.POST, "/admin/v1/products", .obj(["product_id": "p2", "plan_id": "nope", "interval": "month"])).status == 404)
-            #expect(try await h.op(.POST, "/admin/v1/products", .obj(["product_id": "skininsight.low.monthly", "plan_id": "low", "interval": "month"])).status == 409)
-            #expect(try await h.op(.POST, "/admin/v1/products", .obj(["product_id": "p3", "plan_id": "low", "interval": "week"])).status == 400)
+            #expect(
+                try await h.op(.POST, "/admin/v1/products", .obj(["product_id": "p2", "plan_id": "nope", "interval": "month"])).status
+                    == 404)
+            #expect(
+                try await h.op(
+                    .POST, "/admin/v1/products", .obj(["product_id": "skininsight.low.monthly", "plan_id": "low", "interval": "month"])
+                ).status == 409)
+            #expect(
+                try await h.op(.POST, "/admin/v1/products", .obj(["product_id": "p3", "plan_id": "low", "interval": "week"])).status == 400)
         }
     }
 
@@ -85,7 +94,8 @@ struct OperatorAPITests {
             #expect(try await h.op(.POST, "/admin/v1/companies", .obj(["plan": "low"])).status == 400)
             #expect(try await h.op(.POST, "/admin/v1/companies", .obj(["id": .string(id), "name": "Dup"])).status == 409)
 
-            let user = try await h.op(.POST, "/admin/v1/companies/\(id)/users", .obj(["email": "a@acme.test", "role": "admin", "monthly_cap": 5]))
+            let user = try await h.op(
+                .POST, "/admin/v1/companies/\(id)/users", .obj(["email": "a@acme.test", "role": "admin", "monthly_cap": 5]))
             #expect(user.status == 201)
             let userID = user.json["id"]!.stringValue!
             #expect(user.json["company_id"]?.stringValue == id)
@@ -93,7 +103,8 @@ struct OperatorAPITests {
             #expect(user.json["disabled"]?.boolValue == false)
             #expect(try await h.op(.POST, "/admin/v1/companies/\(id)/users", .obj(["role": "boss"])).status == 400)
             #expect(try await h.op(.POST, "/admin/v1/companies/\(UUID().text)/users", .obj(["role": "member"])).status == 404)
-            let patched = try await h.op(.PATCH, "/admin/v1/companies/\(id)/users/\(userID)", .obj(["monthly_cap": .null, "role": "member"]))
+            let patched = try await h.op(
+                .PATCH, "/admin/v1/companies/\(id)/users/\(userID)", .obj(["monthly_cap": .null, "role": "member"]))
             #expect(patched.status == 200)
             #expect(patched.json["monthly_cap"]?.isNull == true)
             #expect(patched.json["role"]?.stringValue == "member")
@@ -108,7 +119,9 @@ struct OperatorAPITests {
             #expect(key.json["revoked_at"]?.isNull == true)
             // Only the SHA-256 is stored.
             #expect(try await h.scalar("SELECT count(*) FROM api_keys WHERE key_hash = sha256('\(secret)'::bytea)") == 1)
-            #expect(try await h.scalar("SELECT count(*) FROM api_keys WHERE encode(key_hash, 'escape') LIKE '%\(secret.dropFirst(3).prefix(20))%'") == 0)
+            #expect(
+                try await h.scalar(
+                    "SELECT count(*) FROM api_keys WHERE encode(key_hash, 'escape') LIKE '%\(secret.dropFirst(3).prefix(20))%'") == 0)
             #expect(try await h.op(.POST, "/admin/v1/companies/\(id)/api-keys", .obj(["user_id": .string(UUID().text)])).status == 404)
             #expect(try await h.op(.DELETE, "/admin/v1/companies/\(id)/api-keys/\(UUID().text)").status == 404)
 

@@ -21,10 +21,14 @@ struct ProxyTests {
             #expect(reply.headers.first(name: "RateLimit")?.contains("\"user\";r=24;t=") == true)
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
             let requestID = reply.headers.first(name: "request-id")!
-            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE request_id = '\(requestID)' AND outcome = 'charged' AND input_tokens > 0 AND output_tokens = 7 AND upstream_status = 200 AND model = 'claude-test'") == 1)
+            #expect(
+                try await h.scalar(
+                    "SELECT count(*) FROM usage_ledger WHERE request_id = '\(requestID)' AND outcome = 'charged' AND input_tokens > 0 AND output_tokens = 7 AND upstream_status = 200 AND model = 'claude-test'"
+                ) == 1)
 
             // What reached the provider: its key, not the client's credentials.
-            let echo = try await h.request(.GET, "/v1/echo/anything?x=1", headers: [("x-api-key", users[0].key), ("authorization", "Bearer \(users[0].key)")])
+            let echo = try await h.request(
+                .GET, "/v1/echo/anything?x=1", headers: [("x-api-key", users[0].key), ("authorization", "Bearer \(users[0].key)")])
             #expect(echo.status == 200)
             #expect(echo.json["x_api_key"]?.stringValue == "provider-secret-key")
             #expect(echo.json["authorization"]?.isNull == true)
@@ -44,7 +48,8 @@ struct ProxyTests {
             request.headers.add(name: "x-api-key", value: users[0].key)
             request.headers.add(name: "content-type", value: "application/json")
             request.headers.add(name: "x-mock-chunk-delay-ms", value: "300")
-            request.body = .bytes(ByteBuffer(string: #"{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#))
+            request.body = .bytes(
+                ByteBuffer(string: #"{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#))
             let started = ContinuousClock.now
             let response = try await Harness.http.execute(request, timeout: .seconds(30))
             #expect(response.status == .ok)
@@ -139,7 +144,10 @@ struct ProxyTests {
                 """
             )
             #expect(try await h.message(key: users[0].key).status == 200)
-            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger l JOIN plan_periods p ON p.id = l.period_id WHERE p.started_at > now() - interval '1 minute'") == 1)
+            #expect(
+                try await h.scalar(
+                    "SELECT count(*) FROM usage_ledger l JOIN plan_periods p ON p.id = l.period_id WHERE p.started_at > now() - interval '1 minute'"
+                ) == 1)
         }
     }
 
@@ -158,7 +166,10 @@ struct ProxyTests {
             try await h.exec(
                 "SELECT capgate_admit('\(company.text)', '\(users[0].id.text)', 1, 'POST', '/v1/messages', NULL, NULL, 'r1', NULL, '2026-02-01T00:00:00Z')"
             )
-            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger l JOIN plan_periods p ON p.id = l.period_id WHERE p.started_at = '2026-02-01T00:00:00Z'") == 1)
+            #expect(
+                try await h.scalar(
+                    "SELECT count(*) FROM usage_ledger l JOIN plan_periods p ON p.id = l.period_id WHERE p.started_at = '2026-02-01T00:00:00Z'"
+                ) == 1)
         }
     }
 

@@ -65,7 +65,8 @@ struct UsageRoutes {
             let state = try await metering.state(companyID: id, userID: nil)
             let period = try await usage.currentPeriod(company: id)
             let users = try await usage.users(company: id, periodID: period?.id, planUserCap: period?.userCap)
-            return jsonResponse(.obj(["company": company, "usage": state.json(scope: "company", includeUser: false), "users": .array(users)]))
+            return jsonResponse(
+                .obj(["company": company, "usage": state.json(scope: "company", includeUser: false), "users": .array(users)]))
         }
         group.get("companies/{id}/usage/history") { request, context in
             let id = try context.parameters.uuid("id", what: "company")
@@ -84,7 +85,9 @@ struct UsageRoutes {
             let limit = try Self.boundedInt(query.get("limit"), name: "limit", default: 100, range: 1...1000)
             var cursor: Int64 = 0
             if let text = query.get("cursor") {
-                guard let c = Int64(text), c >= 0 else { throw GatewayError.invalidRequest("'cursor' must be a cursor from a previous page.") }
+                guard let c = Int64(text), c >= 0 else {
+                    throw GatewayError.invalidRequest("'cursor' must be a cursor from a previous page.")
+                }
                 cursor = c
             }
             guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }

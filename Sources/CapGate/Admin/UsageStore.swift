@@ -145,7 +145,8 @@ public struct UsageStore: Sendable {
                 logger: logger
             )
             var out: [Event] = []
-            for try await r in rows.decode((Int64, Date, UUID, Int32, Int64?, Int64?, String, String, String?, String, Int32?, String).self) {
+            for try await r in rows.decode((Int64, Date, UUID, Int32, Int64?, Int64?, String, String, String?, String, Int32?, String).self)
+            {
                 out.append(
                     Event(
                         id: r.0, createdAt: r.1, userID: r.2, units: r.3, inputTokens: r.4, outputTokens: r.5, method: r.6,

@@ -37,7 +37,8 @@ public func buildApplication(
     let migrator = try? Migrator()
     GatewayMetrics.pool(maxConnections: configuration.databaseMaxConnections)
 
-    let proxy = ProxyHandler(authenticator: authenticator, metering: metering, upstream: upstream, maxBodyBytes: configuration.proxyMaxBodyBytes)
+    let proxy = ProxyHandler(
+        authenticator: authenticator, metering: metering, upstream: upstream, maxBodyBytes: configuration.proxyMaxBodyBytes)
     let router = buildRouter(
         prefix: configuration.proxyPrefix, proxy: proxy, authenticator: authenticator, database: database, migrator: migrator,
         metering: metering, tenants: tenants, periods: periods, usage: usage, billing: billing
@@ -103,7 +104,8 @@ func buildRouter(
     let client = router.group("v1").add(middleware: AuthMiddleware(authenticator: authenticator)).group(context: AuthenticatedContext.self)
     usageRoutes.registerClient(on: client)
 
-    let admin = router.group("admin/v1").add(middleware: AuthMiddleware(authenticator: authenticator)).group(context: AuthenticatedContext.self)
+    let admin = router.group("admin/v1").add(middleware: AuthMiddleware(authenticator: authenticator)).group(
+        context: AuthenticatedContext.self)
     OperatorRoutes(tenants: tenants, periods: periods).register(on: admin)
     usageRoutes.registerAdmin(on: admin)
     BillingRoutes(billing: billing).register(on: admin)

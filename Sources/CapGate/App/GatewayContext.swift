@@ -29,7 +29,8 @@ public struct AuthenticatedContext: ChildRequestContext {
 
     public init(context: GatewayContext) throws {
         guard let identity = context.identity else {
-            throw GatewayError.authentication("No credential: send your CapGate API key in the x-api-key header or as Authorization: Bearer.")
+            throw GatewayError.authentication(
+                "No credential: send your CapGate API key in the x-api-key header or as Authorization: Bearer.")
         }
         self.coreContext = context.coreContext
         self.identity = identity

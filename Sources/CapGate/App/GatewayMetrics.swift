@@ -29,17 +29,20 @@ public enum GatewayMetrics {
 
     static func request(route: String, status: Int, decision: String) {
         _ = registry
-        Counter(label: "capgate_requests_total", dimensions: [("route", route), ("status", String(status)), ("decision", decision)]).increment()
+        Counter(label: "capgate_requests_total", dimensions: [("route", route), ("status", String(status)), ("decision", decision)])
+            .increment()
     }
 
     static func admission(_ duration: Duration, decision: String) {
         _ = registry
-        Metrics.Timer(label: "capgate_admission_duration_seconds", dimensions: [("decision", decision)]).recordNanoseconds(duration.nanoseconds)
+        Metrics.Timer(label: "capgate_admission_duration_seconds", dimensions: [("decision", decision)]).recordNanoseconds(
+            duration.nanoseconds)
     }
 
     static func upstream(_ duration: Duration, status: Int) {
         _ = registry
-        Metrics.Timer(label: "capgate_upstream_duration_seconds", dimensions: [("status_class", "\(status / 100)xx")]).recordNanoseconds(duration.nanoseconds)
+        Metrics.Timer(label: "capgate_upstream_duration_seconds", dimensions: [("status_class", "\(status / 100)xx")]).recordNanoseconds(
+            duration.nanoseconds)
     }
 
     static func refund(reason: String) {

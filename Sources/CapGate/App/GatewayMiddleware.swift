@@ -81,7 +81,9 @@ struct GatewayMiddleware: RouterMiddleware {
             case .badRequest:
                 return GatewayError.invalidRequest(error.body ?? "The request could not be read.").makeResponse()
             default:
-                let type = error.status.code == 401 ? "authentication_error" : error.status.code == 403 ? "permission_error" : "invalid_request_error"
+                let type =
+                    error.status.code == 401
+                    ? "authentication_error" : error.status.code == 403 ? "permission_error" : "invalid_request_error"
                 return GatewayError(error.status, type, error.body ?? error.status.reasonPhrase).makeResponse()
             }
         default:

@@ -46,7 +46,8 @@ public struct Authenticator: Sendable {
             return try await identity(forKey: key)
         }
         guard let authorization = headers[.authorization] else {
-            throw GatewayError.authentication("No credential: send your CapGate API key in the x-api-key header or as Authorization: Bearer.")
+            throw GatewayError.authentication(
+                "No credential: send your CapGate API key in the x-api-key header or as Authorization: Bearer.")
         }
         let parts = authorization.split(separator: " ", maxSplits: 1)
         guard parts.count == 2, parts[0].lowercased() == "bearer" else {
@@ -84,7 +85,8 @@ public struct Authenticator: Sendable {
         }
         if revoked { throw GatewayError.authentication("This API key was revoked. Ask your administrator for a new one.") }
         if disabled { throw GatewayError.authentication("This user is disabled. Ask your administrator to enable it.") }
-        return .user(UserIdentity(companyID: company, userID: user, role: UserIdentity.Role(rawValue: role) ?? .member, credential: .apiKey))
+        return .user(
+            UserIdentity(companyID: company, userID: user, role: UserIdentity.Role(rawValue: role) ?? .member, credential: .apiKey))
     }
 
     func identity(forJWT token: String) async throws -> Identity {
@@ -128,7 +130,8 @@ public struct Authenticator: Sendable {
             throw GatewayError.authentication("The token's user or company is not known to this gateway.")
         }
         if disabled { throw GatewayError.authentication("This user is disabled. Ask your administrator to enable it.") }
-        return .user(UserIdentity(companyID: companyID, userID: userID, role: UserIdentity.Role(rawValue: role) ?? .member, credential: .jwt))
+        return .user(
+            UserIdentity(companyID: companyID, userID: userID, role: UserIdentity.Role(rawValue: role) ?? .member, credential: .jwt))
     }
 }
 

@@ -38,7 +38,8 @@ extension BillingStore {
                 if wait {
                     try await connection.query("SELECT pg_advisory_lock(\(Self.rolloverLockKey))", logger: logger)
                 } else {
-                    let got = try await connection.query("SELECT pg_try_advisory_lock(\(Self.rolloverLockKey))", logger: logger)
+                    let got =
+                        try await connection.query("SELECT pg_try_advisory_lock(\(Self.rolloverLockKey))", logger: logger)
                         .decode(Bool.self).collect().first ?? false
                     if !got {
                         summary.skippedLocked = true
@@ -46,7 +47,8 @@ extension BillingStore {
                     }
                 }
                 do {
-                    let companies = try await connection.query("SELECT id FROM companies ORDER BY id", logger: logger).decode(UUID.self).collect()
+                    let companies = try await connection.query("SELECT id FROM companies ORDER BY id", logger: logger).decode(UUID.self)
+                        .collect()
                     for company in companies {
                         try await connection.query("BEGIN", logger: logger)
                         do {
@@ -91,7 +93,9 @@ extension BillingStore {
             try await connection.query(
                 "UPDATE plan_periods SET status = 'expired' WHERE company_id = \(company) AND id = \(latest.id)", logger: logger
             )
-            try await logEvent(connection, company: company, type: "rollover_no_plan", plan: nil, payload: .obj(["from_plan": .string(latest.planID), "at": JSON(at)]))
+            try await logEvent(
+                connection, company: company, type: "rollover_no_plan", plan: nil,
+                payload: .obj(["from_plan": .string(latest.planID), "at": JSON(at)]))
             return .noPlan
         }
         let (start, end, _) = PeriodMath.period(containing: at, anchor: latest.anchor, interval: interval)
@@ -114,7 +118,9 @@ extension BillingStore {
         let type = renew ? "rollover" : "rollover_to_default"
         try await logEvent(
             connection, company: company, type: type, plan: plan,
-            payload: .obj(["from_plan": .string(latest.planID), "to_plan": JSON(plan), "start": JSON(from), "end": JSON(end), "at": JSON(at)])
+            payload: .obj([
+                "from_plan": .string(latest.planID), "to_plan": JSON(plan), "start": JSON(from), "end": JSON(end), "at": JSON(at),
+            ])
         )
         return renew ? .renewed : .toDefault
     }

@@ -174,7 +174,9 @@ public struct BillingStore: Sendable {
             logger: logger
         ).decode((Int64, String, Date, Date, Date, String, Bool, String).self).collect()
         return rows.first.map {
-            PeriodRow(id: $0.0, planID: $0.1, startedAt: $0.2, endsAt: $0.3, anchor: $0.4, interval: .init(rawValue: $0.5) ?? .month, autoRenew: $0.6, status: $0.7)
+            PeriodRow(
+                id: $0.0, planID: $0.1, startedAt: $0.2, endsAt: $0.3, anchor: $0.4, interval: .init(rawValue: $0.5) ?? .month,
+                autoRenew: $0.6, status: $0.7)
         }
     }
 
@@ -192,7 +194,8 @@ public struct BillingStore: Sendable {
             logger: logger
         )
         if let plan = try await defaultPlan(connection, logger: logger) {
-            try await PeriodStore.startPeriod(connection, logger: logger, company: company, plan: plan, start: at, autoRenew: true, source: source)
+            try await PeriodStore.startPeriod(
+                connection, logger: logger, company: company, plan: plan, start: at, autoRenew: true, source: source)
         }
     }
 

@@ -77,7 +77,9 @@ public struct PeriodStore: Sendable {
                 let id = try await Self.startPeriod(
                     connection, logger: logger, company: company, plan: plan, start: start, autoRenew: autoRenew, source: "operator"
                 )
-                let payload = JSON.obj(["plan": .string(plan), "started_at": JSON(start), "auto_renew": .bool(autoRenew), "period_id": .int(id)])
+                let payload = JSON.obj([
+                    "plan": .string(plan), "started_at": JSON(start), "auto_renew": .bool(autoRenew), "period_id": .int(id),
+                ])
                 try await connection.query(
                     """
                     INSERT INTO billing_events (company_id, type, plan_id, payload)

@@ -22,7 +22,8 @@ public struct DemoSeed: Sendable {
             if let operatorToken { seed.operatorToken = operatorToken }
             return seed
         }
-        let seed = try await seed(client: client, operatorToken: operatorToken ?? "op_" + ApiKeyGenerator.randomToken(bytes: 24), logger: logger)
+        let seed = try await seed(
+            client: client, operatorToken: operatorToken ?? "op_" + ApiKeyGenerator.randomToken(bytes: 24), logger: logger)
         try seed.json.serialized().write(toFile: path, atomically: true, encoding: .utf8)
         chmod(path, 0o600)
         return seed
@@ -83,7 +84,8 @@ public struct DemoSeed: Sendable {
             }
             let now = Date()
             let start = PeriodMath.calendar.date(from: PeriodMath.calendar.dateComponents([.year, .month], from: now))!
-            try await PeriodStore.startPeriod(connection, logger: logger, company: company, plan: "low", start: start, autoRenew: true, source: "demo")
+            try await PeriodStore.startPeriod(
+                connection, logger: logger, company: company, plan: "low", start: start, autoRenew: true, source: "demo")
         }
         return DemoSeed(
             companyID: company, adminID: admin, memberID: member, adminKey: adminKey.key, memberKey: memberKey.key,

@@ -10,7 +10,8 @@ import ServiceLifecycle
 public enum DevEnvironment {
     public static func run(configuration: CapGateConfiguration, directory: String, logger: Logger) async throws {
         var configuration = configuration
-        let folder = URL(fileURLWithPath: directory, relativeTo: URL(fileURLWithPath: FileManager.default.currentDirectoryPath)).standardized.path
+        let folder = URL(fileURLWithPath: directory, relativeTo: URL(fileURLWithPath: FileManager.default.currentDirectoryPath))
+            .standardized.path
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
 
         var embedded: EmbeddedPostgres? = nil
@@ -44,12 +45,14 @@ public enum DevEnvironment {
         let finalConfiguration = configuration
         let gateway = try await buildApplication(configuration: configuration, logger: logger) { channel in
             let port = channel.localAddress?.port ?? finalConfiguration.port
-            let text = examples(host: finalConfiguration.host, port: port, seed: seed, mock: finalConfiguration.upstreamURL?.contains("127.0.0.1") ?? false)
+            let text = examples(
+                host: finalConfiguration.host, port: port, seed: seed, mock: finalConfiguration.upstreamURL?.contains("127.0.0.1") ?? false)
             FileHandle.standardOutput.write(Data(text.utf8))
         }
         services.append(gateway)
         let group = ServiceGroup(
-            configuration: .init(services: services.map { .init(service: $0) }, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+            configuration: .init(
+                services: services.map { .init(service: $0) }, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         )
         try await group.run()
     }

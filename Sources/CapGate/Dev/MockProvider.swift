@@ -38,7 +38,8 @@ public struct MockProvider: Sendable {
         let counter = self.counter
         router.get("/v1/models") { _, _ -> Response in
             counter.increment()
-            return Self.json(.obj(["data": .array([.obj(["type": "model", "id": "claude-mock-1", "display_name": "Mock"])]), "has_more": false]))
+            return Self.json(
+                .obj(["data": .array([.obj(["type": "model", "id": "claude-mock-1", "display_name": "Mock"])]), "has_more": false]))
         }
         router.get("/__mock/requests") { _, _ -> Response in
             Self.json(.obj(["count": .int(Int64(counter.count))]))
@@ -83,21 +84,21 @@ public struct MockProvider: Sendable {
         // (The router does not backtrack from /v1/… to a root wildcard, so both are registered.)
         for method in [HTTPRequest.Method.get, .post, .put, .patch, .delete] {
             for path in ["/**", "/v1/**"] {
-            router.on(RouterPath(path), method: method) { request, context -> Response in
-                counter.increment()
-                _ = try await request.body.collect(upTo: 64 << 20)
-                let names = request.headers.map { JSON.string($0.name.canonicalName) }
-                let apiKey = request.headers[HTTPField.Name("x-api-key")!]
-                return Self.json(
-                    .obj([
-                        "method": .string(request.method.rawValue), "path": .string(request.uri.path),
-                        "query": JSON(request.uri.query), "header_names": .array(names),
-                        "x_api_key": JSON(apiKey),
-                        "authorization": JSON(request.headers[.authorization]),
-                        "usage": .obj(["input_tokens": 3, "output_tokens": 4]),
-                    ])
-                )
-            }
+                router.on(RouterPath(path), method: method) { request, context -> Response in
+                    counter.increment()
+                    _ = try await request.body.collect(upTo: 64 << 20)
+                    let names = request.headers.map { JSON.string($0.name.canonicalName) }
+                    let apiKey = request.headers[HTTPField.Name("x-api-key")!]
+                    return Self.json(
+                        .obj([
+                            "method": .string(request.method.rawValue), "path": .string(request.uri.path),
+                            "query": JSON(request.uri.query), "header_names": .array(names),
+                            "x_api_key": JSON(apiKey),
+                            "authorization": JSON(request.headers[.authorization]),
+                            "usage": .obj(["input_tokens": 3, "output_tokens": 4]),
+                        ])
+                    )
+                }
             }
         }
         return Application(
@@ -138,7 +139,9 @@ public struct MockProvider: Sendable {
                         ]),
                     ])
                 )
-                try await send("content_block_start", .obj(["type": "content_block_start", "index": 0, "content_block": .obj(["type": "text", "text": ""])]))
+                try await send(
+                    "content_block_start",
+                    .obj(["type": "content_block_start", "index": 0, "content_block": .obj(["type": "text", "text": ""])]))
                 for word in words {
                     try await send(
                         "content_block_delta",

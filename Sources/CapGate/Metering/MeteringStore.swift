@@ -105,7 +105,9 @@ public struct MeteringStore: Sendable {
             return nil
         }
         guard let row else {
-            var state = UsageState(plan: nil, periodStart: nil, periodEnd: nil, companyUsed: 0, companyLimit: nil, userUsed: userID == nil ? nil : 0, userLimit: nil)
+            var state = UsageState(
+                plan: nil, periodStart: nil, periodEnd: nil, companyUsed: 0, companyLimit: nil, userUsed: userID == nil ? nil : 0,
+                userLimit: nil)
             state.upgrade = try await upgrade(from: nil)
             return state
         }

@@ -116,7 +116,8 @@ public struct ProxyHandler: Sendable {
         do {
             response = try await upstream.http.execute(outbound, deadline: .now() + upstream.headTimeout, logger: logger)
         } catch {
-            let timedOut = (error as? HTTPClientError).map { $0 == .deadlineExceeded || $0 == .readTimeout || $0 == .connectTimeout } ?? false
+            let timedOut =
+                (error as? HTTPClientError).map { $0 == .deadlineExceeded || $0 == .readTimeout || $0 == .connectTimeout } ?? false
             if let charge {
                 await refund(user: user, ledgerID: charge, status: nil, reason: timedOut ? "timeout" : "unreachable", logger: logger)
             }

@@ -52,7 +52,8 @@ public struct DatabaseURL: Sendable {
             let loopback = host == "localhost" || host.hasPrefix("127.") || host == "::1"
             tls = loopback ? .disable : .prefer(.makeClientConfiguration())
         }
-        var config = PostgresClient.Configuration(host: host, port: port, username: username, password: password, database: database, tls: tls)
+        var config = PostgresClient.Configuration(
+            host: host, port: port, username: username, password: password, database: database, tls: tls)
         config.options.maximumConnections = maxConnections
         config.options.minimumConnections = 0
         config.options.connectTimeout = .seconds(3)

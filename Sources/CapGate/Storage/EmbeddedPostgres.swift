@@ -2,9 +2,9 @@ import Foundation
 import Logging
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// A private PostgreSQL cluster started from the machine's PostgreSQL binaries: used by
@@ -66,8 +66,10 @@ public final class EmbeddedPostgres: Sendable {
             defer { try? fm.removeItem(atPath: pwfile) }
             try run(
                 bin + "/initdb",
-                ["-D", data, "-U", "capgate", "--pwfile=" + pwfile, "--auth-local=trust", "--auth-host=scram-sha-256",
-                 "-E", "UTF8", "--locale=C", "--no-sync"],
+                [
+                    "-D", data, "-U", "capgate", "--pwfile=" + pwfile, "--auth-local=trust", "--auth-host=scram-sha-256",
+                    "-E", "UTF8", "--locale=C", "--no-sync",
+                ],
                 asRoot: asRoot
             )
         }
@@ -80,9 +82,12 @@ public final class EmbeddedPostgres: Sendable {
         var options = "-p \(port) -k \(data) -c listen_addresses=127.0.0.1 -c max_connections=300"
         for (key, value) in settings.sorted(by: { $0.key < $1.key }) { options += " -c \(key)=\(value)" }
         try run(bin + "/pg_ctl", ["-D", data, "-l", directory + "/postgres.log", "-o", options, "-w", "-t", "60", "start"], asRoot: asRoot)
-        let cluster = EmbeddedPostgres(dataDirectory: data, port: port, password: password, binDirectory: bin, asRoot: asRoot, logger: logger)
+        let cluster = EmbeddedPostgres(
+            dataDirectory: data, port: port, password: password, binDirectory: bin, asRoot: asRoot, logger: logger)
         // The capgate database (initdb made the capgate superuser).
-        _ = try? run(bin + "/psql", ["-h", data, "-p", "\(port)", "-U", "capgate", "-d", "postgres", "-q", "-c", "CREATE DATABASE capgate"], asRoot: asRoot)
+        _ = try? run(
+            bin + "/psql", ["-h", data, "-p", "\(port)", "-U", "capgate", "-d", "postgres", "-q", "-c", "CREATE DATABASE capgate"],
+            asRoot: asRoot)
         return cluster
     }
 
@@ -97,7 +102,10 @@ public final class EmbeddedPostgres: Sendable {
 
     /// Creates another database in this cluster (tests use one per suite).
     public func createDatabase(_ name: String) throws -> DatabaseURL {
-        try Self.run(binDirectory + "/psql", ["-h", dataDirectory, "-p", "\(port)", "-U", "capgate", "-d", "postgres", "-q", "-c", "CREATE DATABASE \"\(name)\""], asRoot: asRoot)
+        try Self.run(
+            binDirectory + "/psql",
+            ["-h", dataDirectory, "-p", "\(port)", "-U", "capgate", "-d", "postgres", "-q", "-c", "CREATE DATABASE \"\(name)\""],
+            asRoot: asRoot)
         return DatabaseURL(host: "127.0.0.1", port: port, username: "capgate", password: password, database: name)
     }
 
@@ -114,7 +122,9 @@ public final class EmbeddedPostgres: Sendable {
     /// Starts it again on the same port after ``stop()`` or ``kill()``.
     public func restart() throws {
         let options = "-p \(port) -k \(dataDirectory) -c listen_addresses=127.0.0.1 -c max_connections=300"
-        try Self.run(binDirectory + "/pg_ctl", ["-D", dataDirectory, "-l", dataDirectory + "/../postgres.log", "-o", options, "-w", "-t", "60", "start"], asRoot: asRoot)
+        try Self.run(
+            binDirectory + "/pg_ctl",
+            ["-D", dataDirectory, "-l", dataDirectory + "/../postgres.log", "-o", options, "-w", "-t", "60", "start"], asRoot: asRoot)
     }
 
     /// `pg_config --bindir`, else the newest `/usr/lib/postgresql/*/bin` holding `initdb`.

@@ -28,7 +28,8 @@ public struct TenantStore: Sendable {
     public func plans() async throws -> [JSON] {
         try await database.run { client in
             var out: [JSON] = []
-            let rows = try await client.query(PostgresQuery(unsafeSQL: "SELECT \(Self.planColumns) FROM plans ORDER BY sort_order, id"), logger: logger)
+            let rows = try await client.query(
+                PostgresQuery(unsafeSQL: "SELECT \(Self.planColumns) FROM plans ORDER BY sort_order, id"), logger: logger)
             for try await r in rows.decode((String, String, Int64?, Int64?, String, String, Bool, Bool, Int32).self) {
                 out.append(Self.planJSON(r))
             }
@@ -225,7 +226,9 @@ public struct TenantStore: Sendable {
         return try await user(company: company, id: id) ?? .null
     }
 
-    public func updateUser(company: UUID, id: UUID, email: String??, role: String?, monthlyCap: Int64??, disabled: Bool?) async throws -> JSON {
+    public func updateUser(
+        company: UUID, id: UUID, email: String??, role: String?, monthlyCap: Int64??, disabled: Bool?
+    ) async throws -> JSON {
         try await database.run { client in
             let setEmail = email != nil
             let setCap = monthlyCap != nil

@@ -63,7 +63,9 @@ public struct GatewayError: Error, HTTPResponseError, Sendable {
     public static func tooLarge(limit: Int) -> GatewayError {
         GatewayError(.contentTooLarge, "request_too_large", "The request body is larger than this gateway accepts (\(limit) bytes).")
     }
-    public static func overloaded(_ message: String = "The usage database is unreachable, so the call was not forwarded. Try again shortly.") -> GatewayError {
+    public static func overloaded(
+        _ message: String = "The usage database is unreachable, so the call was not forwarded. Try again shortly."
+    ) -> GatewayError {
         GatewayError(.serviceUnavailable, "overloaded_error", message)
     }
     public static func upstream(_ message: String) -> GatewayError {

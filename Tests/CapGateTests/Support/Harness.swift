@@ -135,7 +135,9 @@ struct Harness: Sendable {
     }
 
     /// A company on `plan` with `users` members, each with one API key.
-    func createCompany(plan: String?, users: Int, role: String = "member", startedAt: String? = nil) async throws -> (company: UUID, users: [(id: UUID, key: String)]) {
+    func createCompany(
+        plan: String?, users: Int, role: String = "member", startedAt: String? = nil
+    ) async throws -> (company: UUID, users: [(id: UUID, key: String)]) {
         var body: [JSON.Field] = [.init("name", "Test Co"), .init("plan", JSON(plan))]
         if let startedAt { body.append(.init("started_at", .string(startedAt))) }
         let reply = try await op(.POST, "/admin/v1/companies", .object(body))
@@ -156,7 +158,9 @@ struct Harness: Sendable {
         )
         precondition(reply.status == 201, "user create failed: \(reply.body)")
         let user = UUID(uuidString: reply.json["id"]!.stringValue!)!
-        let key = try await op(.POST, "/admin/v1/companies/\(company.uuidString.lowercased())/api-keys", .obj(["user_id": .string(user.uuidString.lowercased())]))
+        let key = try await op(
+            .POST, "/admin/v1/companies/\(company.uuidString.lowercased())/api-keys",
+            .obj(["user_id": .string(user.uuidString.lowercased())]))
         precondition(key.status == 201, "key create failed: \(key.body)")
         return (user, key.json["key"]!.stringValue!)
     }

@@ -4,7 +4,7 @@ import Logging
 import PostgresNIO
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// One throwaway PostgreSQL cluster per test process, started through the same code as

@@ -1,0 +1,46 @@
+import CapGate
+import Foundation
+import Testing
+
+@Suite("Official SDK and tooling")
+struct SDKTests {
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    /// Runs a program to completion; returns its exit code and output.
+    static func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws -> (Int32, String) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = [executable] + arguments
+        process.environment = ProcessInfo.processInfo.environment.merging(environment) { _, new in new }
+        process.currentDirectoryURL = root
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+    }
+
+    @Test("the Anthropic Python SDK: a normal answer, a streamed answer, and APIStatusError 402 at the cap")
+    func anthropicSDK() async throws {
+        let (hasSDK, _) = try Self.run("python3", ["-c", "import anthropic"])
+        try #require(hasSDK == 0, "the official SDK is needed: python3 -m pip install anthropic (.ci/run installs it)")
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 3)
+            let (_, users) = try await h.createCompany(plan: "low", users: 1)
+            let (status, output) = try Self.run(
+                "python3", [Self.root.appendingPathComponent("Tests/sdk/anthropic_sdk_check.py").path],
+                environment: ["CAPGATE_URL": h.gatewayURL, "CAPGATE_KEY": users[0].key]
+            )
+            #expect(status == 0, "\(output)")
+            #expect(output.contains("sdk ok"))
+        }
+    }
+
+    @Test("sources follow .swift-format (swift format lint --strict)")
+    func formatted() throws {
+        let (status, output) = try Self.run("swift-format", ["lint", "--strict", "--recursive", "Sources", "Tests", "Package.swift"])
+        #expect(status == 0, "\(output)")
+    }
+}
