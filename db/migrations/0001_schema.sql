@@ -137,7 +137,7 @@ CREATE TABLE billing_events (
     product_id text,
     plan_id text,
     payload jsonb NOT NULL DEFAULT '{}',
-    result jsonb,
+    result text,                          -- the answer given, repeated for a duplicate delivery
     created_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX billing_events_company ON billing_events (company_id, created_at);

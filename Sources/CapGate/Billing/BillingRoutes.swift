@@ -26,7 +26,10 @@ struct BillingRoutes {
                 expirationDate: try fields.date("expiration_date"),
                 payload: .object(fields.fields.sorted { $0.key < $1.key }.map { JSON.Field($0.key, $0.value) })
             )
-            return jsonResponse(try await billing.apply(event))
+            let text = try await billing.apply(event)
+            var headers = HTTPFields()
+            headers[.contentType] = "application/json"
+            return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: text)))
         }
     }
 }

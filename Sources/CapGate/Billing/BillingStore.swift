@@ -47,16 +47,16 @@ public struct BillingStore: Sendable {
     }
 
     /// Records and applies a store event once per `transaction_id`; a repeat gets the first answer.
-    public func apply(_ event: StoreEvent, now: Date = Date()) async throws -> JSON {
+    /// Returns the answer's JSON text (a repeat gets the stored text, byte for byte).
+    public func apply(_ event: StoreEvent, now: Date = Date()) async throws -> String {
         do {
             return try await database.transaction { connection in
                 try await PeriodStore.lockCompany(connection, logger: logger, company: event.companyID)
                 let previous = try await connection.query(
-                    "SELECT result::text FROM billing_events WHERE transaction_id = \(event.transactionID)", logger: logger
+                    "SELECT result FROM billing_events WHERE transaction_id = \(event.transactionID)", logger: logger
                 ).decode(String?.self).collect()
                 if let stored = previous.first {
-                    if let stored, let json = try? JSON.parse(Array(stored.utf8)) { return json }
-                    return .obj(["transaction_id": .string(event.transactionID), "applied": .bool(true)])
+                    return stored ?? JSON.obj(["transaction_id": .string(event.transactionID), "applied": .bool(true)]).serialized()
                 }
                 var planID: String? = nil
                 var interval = PeriodMath.Interval.month
@@ -124,7 +124,7 @@ public struct BillingStore: Sendable {
                     """
                     INSERT INTO billing_events (company_id, type, transaction_id, product_id, plan_id, payload, result)
                     VALUES (\(event.companyID), \(event.kind.rawValue), \(event.transactionID), \(event.productID), \(planID),
-                            \(event.payload.serialized())::jsonb, \(result.serialized())::jsonb)
+                            \(event.payload.serialized())::jsonb, \(result.serialized()))
                     RETURNING id
                     """,
                     logger: logger
@@ -134,9 +134,9 @@ public struct BillingStore: Sendable {
                     result = .object(fields)
                 }
                 try await connection.query(
-                    "UPDATE billing_events SET result = \(result.serialized())::jsonb WHERE id = \(inserted[0])", logger: logger
+                    "UPDATE billing_events SET result = \(result.serialized()) WHERE id = \(inserted[0])", logger: logger
                 )
-                return result
+                return result.serialized()
             }
         } catch BillingError.unknownProduct(let product) {
             throw GatewayError.unprocessable("Unknown product '\(product)': map it to a plan with POST /admin/v1/products first.")

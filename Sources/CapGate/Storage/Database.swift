@@ -102,8 +102,10 @@ public func withDeadline<T: Sendable>(_ limit: Duration, _ body: @escaping @Send
 }
 
 extension AsyncSequence {
+    /// Every element, in order (for small, bounded results).
+
     /// Every element, in order.
-    func collect() async throws -> [Element] {
+    public func collect() async throws -> [Element] {
         var out: [Element] = []
         for try await element in self { out.append(element) }
         return out

@@ -1,0 +1,200 @@
+import CapGate
+import Foundation
+import Testing
+
+@Suite("Billing lifecycle")
+struct BillingTests {
+    static func date(_ text: String) -> Date { Timestamp.parse(text)! }
+
+    static func rollover(_ h: Harness, at: String, dryRun: Bool = false) async throws -> BillingStore.RolloverSummary {
+        try await CapGateRunner.rollover(url: h.databaseURL, at: date(at), dryRun: dryRun, logger: TestCluster.logger)
+    }
+
+    static func periods(_ h: Harness, _ company: UUID) async throws -> [(plan: String, start: Date, end: Date)] {
+        try await h.db.query(
+            "SELECT plan_id, started_at, ends_at FROM plan_periods WHERE company_id = \(company) ORDER BY started_at",
+            logger: TestCluster.logger
+        ).decode((String, Date, Date).self).collect().map { ($0.0, $0.1, $0.2) }
+    }
+
+    @Test("rollover across a year for anchors on the 1st, 15th, 29th, 30th and 31st: bounds from the anchor, clamped")
+    func rolloverAcrossAYear() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            var companies: [(UUID, Date)] = []
+            for day in [1, 15, 29, 30, 31] {
+                let anchor = String(format: "2026-01-%02dT10:00:00Z", day)
+                let (company, _) = try await h.createCompany(plan: "low", users: 0, startedAt: anchor)
+                companies.append((company, Self.date(anchor)))
+            }
+            // Roll at the middle of each month for a year (and at each exact boundary).
+            for month in 2...13 {
+                let year = month > 12 ? 2027 : 2026
+                let m = month > 12 ? month - 12 : month
+                _ = try await Self.rollover(h, at: String(format: "%04d-%02d-20T00:00:00Z", year, m))
+            }
+            for (company, anchor) in companies {
+                let periods = try await Self.periods(h, company)
+                let last = PeriodMath.period(containing: Self.date("2027-01-20T00:00:00Z"), anchor: anchor, interval: .month)
+                #expect(periods.count == last.index + 1)
+                for (k, period) in periods.enumerated() {
+                    let expected = PeriodMath.bounds(anchor: anchor, interval: .month, index: k)
+                    #expect(period.start == expected.start && period.end == expected.end, "k=\(k) \(period)")
+                    #expect(period.plan == "low")
+                }
+            }
+            // Twice changes nothing the second time.
+            let again = try await Self.rollover(h, at: "2027-01-20T00:00:00Z")
+            #expect(again.moved == 0)
+            #expect(again.unchanged == 5)
+        }
+    }
+
+    @Test("missed months are caught up in one run; --dry-run changes nothing")
+    func catchUp() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, _) = try await h.createCompany(plan: "low", users: 0, startedAt: "2026-01-31T00:00:00Z")
+            let dry = try await Self.rollover(h, at: "2026-06-15T00:00:00Z", dryRun: true)
+            #expect(dry.moved == 1)
+            #expect(dry.description.contains("dry run"))
+            #expect(try await Self.periods(h, company).count == 1)
+            let summary = try await Self.rollover(h, at: "2026-06-15T00:00:00Z")
+            #expect(summary.description == "moved 1 companies, 0 to default plan, 0 unchanged")
+            let periods = try await Self.periods(h, company)
+            #expect(periods.count == 2)
+            #expect(periods[1].start == Self.date("2026-05-31T00:00:00Z"))
+            #expect(periods[1].end == Self.date("2026-06-30T00:00:00Z"))
+            #expect(try await h.scalar("SELECT count(*) FROM billing_events WHERE type = 'rollover'") == 1)
+        }
+    }
+
+    @Test("cancelled → default plan at rollover; no default plan → 402 no_active_plan")
+    func cancelledAndNoDefault() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("free", company: 5, user: 5, isDefault: true)
+            try await h.createPlan("low", company: 100, user: 25, sort: 1)
+            let now = Date()
+            let start = Timestamp.format(now.addingTimeInterval(-40 * 86400))
+            let (company, users) = try await h.createCompany(plan: "low", users: 1, startedAt: start)
+            try await h.exec("UPDATE plan_periods SET auto_renew = false, status = 'cancelled' WHERE company_id = '\(company.text)'")
+            let summary = try await CapGateRunner.rollover(url: h.databaseURL, at: now, dryRun: false, logger: TestCluster.logger)
+            #expect(summary.toDefault == 1)
+            let usage = try await h.request(.GET, "/v1/usage", headers: [("x-api-key", users[0].key)])
+            #expect(usage.json["plan"]?["id"]?.stringValue == "free")
+
+            // Without a default plan, an expired company has no plan.
+            try await h.exec("UPDATE plans SET is_default = false")
+            let (other, others) = try await h.createCompany(plan: "low", users: 1, startedAt: start)
+            try await h.exec("UPDATE plan_periods SET auto_renew = false WHERE company_id = '\(other.text)'")
+            let second = try await CapGateRunner.rollover(url: h.databaseURL, at: now, dryRun: false, logger: TestCluster.logger)
+            #expect(second.withoutPlan == 1)
+            let denied = try await h.message(key: others[0].key)
+            #expect(denied.status == 402)
+            #expect(denied.json["error"]?["type"]?.stringValue == "no_active_plan")
+            let third = try await CapGateRunner.rollover(url: h.databaseURL, at: now, dryRun: false, logger: TestCluster.logger)
+            #expect(third.withoutPlan == 0 && third.moved == 0)
+        }
+    }
+
+    @Test("two rollovers at once: each change happens once")
+    func concurrentRollovers() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            for _ in 0..<8 { _ = try await h.createCompany(plan: "low", users: 0, startedAt: "2026-01-01T00:00:00Z") }
+            async let a = Self.rollover(h, at: "2026-04-10T00:00:00Z")
+            async let b = Self.rollover(h, at: "2026-04-10T00:00:00Z")
+            let (x, y) = try await (a, b)
+            #expect(x.moved + y.moved == 8)
+            #expect(try await h.scalar("SELECT count(*) FROM plan_periods") == 16)
+            #expect(try await h.scalar("SELECT count(*) FROM billing_events WHERE type = 'rollover'") == 8)
+        }
+    }
+
+    @Test("store events: purchase, renewal, cancel, refund, expire, restore; duplicates and unknown products")
+    func storeEvents() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("free", company: 5, user: 5, isDefault: true)
+            try await h.createPlan("low", company: 100, user: 25, sort: 1)
+            try await h.createPlan("high", company: 2000, user: nil, sort: 2)
+            #expect(
+                try await h.op(.POST, "/admin/v1/products", .obj(["product_id": "app.low.monthly", "plan_id": "low", "interval": "month"]))
+                    .status == 201)
+            #expect(
+                try await h.op(
+                    .POST, "/admin/v1/products", .obj(["product_id": "app.high.monthly", "plan_id": "high", "interval": "month"])
+                ).status == 201)
+            let (company, users) = try await h.createCompany(plan: "free", users: 1)
+            let c = company.text
+            func event(
+                _ type: String, _ tx: String, product: String? = "app.low.monthly", purchase: Date? = nil, expires: Date? = nil
+            ) async throws -> Harness.Reply {
+                var fields: [JSON.Field] = [
+                    .init("type", .string(type)), .init("company_id", .string(c)), .init("transaction_id", .string(tx)),
+                ]
+                if let product { fields.append(.init("product_id", .string(product))) }
+                if let purchase { fields.append(.init("purchase_date", JSON(purchase))) }
+                if let expires { fields.append(.init("expiration_date", JSON(expires))) }
+                return try await h.op(.POST, "/admin/v1/billing/events", .object(fields))
+            }
+            let now = Date()
+            let purchase = try await event(
+                "purchase", "t1", purchase: now.addingTimeInterval(-60), expires: now.addingTimeInterval(86400 * 30))
+            #expect(purchase.status == 200, "\(purchase.body)")
+            #expect(purchase.json["company"]?["plan"]?.stringValue == "low")
+            let again = try await event(
+                "purchase", "t1", purchase: now.addingTimeInterval(-60), expires: now.addingTimeInterval(86400 * 30))
+            #expect(again.body == purchase.body)
+            #expect(try await h.scalar("SELECT count(*) FROM billing_events WHERE transaction_id = 't1'") == 1)
+            // A higher plan mid-period takes effect on the next request.
+            _ = try await event("purchase", "t2", product: "app.high.monthly", purchase: now.addingTimeInterval(-1))
+            let usage = try await h.request(.GET, "/v1/usage", headers: [("x-api-key", users[0].key)])
+            #expect(usage.json["plan"]?["id"]?.stringValue == "high")
+
+            let renewal = try await event("renewal", "t3", product: "app.high.monthly", expires: now.addingTimeInterval(86400 * 60))
+            #expect(renewal.status == 200)
+            #expect(
+                try await h.scalar(
+                    "SELECT count(*) FROM plan_periods WHERE company_id = '\(c)' AND plan_id = 'high' AND ends_at > now() + interval '59 days'"
+                ) == 1)
+            let cancel = try await event("cancel", "t4", product: nil)
+            #expect(cancel.json["company"]?["auto_renew"]?.boolValue == false)
+            #expect(cancel.json["company"]?["plan"]?.stringValue == "high")
+            let refund = try await event("refund", "t5", product: nil)
+            #expect(refund.json["company"]?["plan"]?.stringValue == "free")
+            let restore = try await event("restore", "t6", product: "app.low.monthly")
+            #expect(restore.json["company"]?["plan"]?.stringValue == "low")
+            let expire = try await event("expire", "t7", product: nil)
+            #expect(expire.json["company"]?["plan"]?.stringValue == "free")
+
+            let unknown = try await event("purchase", "t8", product: "app.nope")
+            #expect(unknown.status == 422)
+            #expect(unknown.json["error"]?["message"]?.stringValue?.contains("app.nope") == true)
+            #expect(try await event("upgrade", "t9").status == 400)
+            #expect(
+                try await h.op(
+                    .POST, "/admin/v1/billing/events",
+                    .obj(["type": "cancel", "company_id": .string(UUID().text), "transaction_id": "t10"])
+                ).status == 404)
+            #expect(try await h.scalar("SELECT count(*) FROM billing_events WHERE transaction_id LIKE 't%' AND payload ? 'type'") == 7)
+        }
+    }
+
+    @Test("verify: clean after mixed charges and refunds, a deliberate corruption is reported")
+    func verify() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: "low", users: 2)
+            for i in 0..<6 {
+                let headers = i % 3 == 0 ? [("x-mock-status", "500")] : []
+                _ = try await h.message(key: users[i % 2].key, headers: headers)
+            }
+            #expect(try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger).isEmpty)
+            try await h.exec("UPDATE company_usage SET used = used + 3 WHERE company_id = '\(company.text)'")
+            let mismatches = try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger)
+            #expect(mismatches.count == 1)
+            #expect(mismatches.first?.counter == 7)
+            #expect(mismatches.first?.ledger == 4)
+        }
+    }
+}
