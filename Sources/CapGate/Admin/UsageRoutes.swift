@@ -80,7 +80,7 @@ struct UsageRoutes {
             try context.requireAdmin(of: id)
             let query = request.uri.queryParameters
             let from = try Self.time(query.get("from"), name: "from") ?? Date(timeIntervalSince1970: 0)
-            let to = try Self.time(query.get("to"), name: "to") ?? Date(timeIntervalSinceNow: 86400 * 365 * 100)
+            let to = try Self.time(query.get("to"), name: "to") ?? Date(timeIntervalSince1970: 253_402_300_799)
             guard from <= to else { throw GatewayError.invalidRequest("'from' must not be after 'to'.") }
             let limit = try Self.boundedInt(query.get("limit"), name: "limit", default: 100, range: 1...1000)
             var cursor: Int64 = 0

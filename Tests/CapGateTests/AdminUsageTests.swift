@@ -1,0 +1,130 @@
+import CapGate
+import Foundation
+import NIOHTTP1
+import Testing
+
+@Suite("Usage for admins and the operator")
+struct AdminUsageTests {
+    @Test("every admin route: own admin or operator may read; a member and another company's admin get 403 learning nothing")
+    func authorizationMatrix() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (a, aUsers) = try await h.createCompany(plan: "low", users: 2, role: "admin")
+            let (b, bUsers) = try await h.createCompany(plan: "low", users: 1, role: "admin")
+            _ = try await h.message(key: aUsers[1].key)
+            let adminA = [("x-api-key", aUsers[0].key)]
+            let memberA = [("x-api-key", aUsers[1].key)]
+            let adminB = [("x-api-key", bUsers[0].key)]
+            let routes = ["", "/usage", "/usage/history", "/events", "/users", "/api-keys"]
+            for route in routes {
+                let path = "/admin/v1/companies/\(a.text)\(route)"
+                #expect(try await h.request(.GET, path, headers: adminA).status == 200, "\(path)")
+                #expect(try await h.request(.GET, path, headers: h.asOperator).status == 200, "\(path)")
+                let member = try await h.request(.GET, path, headers: memberA)
+                #expect(member.status == 403, "\(path)")
+                let other = try await h.request(.GET, path, headers: adminB)
+                #expect(other.status == 403, "\(path)")
+                #expect(other.json["error"]?["type"]?.stringValue == "permission_error")
+                #expect(!other.body.contains(a.text) && !other.body.contains("Test Co"))
+                // Asking about a company that does not exist looks the same as asking about B.
+                let missing = try await h.request(.GET, "/admin/v1/companies/\(UUID().text)\(route)", headers: adminB)
+                #expect(missing.status == 403)
+                #expect(missing.body == other.body)
+                #expect(try await h.request(.GET, path).status == 401)
+            }
+            #expect(try await h.request(.GET, "/admin/v1/companies", headers: adminA).status == 403)
+            #expect(try await h.request(.GET, "/admin/v1/companies/\(b.text)/usage", headers: adminB).status == 200)
+        }
+    }
+
+    @Test("company usage lists every user, unused ones at 0; the operator overview sorts by usage")
+    func companyUsage() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 10, user: 5)
+            let (a, aUsers) = try await h.createCompany(plan: "low", users: 3, role: "admin")
+            let (b, bUsers) = try await h.createCompany(plan: "low", users: 1)
+            for _ in 0..<2 { _ = try await h.message(key: aUsers[1].key) }
+            for _ in 0..<4 { _ = try await h.message(key: bUsers[0].key) }
+            let usage = try await h.request(.GET, "/admin/v1/companies/\(a.text)/usage", headers: [("x-api-key", aUsers[0].key)])
+            #expect(usage.json["company"]?["id"]?.stringValue == a.text)
+            #expect(usage.json["usage"]?["company"]?["used"]?.intValue == 2)
+            #expect(usage.json["usage"]?["company"]?["remaining"]?.intValue == 8)
+            let users = usage.json["users"]?.arrayValue ?? []
+            #expect(users.count == 3)
+            #expect(users.first { $0["id"]?.stringValue == aUsers[1].id.text }?["used"]?.intValue == 2)
+            #expect(users.first { $0["id"]?.stringValue == aUsers[2].id.text }?["used"]?.intValue == 0)
+            #expect(users.first { $0["id"]?.stringValue == aUsers[2].id.text }?["remaining"]?.intValue == 5)
+
+            let overview = try await h.op(.GET, "/admin/v1/companies?sort=usage")
+            let rows = overview.json["data"]?.arrayValue ?? []
+            #expect(rows.count == 2)
+            #expect(rows.first?["id"]?.stringValue == b.text)
+            #expect(rows.first?["percent_used"]?.doubleValue == 40)
+            #expect(rows.first?["cap"]?.intValue == 10)
+            #expect(rows.first?["period_end"]?.stringValue != nil)
+            let page = try await h.op(.GET, "/admin/v1/companies?limit=1")
+            #expect(page.json["data"]?.arrayValue?.count == 1)
+            #expect(page.json["has_more"]?.boolValue == true)
+            let next = try await h.op(.GET, "/admin/v1/companies?limit=1&cursor=\(page.json["next_cursor"]!.stringValue!)")
+            #expect(next.json["data"]?.arrayValue?.count == 1)
+            #expect(next.json["has_more"]?.boolValue == false)
+            #expect(try await h.op(.GET, "/admin/v1/companies?sort=name").status == 400)
+        }
+    }
+
+    @Test("history: one entry per period, newest first, each period counted apart")
+    func history() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 10, user: 5)
+            try await h.createPlan("medium", company: 50, user: 20, sort: 2)
+            let (a, users) = try await h.createCompany(plan: "low", users: 1, role: "admin")
+            _ = try await h.message(key: users[0].key)
+            #expect(try await h.op(.PUT, "/admin/v1/companies/\(a.text)/plan", .obj(["plan": "medium"])).status == 200)
+            for _ in 0..<3 { _ = try await h.message(key: users[0].key) }
+            let history = try await h.request(.GET, "/admin/v1/companies/\(a.text)/usage/history?periods=5", headers: [("x-api-key", users[0].key)])
+            let entries = history.json["data"]?.arrayValue ?? []
+            #expect(entries.count == 2)
+            #expect(entries[0]["plan"]?["id"]?.stringValue == "medium")
+            #expect(entries[0]["company"]?["used"]?.intValue == 3)
+            #expect(entries[0]["company"]?["limit"]?.intValue == 50)
+            #expect(entries[1]["plan"]?["id"]?.stringValue == "low")
+            #expect(entries[1]["company"]?["used"]?.intValue == 1)
+            #expect(try await h.op(.GET, "/admin/v1/companies/\(a.text)/usage/history?periods=0").status == 400)
+            #expect(try await h.op(.GET, "/admin/v1/companies/\(a.text)/usage/history?periods=121").status == 400)
+        }
+    }
+
+    @Test("events: keyset pages, time range, and CSV for the whole range")
+    func events() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 100)
+            let (a, users) = try await h.createCompany(plan: "low", users: 1, role: "admin")
+            for _ in 0..<5 { _ = try await h.message(key: users[0].key) }
+            let admin = [("x-api-key", users[0].key)]
+            var seen: [Int64] = []
+            var cursor: String? = nil
+            repeat {
+                let path = "/admin/v1/companies/\(a.text)/events?limit=2" + (cursor.map { "&cursor=\($0)" } ?? "")
+                let page = try await h.request(.GET, path, headers: admin)
+                #expect(page.status == 200)
+                seen += (page.json["data"]?.arrayValue ?? []).compactMap { $0["id"]?.intValue }
+                cursor = page.json["next_cursor"]?.stringValue
+            } while cursor != nil
+            #expect(seen.count == 5)
+            #expect(Set(seen).count == 5)
+            let first = try await h.request(.GET, "/admin/v1/companies/\(a.text)/events", headers: admin).json["data"]!.arrayValue![0]
+            #expect(first["outcome"]?.stringValue == "charged")
+            #expect(first["route"]?.stringValue == "/v1/messages")
+            #expect(first["output_tokens"]?.intValue == 7)
+            #expect(first["request_id"]?.stringValue?.hasPrefix("req_") == true)
+            let future = try await h.request(.GET, "/admin/v1/companies/\(a.text)/events?from=2999-01-01T00:00:00Z", headers: admin)
+            #expect(future.json["data"]?.arrayValue?.isEmpty == true)
+            #expect(try await h.request(.GET, "/admin/v1/companies/\(a.text)/events?from=yesterday", headers: admin).status == 400)
+            let csv = try await h.request(.GET, "/admin/v1/companies/\(a.text)/events", headers: admin + [("accept", "text/csv")])
+            #expect(csv.headers.first(name: "content-type")?.hasPrefix("text/csv") == true)
+            let lines = csv.body.split(separator: "\n")
+            #expect(lines.count == 6)
+            #expect(lines[0].hasPrefix("id,time,user_id,units"))
+        }
+    }
+}
