@@ -1,0 +1,67 @@
+import AsyncHTTPClient
+import CapGate
+import Foundation
+import NIOCore
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite("capgate dev, the real binary")
+struct DevCommandTests {
+    @Test("dev starts its own PostgreSQL and mock, answers /readyz 200, serves the demo keys, and stops cleanly on SIGINT")
+    func devComesUp() async throws {
+        let binary = SDKTests.root.appendingPathComponent(".build/debug/capgate").path
+        try #require(FileManager.default.isExecutableFile(atPath: binary), "build the binary first: swift build")
+        let folder = NSTemporaryDirectory() + "capgate-dev-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let port = try EmbeddedPostgres.freePort()
+        let logPath = folder + "/dev.log"
+        FileManager.default.createFile(atPath: logPath, contents: nil)
+        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
+
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: binary)
+        process.arguments = ["dev", "--port", String(port), "--directory", folder + "/.capgate"]
+        var environment = ProcessInfo.processInfo.environment
+        for key in ["DATABASE_URL", "UPSTREAM_URL", "OPERATOR_TOKEN", "HTTP_PORT", "CAPGATE_CONFIG"] { environment[key] = nil }
+        process.environment = environment
+        process.currentDirectoryURL = URL(fileURLWithPath: folder)
+        process.standardOutput = log
+        process.standardError = log
+        try process.run()
+        defer { if process.isRunning { process.terminate() } }
+
+        let base = "http://127.0.0.1:\(port)"
+        var ready = false
+        for _ in 0..<120 {
+            if let reply = try? await Harness.http.execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(2)), reply.status == .ok {
+                ready = true
+                break
+            }
+            try await Task.sleep(for: .milliseconds(500))
+        }
+        let output = { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+        try #require(ready, "dev did not become ready:\n\(output())")
+
+        // The demo data works: the printed member key makes a call through the mock provider.
+        let demo = try JSON.parse(Array(try Data(contentsOf: URL(fileURLWithPath: folder + "/.capgate/demo.json"))))
+        let key = demo["member_key"]!.stringValue!
+        #expect(output().contains(key))
+        #expect(output().contains("curl"))
+        var call = HTTPClientRequest(url: base + "/v1/messages")
+        call.method = .POST
+        call.headers.add(name: "x-api-key", value: key)
+        call.headers.add(name: "content-type", value: "application/json")
+        call.body = .bytes(ByteBuffer(string: #"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#))
+        let reply = try await Harness.http.execute(call, timeout: .seconds(10))
+        #expect(reply.status == .ok)
+
+        kill(process.processIdentifier, SIGINT)
+        for _ in 0..<60 where process.isRunning { try await Task.sleep(for: .milliseconds(250)) }
+        #expect(!process.isRunning, "dev did not stop on SIGINT")
+        #expect(!FileManager.default.fileExists(atPath: folder + "/.capgate/postgres/data/postmaster.pid"), "PostgreSQL still running")
+    }
+}
