@@ -81,7 +81,8 @@ struct AdminUsageTests {
             _ = try await h.message(key: users[0].key)
             #expect(try await h.op(.PUT, "/admin/v1/companies/\(a.text)/plan", .obj(["plan": "medium"])).status == 200)
             for _ in 0..<3 { _ = try await h.message(key: users[0].key) }
-            let history = try await h.request(.GET, "/admin/v1/companies/\(a.text)/usage/history?periods=5", headers: [("x-api-key", users[0].key)])
+            let history = try await h.request(
+                .GET, "/admin/v1/companies/\(a.text)/usage/history?periods=5", headers: [("x-api-key", users[0].key)])
             let entries = history.json["data"]?.arrayValue ?? []
             #expect(entries.count == 2)
             #expect(entries[0]["plan"]?["id"]?.stringValue == "medium")

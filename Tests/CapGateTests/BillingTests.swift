@@ -97,6 +97,34 @@ struct BillingTests {
         }
     }
 
+    @Test("the SQL period bounds (used by rollover and pg_cron) agree with PeriodMath for month-end and leap-year anchors")
+    func sqlBoundsAgree() async throws {
+        try await Harness.with { h in
+            for anchor in ["2026-01-31T10:00:00Z", "2028-02-29T23:59:59Z", "2026-01-30T00:00:00Z", "2026-03-15T12:30:00Z"] {
+                for k in [0, 1, 2, 11, 12, 13, 25, 48] {
+                    let sql = try await h.db.query(
+                        "SELECT capgate_period_bound(\(Self.date(anchor)), \(Int32(k)))", logger: TestCluster.logger
+                    ).decode(Date.self).collect()
+                    #expect(sql.first == PeriodMath.add(months: k, to: Self.date(anchor)), "\(anchor) + \(k)")
+                }
+            }
+        }
+    }
+
+    @Test("pg_cron's entry point: SELECT * FROM capgate_rollover(at) moves the same companies")
+    func sqlRollover() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, _) = try await h.createCompany(plan: "low", users: 0, startedAt: "2026-01-31T00:00:00Z")
+            try await h.exec("SELECT * FROM capgate_rollover('2026-03-05T00:00:00Z')")
+            let periods = try await Self.periods(h, company)
+            #expect(periods.count == 2)
+            #expect(periods[1].start == Self.date("2026-02-28T00:00:00Z"))
+            #expect(periods[1].end == Self.date("2026-03-31T00:00:00Z"))
+            #expect(try await h.scalar("SELECT moved FROM capgate_rollover('2026-03-05T00:00:00Z')") == 0)
+        }
+    }
+
     @Test("two rollovers at once: each change happens once")
     func concurrentRollovers() async throws {
         try await Harness.with { h in

@@ -5,7 +5,7 @@ import NIOCore
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 @Suite("capgate dev, the real binary")
@@ -37,7 +37,9 @@ struct DevCommandTests {
         let base = "http://127.0.0.1:\(port)"
         var ready = false
         for _ in 0..<120 {
-            if let reply = try? await Harness.http.execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(2)), reply.status == .ok {
+            if let reply = try? await Harness.http.execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(2)),
+                reply.status == .ok
+            {
                 ready = true
                 break
             }

@@ -79,57 +79,17 @@ extension BillingStore {
 
     enum RolloverChange { case none, renewed, toDefault, noPlan }
 
+    /// One company, by `capgate_roll_company` (db/migrations/0003_rollover.sql): the same SQL
+    /// that `SELECT * FROM capgate_rollover()` runs from pg_cron.
     func rollCompany(_ connection: PostgresConnection, company: UUID, at: Date) async throws -> RolloverChange {
-        try await PeriodStore.lockCompany(connection, logger: logger, company: company)
-        guard let latest = try await Self.latestPeriod(connection, logger: logger, company: company) else { return .none }
-        guard latest.endsAt <= at else { return .none }
-
-        let renew = latest.autoRenew && latest.status != "expired" && latest.status != "cancelled"
-        let plan: String? = renew ? latest.planID : try await Self.defaultPlan(connection, logger: logger)
-        let interval = renew ? latest.interval : .month
-        if !renew, plan == nil {
-            // No default plan: no active plan until one is assigned. Recorded once.
-            guard latest.status != "expired" else { return .none }
-            try await connection.query(
-                "UPDATE plan_periods SET status = 'expired' WHERE company_id = \(company) AND id = \(latest.id)", logger: logger
-            )
-            try await logEvent(
-                connection, company: company, type: "rollover_no_plan", plan: nil,
-                payload: .obj(["from_plan": .string(latest.planID), "at": JSON(at)]))
-            return .noPlan
+        let rows = try await connection.query("SELECT capgate_roll_company(\(company), \(at))", logger: logger)
+            .decode(String.self).collect()
+        switch rows.first {
+        case "renewed": return .renewed
+        case "to_default": return .toDefault
+        case "no_plan": return .noPlan
+        default: return .none
         }
-        let (start, end, _) = PeriodMath.period(containing: at, anchor: latest.anchor, interval: interval)
-        let from = max(start, latest.endsAt)
-        try await connection.query(
-            """
-            INSERT INTO plan_periods (company_id, plan_id, started_at, ends_at, anchor, interval, auto_renew, source)
-            VALUES (\(company), \(plan!), \(from), \(end), \(latest.anchor), \(interval.rawValue), true, 'rollover')
-            """,
-            logger: logger
-        )
-        try await connection.query(
-            """
-            INSERT INTO company_usage (company_id, period_id, used)
-            SELECT company_id, id, 0 FROM plan_periods WHERE company_id = \(company) AND started_at = \(from)
-            ON CONFLICT DO NOTHING
-            """,
-            logger: logger
-        )
-        let type = renew ? "rollover" : "rollover_to_default"
-        try await logEvent(
-            connection, company: company, type: type, plan: plan,
-            payload: .obj([
-                "from_plan": .string(latest.planID), "to_plan": JSON(plan), "start": JSON(from), "end": JSON(end), "at": JSON(at),
-            ])
-        )
-        return renew ? .renewed : .toDefault
-    }
-
-    func logEvent(_ connection: PostgresConnection, company: UUID, type: String, plan: String?, payload: JSON) async throws {
-        try await connection.query(
-            "INSERT INTO billing_events (company_id, type, plan_id, payload) VALUES (\(company), \(type), \(plan), \(payload.serialized())::jsonb)",
-            logger: logger
-        )
     }
 
     /// One disagreement between a counter and the ledger.
