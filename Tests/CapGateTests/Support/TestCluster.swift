@@ -26,7 +26,9 @@ enum TestCluster {
         clusterForExit = cluster
         atexit {
             clusterForExit?.stop()
-            if let folder = clusterForExit?.dataDirectory { try? FileManager.default.removeItem(atPath: folder + "/..") }
+            if let data = clusterForExit?.dataDirectory {
+                try? FileManager.default.removeItem(atPath: URL(fileURLWithPath: data).deletingLastPathComponent().path)
+            }
         }
         return cluster
     }
