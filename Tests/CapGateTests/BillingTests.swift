@@ -168,11 +168,12 @@ struct BillingTests {
             let now = Date()
             let purchase = try await event(
                 "purchase", "t1", purchase: now.addingTimeInterval(-60), expires: now.addingTimeInterval(86400 * 30))
-            #expect(purchase.status == 200, "\(purchase.body)")
+            #expect(purchase.status == 201, "\(purchase.body)")
             #expect(purchase.json["company"]?["plan"]?.stringValue == "low")
             let again = try await event(
                 "purchase", "t1", purchase: now.addingTimeInterval(-60), expires: now.addingTimeInterval(86400 * 30))
             #expect(again.body == purchase.body)
+            #expect(again.status == purchase.status)
             #expect(try await h.scalar("SELECT count(*) FROM billing_events WHERE transaction_id = 't1'") == 1)
             // A higher plan mid-period takes effect on the next request.
             _ = try await event("purchase", "t2", product: "app.high.monthly", purchase: now.addingTimeInterval(-1))
@@ -180,7 +181,7 @@ struct BillingTests {
             #expect(usage.json["plan"]?["id"]?.stringValue == "high")
 
             let renewal = try await event("renewal", "t3", product: "app.high.monthly", expires: now.addingTimeInterval(86400 * 60))
-            #expect(renewal.status == 200)
+            #expect(renewal.status == 201)
             #expect(
                 try await h.scalar(
                     "SELECT count(*) FROM plan_periods WHERE company_id = '\(c)' AND plan_id = 'high' AND ends_at > now() + interval '59 days'"

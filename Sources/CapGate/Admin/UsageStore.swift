@@ -75,6 +75,7 @@ public struct UsageStore: Sendable {
                         "period": .obj(["start": JSON(start), "end": JSON(end)]),
                         "plan": .obj(["id": .string(plan), "name": .string(name)]),
                         "company": .obj(["used": .int(used), "limit": JSON(cap), "remaining": JSON(cap.map { max(0, $0 - used) })]),
+                        "used": .int(used), "limit": JSON(cap),
                         "current": .bool(start <= at && at < end),
                     ])
                 )

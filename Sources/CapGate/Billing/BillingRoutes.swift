@@ -29,7 +29,8 @@ struct BillingRoutes {
             let text = try await billing.apply(event)
             var headers = HTTPFields()
             headers[.contentType] = "application/json"
-            return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: text)))
+            // 201 for the first delivery and for every repeat: the same answer each time.
+            return Response(status: .created, headers: headers, body: .init(byteBuffer: ByteBuffer(string: text)))
         }
     }
 }

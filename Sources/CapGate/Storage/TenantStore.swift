@@ -109,7 +109,8 @@ public struct TenantStore: Sendable {
             var out: [JSON] = []
             let rows = try await client.query("SELECT product_id, plan_id, interval FROM products ORDER BY product_id", logger: logger)
             for try await (product, plan, interval) in rows.decode((String, String, String).self) {
-                out.append(.obj(["product_id": .string(product), "plan_id": .string(plan), "interval": .string(interval)]))
+                out.append(
+                    .obj(["id": .string(product), "product_id": .string(product), "plan_id": .string(plan), "interval": .string(interval)]))
             }
             return out
         }
