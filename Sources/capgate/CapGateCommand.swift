@@ -8,7 +8,7 @@ struct CapGateCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "capgate",
         abstract: "CapGate: a multi-tenant usage-cap gateway for AI provider calls.",
-        subcommands: [Serve.self, Dev.self, Migrate.self, Rollover.self, Verify.self]
+        subcommands: [Serve.self, Dev.self, Migrate.self, Rollover.self, Verify.self, Database.self, Mock.self]
     )
 }
 
@@ -148,6 +148,42 @@ struct Verify: AsyncParsableCommand {
                 print("\(mismatches.count) mismatches")
                 throw ExitCode(1)
             }
+        }
+    }
+}
+
+struct Database: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "db",
+        abstract: "Run only the embedded PostgreSQL (prints DATABASE_URL; stops on Ctrl-C)."
+    )
+    @Option(help: "Folder of the cluster.") var directory: String = ".capgate/postgres"
+    @Option(name: .customLong("setting"), help: "A postgres setting as name=value (repeatable).") var settings: [String] = []
+    @Option(name: .customLong("url-file"), help: "Also write the URL to this file.") var urlFile: String?
+
+    func run() async throws {
+        try await runCommand {
+            var parsed: [String: String] = [:]
+            for setting in settings {
+                let parts = setting.split(separator: "=", maxSplits: 1).map(String.init)
+                guard parts.count == 2 else { throw ConfigurationError(key: "--setting \(setting)", problem: "is not name=value") }
+                parsed[parts[0]] = parts[1]
+            }
+            let logger = bootstrapLogging("warning")
+            try await StandaloneServices.runDatabase(directory: directory, settings: parsed, urlFile: urlFile, logger: logger)
+        }
+    }
+}
+
+struct Mock: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Run only the mock provider (Anthropic Messages API stand-in).")
+    @Option(help: "Listen host.") var host: String = "127.0.0.1"
+    @Option(help: "Listen port.") var port: Int = 8081
+
+    func run() async throws {
+        try await runCommand {
+            let logger = bootstrapLogging("warning")
+            try await StandaloneServices.runMock(host: host, port: port, logger: logger)
         }
     }
 }

@@ -103,6 +103,21 @@ BEGIN
 END;
 $$;
 
+-- The same admission with `synchronous_commit = off` for its transaction (database.durability =
+-- relaxed): the commit returns before the WAL reaches disk, so a database crash can lose the
+-- last fraction of a second of admissions. Off by default.
+CREATE FUNCTION capgate_admit_relaxed(
+    p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
+    p_feature text, p_request_id text, p_idempotency_key text, p_at timestamptz
+) RETURNS capgate_admission
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    RETURN capgate_admit(p_company, p_user, p_units, p_method, p_route, p_model, p_feature,
+                         p_request_id, p_idempotency_key, p_at);
+END;
+$$;
+
 -- Gives back a charge: counters decremented, ledger row marked refunded. Idempotent.
 CREATE FUNCTION capgate_refund(p_company uuid, p_ledger_id bigint, p_upstream_status integer)
 RETURNS boolean

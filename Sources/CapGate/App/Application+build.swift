@@ -29,7 +29,7 @@ public func buildApplication(
     let database = Database(client: client, timeout: .milliseconds(Int64(configuration.databaseTimeout * 1000)), logger: dbLogger)
     let upstream = UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
     let authenticator = try await Authenticator(database: database, configuration: configuration)
-    let metering = MeteringStore(database: database)
+    let metering = MeteringStore(database: database, relaxed: configuration.databaseDurability == "relaxed")
     let tenants = TenantStore(database: database)
     let periods = PeriodStore(database: database)
     let usage = UsageStore(database: database)

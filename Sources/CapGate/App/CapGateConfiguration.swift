@@ -16,6 +16,10 @@ public struct CapGateConfiguration: Sendable {
     /// `database.timeout` / `DATABASE_TIMEOUT` (seconds, default `5`): how long a request waits for the
     /// database before it is answered 503 (fail closed).
     public var databaseTimeout: Double
+    /// `database.durability` / `DATABASE_DURABILITY` (default `durable`): `relaxed` commits admissions
+    /// with `synchronous_commit = off` (faster; a database crash may lose the last fraction of a
+    /// second of counts).
+    public var databaseDurability: String
     /// `upstream.url` / `UPSTREAM_URL`: the provider base URL.
     public var upstreamURL: String?
     /// `upstream.apiKey` / `UPSTREAM_API_KEY` (secret): sent upstream as `x-api-key`.
@@ -45,7 +49,7 @@ public struct CapGateConfiguration: Sendable {
 
     /// Every key CapGate reads, with its environment variable (used by docs and `--help`).
     public static let keys: [String] = [
-        "http.host", "http.port", "database.url", "database.maxConnections", "database.timeout",
+        "http.host", "http.port", "database.url", "database.maxConnections", "database.timeout", "database.durability",
         "upstream.url", "upstream.apiKey", "upstream.timeout", "upstream.connectTimeout",
         "upstream.idleTimeout", "operator.token", "jwt.secret", "jwt.jwksFile", "jwt.companyClaim",
         "proxy.prefix", "proxy.maxBodyBytes", "billing.rolloverInterval", "log.level",
@@ -59,6 +63,10 @@ public struct CapGateConfiguration: Sendable {
         databaseURL = Self.nonEmpty(reader.string(forKey: "database.url", isSecret: true))
         databaseMaxConnections = try Self.int(reader, "database.maxConnections", default: 20, range: 1...1000)
         databaseTimeout = try Self.double(reader, "database.timeout", default: 5)
+        databaseDurability = reader.string(forKey: "database.durability", default: "durable")
+        guard ["durable", "relaxed"].contains(databaseDurability) else {
+            throw ConfigurationError(key: "database.durability", problem: "must be 'durable' or 'relaxed'")
+        }
         upstreamURL = Self.nonEmpty(reader.string(forKey: "upstream.url"))
         upstreamAPIKey = Self.nonEmpty(reader.string(forKey: "upstream.apiKey", isSecret: true))
         upstreamTimeout = try Self.double(reader, "upstream.timeout", default: 600)

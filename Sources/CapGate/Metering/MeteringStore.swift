@@ -6,20 +6,24 @@ import PostgresNIO
 /// the read-only usage state. The SQL functions live in `db/migrations/0002_admission.sql`.
 public struct MeteringStore: Sendable {
     let database: Database
+    /// `capgate_admit_relaxed` (synchronous_commit off) instead of `capgate_admit`.
+    let relaxed: Bool
 
-    public init(database: Database) {
+    public init(database: Database, relaxed: Bool = false) {
         self.database = database
+        self.relaxed = relaxed
     }
 
     /// Runs the admission transaction (`capgate_admit`): exact under any concurrency.
     public func admit(_ r: AdmissionRequest) async throws -> Admission {
         let units = Int32(r.units)
+        let function = relaxed ? "capgate_admit_relaxed" : "capgate_admit"
         let row = try await database.run { client in
             let rows = try await client.query(
                 """
                 SELECT decision, ledger_id, period_id, plan_id, plan_name, period_start, period_end,
                        company_used, company_cap, user_used, user_cap
-                  FROM capgate_admit(\(r.companyID), \(r.userID), \(units), \(r.method), \(r.route), \(r.model),
+                  FROM \(unescaped: function)(\(r.companyID), \(r.userID), \(units), \(r.method), \(r.route), \(r.model),
                                      \(r.feature), \(r.requestID), \(r.idempotencyKey), \(r.at))
                 """,
                 logger: database.logger

@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""CapGate benchmark harness.
+
+Starts a tuned throwaway PostgreSQL (`capgate db`, the embedded launcher), the mock provider
+(`capgate mock`) and a release build of `capgate serve`; seeds 1,000 companies x 10 users and
+one hot company with 640 users; drives load with wrk from a separate process, against the mock
+provider directly and through CapGate in the same run; benchmarks the admission alone with
+pgbench (and the seed design's COUNT(*)-then-INSERT for comparison); checks counters == ledger
+(`capgate verify`) after every through-CapGate scenario; optionally soaks and records RSS.
+Prints one table and writes BENCHMARKS.md.
+
+Every process it starts listens on 127.0.0.1 only, and is stopped by its PID at the end.
+"""
+import argparse
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+WORK = os.path.join(ROOT, ".capgate", "bench")
+BIN = os.path.join(ROOT, ".build", "release", "capgate")
+OPERATOR = "bench-operator-token"
+
+started = []  # (name, Popen)
+
+
+def log(message):
+    print(message, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(name, args, env=None, stdout=None):
+    out = open(os.path.join(WORK, name + ".log"), "w") if stdout is None else stdout
+    process = subprocess.Popen(args, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    started.append((name, process))
+    return process
+
+
+def stop_all():
+    for name, process in reversed(started):
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def wait_http(url, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except Exception:
+            time.sleep(0.2)
+    raise SystemExit(f"timed out waiting for {url}")
+
+
+def psql(url, sql=None, file=None):
+    args = ["psql", url, "-v", "ON_ERROR_STOP=1", "-q", "-X", "-t", "-A"]
+    args += ["-f", file] if file else ["-c", sql]
+    return subprocess.run(args, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def wrk(url, connections, seconds, keys_file=None, stream=False):
+    threads = max(1, min(2, connections))
+    env = {"KEYS_FILE": keys_file or "", "STREAM": "1" if stream else "0"}
+    out = subprocess.run(
+        ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s", "--timeout", "10s",
+         "-s", os.path.join(BENCH, "messages.lua"), url],
+        env={**os.environ, **env}, capture_output=True, text=True, check=True,
+    ).stdout
+    m = re.search(r"RESULT requests=(\d+) non2xx=(\d+) errors=(\d+) duration_us=(\d+) p50_us=(\d+) p99_us=(\d+)", out)
+    if not m:
+        raise SystemExit("wrk printed no result:\n" + out)
+    requests, non2xx, errors, duration, p50, p99 = map(int, m.groups())
+    return {"requests": requests, "non2xx": non2xx, "errors": errors, "rps": requests / (duration / 1e6),
+            "p50_ms": p50 / 1000, "p99_ms": p99 / 1000}
+
+
+def pgbench(url, script, clients, seconds):
+    out = subprocess.run(
+        ["pgbench", "-n", "-f", os.path.join(BENCH, script), "-c", str(clients), "-j", str(min(clients, 2)),
+         "-T", str(seconds), url],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    m = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
+    lat = re.search(r"latency average = ([\d.]+) ms", out)
+    return float(m.group(1)), float(lat.group(1)) if lat else None
+
+
+def verify(url):
+    result = subprocess.run([BIN, "verify"], env={**os.environ, "DATABASE_URL": url}, capture_output=True, text=True)
+    return result.returncode == 0, result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr.strip()
+
+
+def rss_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=10, help="duration of each wrk scenario")
+    parser.add_argument("--pgbench-seconds", type=int, default=10)
+    parser.add_argument("--soak", type=int, default=0, help="soak seconds at concurrency 64 (the target run uses 600)")
+    parser.add_argument("--durability", choices=["durable", "relaxed"], default="durable")
+    parser.add_argument("--ledger-rows", default="10000,100000,1000000")
+    parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    args = parser.parse_args()
+
+    if not os.access(BIN, os.X_OK):
+        raise SystemExit(f"{BIN} missing: run `swift build -c release --product capgate` (bench/run does)")
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK, exist_ok=True)
+    results = {"wrk": [], "pgbench": [], "ledger": [], "verify": [], "soak": []}
+    try:
+        # PostgreSQL: durable commits (synchronous_commit=on, fsync on), sized for this machine.
+        settings = {"shared_buffers": "1GB", "synchronous_commit": "on", "max_connections": "300",
+                    "wal_buffers": "16MB", "max_wal_size": "4GB", "checkpoint_timeout": "15min",
+                    "work_mem": "16MB", "random_page_cost": "1.1"}
+        url_file = os.path.join(WORK, "database_url")
+        db_args = [BIN, "db", "--directory", os.path.join(WORK, "postgres"), "--url-file", url_file]
+        for k, v in settings.items():
+            db_args += ["--setting", f"{k}={v}"]
+        start("postgres", db_args)
+        for _ in range(300):
+            if os.path.exists(url_file):
+                break
+            time.sleep(0.2)
+        url = open(url_file).read().strip()
+        log("migrating and seeding…")
+        subprocess.run([BIN, "migrate"], env={**os.environ, "DATABASE_URL": url}, check=True, capture_output=True)
+        psql(url, file=os.path.join(BENCH, "seed.sql"))
+        many_keys = os.path.join(WORK, "keys_many.txt")
+        hot_keys = os.path.join(WORK, "keys_hot.txt")
+        with open(many_keys, "w") as f:
+            f.writelines(f"cg_bench_c{i}_u{j}\n" for i in range(1, 1001) for j in range(1, 11))
+        with open(hot_keys, "w") as f:
+            f.writelines(f"cg_bench_hot_u{j}\n" for j in range(1, 641))
+
+        mock_port, gateway_port = free_port(), free_port()
+        start("mock", [BIN, "mock", "--port", str(mock_port)])
+        wait_http(f"http://127.0.0.1:{mock_port}/v1/models")
+        gateway_env = {"DATABASE_URL": url, "UPSTREAM_URL": f"http://127.0.0.1:{mock_port}", "OPERATOR_TOKEN": OPERATOR,
+                       "HTTP_PORT": str(gateway_port), "LOG_LEVEL": "warning", "DATABASE_MAX_CONNECTIONS": "16",
+                       "DATABASE_DURABILITY": args.durability}
+        gateway = start("gateway", [BIN, "serve"], env=gateway_env)
+        wait_http(f"http://127.0.0.1:{gateway_port}/readyz")
+        direct = f"http://127.0.0.1:{mock_port}"
+        through = f"http://127.0.0.1:{gateway_port}"
+
+        scenarios = [("many companies", 1, many_keys, False), ("many companies", 16, many_keys, False),
+                     ("many companies", 64, many_keys, False), ("one hot company", 1, hot_keys, False),
+                     ("one hot company", 16, hot_keys, False), ("one hot company", 64, hot_keys, False),
+                     ("streaming, many companies", 16, many_keys, True)]
+        wrk(through, 4, 2, many_keys)  # warm-up: connections, caches
+        for name, c, keys, stream in scenarios:
+            d = wrk(direct, c, args.seconds, None, stream)
+            g = wrk(through, c, args.seconds, keys, stream)
+            ok, line = verify(url)
+            results["verify"].append((f"{name} c={c}", ok, line))
+            row = {"scenario": name, "c": c, "direct": d, "capgate": g}
+            results["wrk"].append(row)
+            log(f"{name:28} c={c:<3} direct {d['rps']:9.0f} rps p50 {d['p50_ms']:.3f} p99 {d['p99_ms']:.3f} | "
+                f"capgate {g['rps']:8.0f} rps p50 {g['p50_ms']:.3f} p99 {g['p99_ms']:.3f} non2xx {g['non2xx']} | verify {'ok' if ok else 'MISMATCH'}")
+
+        for script, label in [("admit_many.sql", "1,000 companies"), ("admit_hot.sql", "one hot company")]:
+            for clients in [1, 8, 32, 64]:
+                tps, latency = pgbench(url, script, clients, args.pgbench_seconds)
+                results["pgbench"].append((label, clients, tps, latency))
+                log(f"pgbench admission {label:16} clients={clients:<3} {tps:9.0f} tps  avg {latency} ms")
+
+        # Admission cost against ledger size: CapGate's counters vs the seed design's COUNT(*).
+        for rows in [int(x) for x in args.ledger_rows.split(",") if x]:
+            psql(url, "TRUNCATE seed_usage")
+            psql(url, f"INSERT INTO seed_usage SELECT md5('seed')::uuid, md5('seed' || (i % 640))::uuid, now() - (i % 1000) * interval '1 second' FROM generate_series(1, {rows}) i; ANALYZE seed_usage;")
+            psql(url, f"""INSERT INTO usage_ledger (company_id, period_id, user_id, units, method, route, request_id, outcome)
+                SELECT p.company_id, p.id, md5('hot' || 'u' || (1 + i % 640))::uuid, 1, 'POST', '/v1/messages', 'fill', 'charged'
+                  FROM plan_periods p, generate_series(1, {rows}) i WHERE p.company_id = md5('hot')::uuid;
+                UPDATE company_usage SET used = (SELECT count(*) FROM usage_ledger l WHERE l.company_id = company_usage.company_id AND l.period_id = company_usage.period_id AND outcome = 'charged')
+                 WHERE company_id = md5('hot')::uuid;
+                ANALYZE usage_ledger;""")
+            capgate_tps, _ = pgbench(url, "admit_hot.sql", 1, args.pgbench_seconds)
+            seed_tps, seed_latency = pgbench(url, "count_then_insert.sql", 1, args.pgbench_seconds)
+            results["ledger"].append((rows, capgate_tps, seed_tps, seed_latency))
+            log(f"ledger rows {rows:>9}: capgate admission {capgate_tps:8.0f} tps | COUNT(*) then INSERT {seed_tps:8.1f} tps ({seed_latency} ms)")
+        psql(url, "DELETE FROM usage_ledger WHERE request_id = 'fill'")
+        psql(url, "UPDATE company_usage c SET used = (SELECT count(*) FROM usage_ledger l WHERE l.company_id = c.company_id AND l.period_id = c.period_id AND l.outcome = 'charged')")
+        psql(url, "UPDATE user_usage u SET used = (SELECT count(*) FROM usage_ledger l WHERE l.company_id = u.company_id AND l.period_id = u.period_id AND l.user_id = u.user_id AND l.outcome = 'charged')")
+
+        if args.soak > 0:
+            log(f"soak: {args.soak} s at concurrency 64, RSS every 10 s")
+            soak = subprocess.Popen(
+                ["wrk", "-t", "2", "-c", "64", "-d", f"{args.soak}s", "--timeout", "10s", "-s", os.path.join(BENCH, "messages.lua"), through],
+                env={**os.environ, "KEYS_FILE": many_keys, "STREAM": "0"}, stdout=subprocess.PIPE, text=True)
+            t0 = time.time()
+            while soak.poll() is None:
+                results["soak"].append((round(time.time() - t0), rss_kb(gateway.pid)))
+                time.sleep(10)
+            ok, line = verify(url)
+            results["verify"].append(("soak", ok, line))
+    finally:
+        stop_all()
+    write_report(args, results, settings)
+
+
+def machine():
+    mem = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) // 1024 // 1024
+    cpu = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return f"{os.cpu_count()} cores ({cpu}), {mem} GiB, {platform.system()} {platform.release()}"
+
+
+def write_report(args, results, settings):
+    lines = ["# CapGate benchmarks", "",
+             f"Measured by `bench/run` on {time.strftime('%Y-%m-%d')}: {machine()}.",
+             "PostgreSQL 15 (embedded launcher), " + ", ".join(f"`{k}={v}`" for k, v in settings.items()) + ".",
+             f"Admission durability: `{args.durability}`. Gateway: release build, `LOG_LEVEL=warning`, pool of 16 connections.",
+             "Load: wrk from a separate process on the same 2 cores (wrk, the mock provider, CapGate and PostgreSQL share them),",
+             f"{args.seconds} s per scenario, non-streaming `POST /v1/messages` unless noted, keys rotated per request.", "",
+             "## Through CapGate vs the provider directly", "",
+             "| scenario | conc. | direct rps | CapGate rps | ratio | direct p50 ms | CapGate p50 ms | added p50 ms | direct p99 ms | CapGate p99 ms | added p99 ms | non-2xx |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in results["wrk"]:
+        d, g = r["direct"], r["capgate"]
+        lines.append(f"| {r['scenario']} | {r['c']} | {d['rps']:.0f} | {g['rps']:.0f} | {g['rps'] / d['rps']:.3f} | {d['p50_ms']:.3f} | {g['p50_ms']:.3f} | "
+                     f"{g['p50_ms'] - d['p50_ms']:.3f} | {d['p99_ms']:.3f} | {g['p99_ms']:.3f} | {g['p99_ms'] - d['p99_ms']:.3f} | {g['non2xx']} |")
+    lines += ["", "Counters equal the ledger after every scenario (`capgate verify`):", ""]
+    lines += [f"- {name}: {'ok' if ok else 'MISMATCH'} ({line})" for name, ok, line in results["verify"]]
+    lines += ["", "## Admission alone (pgbench, one `capgate_admit` call per transaction)", "",
+              "| workload | clients | tps | avg latency ms |", "| --- | ---: | ---: | ---: |"]
+    lines += [f"| {label} | {c} | {tps:.0f} | {lat} |" for label, c, tps, lat in results["pgbench"]]
+    lines += ["", "## Admission cost against ledger size (1 client)", "",
+              "| ledger rows in the period | CapGate admission tps | seed design COUNT(*) + INSERT tps | seed design latency ms |",
+              "| ---: | ---: | ---: | ---: |"]
+    lines += [f"| {rows:,} | {c:.0f} | {s:.1f} | {lat} |" for rows, c, s, lat in results["ledger"]]
+    if results["soak"]:
+        lines += ["", "## Soak (concurrency 64): gateway RSS", "", "| seconds | RSS MiB |", "| ---: | ---: |"]
+        lines += [f"| {t} | {kb / 1024:.1f} |" for t, kb in results["soak"]]
+    notes = os.path.join(BENCH, "notes.md")
+    if os.path.exists(notes):
+        lines += ["", open(notes).read().rstrip()]
+    lines.append("")
+    with open(args.output, "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
