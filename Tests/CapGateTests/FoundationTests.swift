@@ -134,3 +134,23 @@ struct FoundationTests {
         }
     }
 }
+
+@Suite("JSON")
+struct JSONTests {
+    @Test("the parser reads what JSON allows and refuses what it does not")
+    func parser() throws {
+        let text = #"{"a":[1,-2.5e3,true,false,null,"x\"\u00e9\ud83d\ude00\n"],"b":{},"c":[],"d":0,"e":-0.5}"#
+        let json = try JSON.parse(Array(text.utf8))
+        #expect(json["a"]?.arrayValue?[0] == .int(1))
+        #expect(json["a"]?.arrayValue?[1] == .double(-2500))
+        #expect(json["a"]?.arrayValue?[5] == .string("x\"é😀\n"))
+        #expect(json["b"] == .object([]))
+        #expect(json["e"] == .double(-0.5))
+        let reparsed = try JSON.parse(Array(json.serialized().utf8))
+        #expect(reparsed["a"]?.arrayValue?[5] == json["a"]?.arrayValue?[5])
+        #expect(reparsed["e"] == json["e"])
+        for bad in ["", "{", "[1,]", "{\"a\":}", "01", "1.", "tru", "\"\u{01}\"", "{\"a\" 1}", "[1] 2", "\"\\ud800\""] {
+            #expect(throws: (any Error).self, "\(bad)") { try JSON.parse(Array(bad.utf8)) }
+        }
+    }
+}

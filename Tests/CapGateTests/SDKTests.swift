@@ -6,8 +6,18 @@ import Testing
 struct SDKTests {
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
 
-    /// Runs a program to completion; returns its exit code and output.
-    static func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws -> (Int32, String) {
+    /// Runs a program to completion on a thread of its own (never blocking the cooperative pool,
+    /// which serves the gateway under test in this same process); returns exit code and output.
+    static func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) async throws -> (Int32, String) {
+        try await withCheckedThrowingContinuation { continuation in
+            let thread = Thread {
+                continuation.resume(with: Result { try runBlocking(executable, arguments, environment: environment) })
+            }
+            thread.start()
+        }
+    }
+
+    static func runBlocking(_ executable: String, _ arguments: [String], environment: [String: String]) throws -> (Int32, String) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = [executable] + arguments
@@ -24,12 +34,12 @@ struct SDKTests {
 
     @Test("the Anthropic Python SDK: a normal answer, a streamed answer, and APIStatusError 402 at the cap")
     func anthropicSDK() async throws {
-        let (hasSDK, _) = try Self.run("python3", ["-c", "import anthropic"])
+        let (hasSDK, _) = try await Self.run("python3", ["-c", "import anthropic"])
         try #require(hasSDK == 0, "the official SDK is needed: python3 -m pip install anthropic (.ci/run installs it)")
         try await Harness.with { h in
             try await h.createPlan("low", company: 100, user: 3)
             let (_, users) = try await h.createCompany(plan: "low", users: 1)
-            let (status, output) = try Self.run(
+            let (status, output) = try await Self.run(
                 "python3", [Self.root.appendingPathComponent("Tests/sdk/anthropic_sdk_check.py").path],
                 environment: ["CAPGATE_URL": h.gatewayURL, "CAPGATE_KEY": users[0].key]
             )
@@ -39,8 +49,8 @@ struct SDKTests {
     }
 
     @Test("sources follow .swift-format (swift format lint --strict)")
-    func formatted() throws {
-        let (status, output) = try Self.run("swift-format", ["lint", "--strict", "--recursive", "Sources", "Tests", "Package.swift"])
+    func formatted() async throws {
+        let (status, output) = try await Self.run("swift-format", ["lint", "--strict", "--recursive", "Sources", "Tests", "Package.swift"])
         #expect(status == 0, "\(output)")
     }
 }

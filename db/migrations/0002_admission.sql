@@ -147,3 +147,62 @@ BEGIN
     RETURN true;
 END;
 $$;
+
+-- Records the provider's status and token counts on a charge that stands. The charge itself was
+-- committed durably by the admission; this informational write commits without waiting for the
+-- WAL flush (a database crash can lose token counts of the last instant, never a charge).
+CREATE FUNCTION capgate_settle(p_company uuid, p_ledger_id bigint, p_upstream_status integer,
+                               p_input_tokens bigint, p_output_tokens bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    UPDATE usage_ledger
+       SET upstream_status = p_upstream_status, input_tokens = p_input_tokens, output_tokens = p_output_tokens,
+           settled_at = clock_timestamp()
+     WHERE company_id = p_company AND id = p_ledger_id AND outcome = 'charged';
+END;
+$$;
+
+-- Authentication by API key and admission in one round trip: the key's SHA-256 is looked up,
+-- then capgate_admit (or capgate_admit_relaxed) runs for its user. `auth` is ok | unknown_key |
+-- revoked_key | disabled_user; the admission columns are NULL unless auth is ok.
+CREATE FUNCTION capgate_admit_key(
+    p_key_hash bytea, p_units integer, p_method text, p_route text, p_model text, p_feature text,
+    p_request_id text, p_idempotency_key text, p_at timestamptz, p_relaxed boolean
+) RETURNS TABLE (
+    auth text, company_id uuid, user_id uuid, role text,
+    decision text, ledger_id bigint, period_id bigint, plan_id text, plan_name text,
+    period_start timestamptz, period_end timestamptz, company_used bigint, company_cap bigint,
+    user_used bigint, user_cap bigint
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_revoked boolean;
+    v_disabled boolean;
+    a capgate_admission;
+BEGIN
+    SELECT k.company_id, k.user_id, u.role, k.revoked_at IS NOT NULL, u.disabled
+      INTO company_id, user_id, role, v_revoked, v_disabled
+      FROM api_keys k JOIN users u ON u.company_id = k.company_id AND u.id = k.user_id
+     WHERE k.key_hash = p_key_hash;
+    IF NOT FOUND THEN
+        auth := 'unknown_key';
+    ELSIF v_revoked THEN
+        auth := 'revoked_key';
+    ELSIF v_disabled THEN
+        auth := 'disabled_user';
+    ELSE
+        auth := 'ok';
+        IF p_relaxed THEN
+            PERFORM set_config('synchronous_commit', 'off', true);
+        END IF;
+        a := capgate_admit(company_id, user_id, p_units, p_method, p_route, p_model, p_feature,
+                           p_request_id, p_idempotency_key, p_at);
+        decision := a.decision; ledger_id := a.ledger_id; period_id := a.period_id;
+        plan_id := a.plan_id; plan_name := a.plan_name; period_start := a.period_start;
+        period_end := a.period_end; company_used := a.company_used; company_cap := a.company_cap;
+        user_used := a.user_used; user_cap := a.user_cap;
+    END IF;
+    RETURN NEXT;
+END;
+$$;

@@ -13,6 +13,10 @@ struct BodyFields {
             throw GatewayError(.contentTooLarge, "request_too_large", "The request body is larger than \(context.maxUploadSize) bytes.")
         }
         guard buffer.readableBytes > 0 else { throw GatewayError.invalidRequest("The request needs a JSON object body.") }
+        // PostgreSQL text cannot hold NUL: refuse it here rather than fail in the database.
+        if buffer.readableBytesView.containsSequence(Array("\\u0000".utf8)) {
+            throw GatewayError.invalidRequest("Text fields must not contain NUL (\\u0000) characters.")
+        }
         guard let json = try? JSON.parse(buffer) else {
             throw GatewayError.invalidRequest("The request body is not valid JSON.")
         }
@@ -30,7 +34,7 @@ struct BodyFields {
             return nil
         }
         guard let s = value.stringValue else { throw GatewayError.invalidRequest("'\(key)' must be a string.") }
-        guard !s.isEmpty, s.count <= maxLength else {
+        guard !s.isEmpty, s.unicodeScalars.count <= maxLength else {
             throw GatewayError.invalidRequest("'\(key)' must be 1 to \(maxLength) characters.")
         }
         return s
@@ -68,9 +72,9 @@ struct BodyFields {
 
     func number(_ key: String) throws -> Double? {
         guard let value = fields[key], !value.isNull else { return nil }
-        if let d = value.doubleValue, d.isFinite, d >= 0, d < 1e12 { return d }
-        if let s = value.stringValue, let d = Double(s), d.isFinite, d >= 0, d < 1e12 { return d }
-        throw GatewayError.invalidRequest("'\(key)' must be a number of at least 0.")
+        if let d = value.doubleValue, d.isFinite, d >= 0, d < 1e10 { return d }
+        if let s = value.stringValue, let d = Double(s), d.isFinite, d >= 0, d < 1e10 { return d }
+        throw GatewayError.invalidRequest("'\(key)' must be a number from 0 to 9999999999.99.")
     }
 
     func uuid(_ key: String, required: Bool = false) throws -> UUID? {
@@ -95,5 +99,20 @@ extension Parameters {
             throw GatewayError.notFound("No \(what) with that id.")
         }
         return id
+    }
+}
+
+extension Collection where Element == UInt8 {
+    /// Whether `needle` occurs in these bytes (ASCII case-insensitively).
+    func containsSequence(_ needle: [UInt8]) -> Bool {
+        guard needle.count <= count else { return false }
+        let bytes = Array(self)
+        outer: for start in 0...(bytes.count - needle.count) {
+            for (offset, byte) in needle.enumerated() where bytes[start + offset] | 0x20 != byte | 0x20 {
+                continue outer
+            }
+            return true
+        }
+        return false
     }
 }

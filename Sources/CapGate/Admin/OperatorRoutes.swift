@@ -59,10 +59,7 @@ struct OperatorRoutes {
             if let plan, try await tenants.plan(plan) == nil {
                 throw GatewayError.notFound("No plan with id '\(plan)'.")
             }
-            try await tenants.createCompany(id: id, name: name)
-            if let plan {
-                try await periods.assignPlan(company: id, plan: plan, start: start, autoRenew: autoRenew)
-            }
+            try await periods.createCompany(id: id, name: name, plan: plan, start: start, autoRenew: autoRenew)
             return jsonResponse(try await tenants.company(id) ?? .null, status: .created)
         }
         group.get("companies/{id}") { _, context in
@@ -133,6 +130,7 @@ struct OperatorRoutes {
         group.get("companies/{id}/api-keys") { _, context in
             let company = try context.parameters.uuid("id", what: "company")
             try context.requireAdmin(of: company)
+            guard try await tenants.companyExists(company) else { throw GatewayError.notFound("No company with that id.") }
             return jsonResponse(listJSON(try await tenants.keys(company: company)))
         }
         group.post("companies/{id}/api-keys") { request, context in
@@ -157,6 +155,16 @@ struct OperatorRoutes {
         }
     }
 
+    /// `^[a-z0-9][a-z0-9_.-]{0,63}$`, checked character by character.
+    static func isSlug(_ s: String) -> Bool {
+        let scalars = Array(s.unicodeScalars)
+        guard (1...64).contains(scalars.count) else { return false }
+        func allowed(_ c: Unicode.Scalar, first: Bool) -> Bool {
+            ("a"..."z").contains(c) || ("0"..."9").contains(c) || (!first && (c == "_" || c == "." || c == "-"))
+        }
+        return scalars.enumerated().allSatisfy { allowed($0.element, first: $0.offset == 0) }
+    }
+
     /// Reads a plan body; for an update, missing fields keep their current values.
     func planInput(_ f: BodyFields, id: String?, existing: JSON?) throws -> TenantStore.PlanInput {
         let planID: String
@@ -167,7 +175,7 @@ struct OperatorRoutes {
             planID = id
         } else {
             planID = try f.requiredString("id", maxLength: 64)
-            guard planID.range(of: "^[a-z0-9][a-z0-9_.-]{0,63}$", options: .regularExpression) != nil else {
+            guard Self.isSlug(planID) else {
                 throw GatewayError.invalidRequest("'id' must be a slug: lowercase letters, digits, '-', '_' or '.'.")
             }
         }

@@ -49,7 +49,7 @@ struct UsageRoutes {
             try context.requireOperator()
             let query = request.uri.queryParameters
             let limit = try Self.boundedInt(query.get("limit"), name: "limit", default: 100, range: 1...1000)
-            let cursor = try Self.boundedInt(query.get("cursor"), name: "cursor", default: 0, range: 0...Int(Int32.max))
+            let cursor = try Self.boundedInt(query.get("cursor"), name: "cursor", default: 0, range: 0...(1 << 40))
             let sort = query.get("sort") ?? "created"
             guard ["usage", "created"].contains(sort) else {
                 throw GatewayError.invalidRequest("'sort' must be 'usage' or 'created'.")

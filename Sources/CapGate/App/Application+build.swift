@@ -16,46 +16,56 @@ public func buildApplication(
     logger: Logger,
     onServerRunning: @escaping @Sendable (any Channel) async -> Void = { _ in }
 ) async throws -> some ApplicationProtocol {
-    let databaseURL = try DatabaseURL(try configuration.require(configuration.databaseURL, key: "database.url"))
-    let upstreamURL = try configuration.require(configuration.upstreamURL, key: "upstream.url")
-    let group = MultiThreadedEventLoopGroup.singleton
-
-    var dbLogger = logger
-    dbLogger[metadataKey: "component"] = "database"
-    let client = PostgresClient(
-        configuration: databaseURL.clientConfiguration(maxConnections: configuration.databaseMaxConnections),
-        backgroundLogger: dbLogger
-    )
-    let database = Database(client: client, timeout: .milliseconds(Int64(configuration.databaseTimeout * 1000)), logger: dbLogger)
-    let upstream = UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
-    let authenticator = try await Authenticator(database: database, configuration: configuration)
-    let metering = MeteringStore(database: database, relaxed: configuration.databaseDurability == "relaxed")
-    let tenants = TenantStore(database: database)
-    let periods = PeriodStore(database: database)
-    let usage = UsageStore(database: database)
-    let billing = BillingStore(database: database)
-    let migrator = try? Migrator()
-    GatewayMetrics.pool(maxConnections: configuration.databaseMaxConnections)
-
-    let proxy = ProxyHandler(
-        authenticator: authenticator, metering: metering, upstream: upstream, maxBodyBytes: configuration.proxyMaxBodyBytes)
-    let router = buildRouter(
-        prefix: configuration.proxyPrefix, proxy: proxy, authenticator: authenticator, database: database, migrator: migrator,
-        metering: metering, tenants: tenants, periods: periods, usage: usage, billing: billing
-    )
-
-    var services: [any Service] = [client, ClosingService(name: "upstream-client") { try await upstream.shutdown() }]
-    if configuration.billingRolloverInterval > 0 {
-        services.append(RolloverScheduler(billing: billing, interval: .seconds(configuration.billingRolloverInterval), logger: logger))
-    }
+    let parts = try await GatewayParts(configuration: configuration, logger: logger)
     return Application(
-        router: router,
+        router: parts.router,
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: nil),
-        services: services,
+        services: parts.services,
         onServerRunning: onServerRunning,
-        eventLoopGroupProvider: .shared(group),
+        eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton),
         logger: logger
     )
+}
+
+/// Everything the gateway is made of, before it runs.
+struct GatewayParts {
+    let router: Router<GatewayContext>
+    let services: [any Service]
+    let upstream: UpstreamClient
+
+    init(configuration: CapGateConfiguration, logger: Logger) async throws {
+        let databaseURL = try DatabaseURL(try configuration.require(configuration.databaseURL, key: "database.url"))
+        let upstreamURL = try configuration.require(configuration.upstreamURL, key: "upstream.url")
+        let group = MultiThreadedEventLoopGroup.singleton
+
+        var dbLogger = logger
+        dbLogger[metadataKey: "component"] = "database"
+        let client = PostgresClient(
+            configuration: databaseURL.clientConfiguration(maxConnections: configuration.databaseMaxConnections),
+            backgroundLogger: dbLogger
+        )
+        let database = Database(client: client, timeout: .milliseconds(Int64(configuration.databaseTimeout * 1000)), logger: dbLogger)
+        let upstream = UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
+        let authenticator = try await Authenticator(database: database, configuration: configuration)
+        let metering = MeteringStore(database: database, relaxed: configuration.databaseDurability == "relaxed")
+        let billing = BillingStore(database: database)
+        GatewayMetrics.pool(maxConnections: configuration.databaseMaxConnections)
+
+        let proxy = ProxyHandler(
+            authenticator: authenticator, metering: metering, upstream: upstream, maxBodyBytes: configuration.proxyMaxBodyBytes
+        )
+        self.router = buildRouter(
+            prefix: configuration.proxyPrefix, proxy: proxy, authenticator: authenticator, database: database, migrator: try? Migrator(),
+            metering: metering, tenants: TenantStore(database: database), periods: PeriodStore(database: database),
+            usage: UsageStore(database: database), billing: billing
+        )
+        var services: [any Service] = [client, ClosingService(name: "upstream-client") { try await upstream.shutdown() }]
+        if configuration.billingRolloverInterval > 0 {
+            services.append(RolloverScheduler(billing: billing, interval: .seconds(configuration.billingRolloverInterval), logger: logger))
+        }
+        self.services = services
+        self.upstream = upstream
+    }
 }
 
 /// The router: health and metrics, the client usage routes, the admin API; the proxy prefix

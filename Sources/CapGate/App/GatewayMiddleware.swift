@@ -23,7 +23,8 @@ struct GatewayMiddleware: RouterMiddleware {
         defer { GatewayMetrics.inflight(-1) }
 
         let path = request.uri.path
-        let proxied = path.hasPrefix(prefix) && !ownPaths.contains(path)
+        let trimmed = path.count > 1 && path.hasSuffix("/") ? String(path.dropLast()) : path
+        let proxied = path.hasPrefix(prefix) && !ownPaths.contains(trimmed)
         var response: Response
         do {
             if proxied {

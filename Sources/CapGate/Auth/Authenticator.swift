@@ -66,6 +66,29 @@ public struct Authenticator: Sendable {
         throw GatewayError.authentication("The bearer token is not a valid CapGate API key or token.")
     }
 
+    /// The CapGate API key a request presents, by the same precedence as ``authenticate(_:)``
+    /// (`x-api-key`, then a `Bearer cg_…` that is not the operator token); nil for anything else.
+    /// The proxy authenticates such keys inside the admission round trip.
+    public func apiKey(in headers: HTTPFields) -> String? {
+        if let key = headers[.xAPIKey], !key.isEmpty { return key }
+        guard let authorization = headers[.authorization], authorization.count > 7,
+            authorization.prefix(7).lowercased() == "bearer "
+        else { return nil }
+        let token = authorization.dropFirst(7).trimmingCharacters(in: .whitespaces)
+        guard token.hasPrefix(ApiKeyGenerator.keyPrefix) else { return nil }
+        if let operatorToken, ApiKeyGenerator.constantTimeEquals(token, operatorToken) { return nil }
+        return token
+    }
+
+    /// The 401 for a key the database did not accept.
+    static func keyError(_ auth: String) -> GatewayError {
+        switch auth {
+        case "revoked_key": GatewayError.authentication("This API key was revoked. Ask your administrator for a new one.")
+        case "disabled_user": GatewayError.authentication("This user is disabled. Ask your administrator to enable it.")
+        default: GatewayError.authentication("Unknown API key. Check the key, or ask your administrator for a new one.")
+        }
+    }
+
     func identity(forKey key: String) async throws -> Identity {
         let hash = ApiKeyGenerator.hash(key)
         let row = try await database.run { client in
@@ -80,11 +103,9 @@ public struct Authenticator: Sendable {
             for try await row in rows.decode((UUID, UUID, String, Bool, Bool).self) { return Optional(row) }
             return nil
         }
-        guard let (company, user, role, disabled, revoked) = row else {
-            throw GatewayError.authentication("Unknown API key. Check the key, or ask your administrator for a new one.")
-        }
-        if revoked { throw GatewayError.authentication("This API key was revoked. Ask your administrator for a new one.") }
-        if disabled { throw GatewayError.authentication("This user is disabled. Ask your administrator to enable it.") }
+        guard let (company, user, role, disabled, revoked) = row else { throw Self.keyError("unknown_key") }
+        if revoked { throw Self.keyError("revoked_key") }
+        if disabled { throw Self.keyError("disabled_user") }
         return .user(
             UserIdentity(companyID: company, userID: user, role: UserIdentity.Role(rawValue: role) ?? .member, credential: .apiKey))
     }

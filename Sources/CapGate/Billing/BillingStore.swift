@@ -44,6 +44,7 @@ public struct BillingStore: Sendable {
         case productRequired
         case noPeriod
         case badDates
+        case transactionOfAnotherCompany
     }
 
     /// Records and applies a store event once per `transaction_id`; a repeat gets the first answer.
@@ -53,9 +54,10 @@ public struct BillingStore: Sendable {
             return try await database.transaction { connection in
                 try await PeriodStore.lockCompany(connection, logger: logger, company: event.companyID)
                 let previous = try await connection.query(
-                    "SELECT result FROM billing_events WHERE transaction_id = \(event.transactionID)", logger: logger
-                ).decode(String?.self).collect()
-                if let stored = previous.first {
+                    "SELECT company_id, result FROM billing_events WHERE transaction_id = \(event.transactionID)", logger: logger
+                ).decode((UUID?, String?).self).collect()
+                if let (storedCompany, stored) = previous.first {
+                    guard storedCompany == event.companyID else { throw BillingError.transactionOfAnotherCompany }
                     return stored ?? JSON.obj(["transaction_id": .string(event.transactionID), "applied": .bool(true)]).serialized()
                 }
                 var planID: String? = nil
@@ -142,6 +144,10 @@ public struct BillingStore: Sendable {
             throw GatewayError.unprocessable("Unknown product '\(product)': map it to a plan with POST /admin/v1/products first.")
         } catch BillingError.productRequired {
             throw GatewayError.invalidRequest("'product_id' is required for \(event.kind.rawValue) events.")
+        } catch BillingError.transactionOfAnotherCompany {
+            throw GatewayError.conflict("This transaction_id was already recorded for another company.")
+        } catch PeriodStore.PeriodError.unknownPlan {
+            throw GatewayError.unprocessable("The product's plan no longer exists.")
         } catch BillingError.badDates {
             throw GatewayError.invalidRequest("'expiration_date' must be after 'purchase_date'.")
         } catch PeriodStore.PeriodError.unknownCompany {

@@ -70,23 +70,44 @@ public struct PeriodStore: Sendable {
         guard !found.isEmpty else { throw PeriodError.unknownCompany }
     }
 
+    /// `POST /admin/v1/companies`: the company and, when a plan is given, its first period, in
+    /// one transaction.
+    public func createCompany(id: UUID, name: String, plan: String?, start: Date, autoRenew: Bool) async throws {
+        do {
+            try await database.transaction { connection in
+                try await connection.query("INSERT INTO companies (id, name) VALUES (\(id), \(name))", logger: logger)
+                if let plan {
+                    try await Self.recordAssignment(connection, logger: logger, company: id, plan: plan, start: start, autoRenew: autoRenew)
+                }
+            }
+        } catch DatabaseError.constraint(let state, _, _) where state == "23505" {
+            throw GatewayError.conflict("A company with id \(id.uuidString.lowercased()) already exists.")
+        } catch PeriodError.unknownPlan {
+            throw GatewayError.notFound("No plan with id '\(plan ?? "")'.")
+        }
+    }
+
+    static func recordAssignment(
+        _ connection: PostgresConnection, logger: Logger, company: UUID, plan: String, start: Date, autoRenew: Bool
+    ) async throws {
+        let id = try await startPeriod(
+            connection, logger: logger, company: company, plan: plan, start: start, autoRenew: autoRenew, source: "operator")
+        let payload = JSON.obj(["plan": .string(plan), "started_at": JSON(start), "auto_renew": .bool(autoRenew), "period_id": .int(id)])
+        try await connection.query(
+            """
+            INSERT INTO billing_events (company_id, type, plan_id, payload)
+            VALUES (\(company), 'plan_assigned', \(plan), \(payload.serialized())::jsonb)
+            """,
+            logger: logger
+        )
+    }
+
     /// `PUT /admin/v1/companies/{id}/plan`.
     public func assignPlan(company: UUID, plan: String, start: Date, autoRenew: Bool) async throws {
         do {
             try await database.transaction { connection in
-                let id = try await Self.startPeriod(
-                    connection, logger: logger, company: company, plan: plan, start: start, autoRenew: autoRenew, source: "operator"
-                )
-                let payload = JSON.obj([
-                    "plan": .string(plan), "started_at": JSON(start), "auto_renew": .bool(autoRenew), "period_id": .int(id),
-                ])
-                try await connection.query(
-                    """
-                    INSERT INTO billing_events (company_id, type, plan_id, payload)
-                    VALUES (\(company), 'plan_assigned', \(plan), \(payload.serialized())::jsonb)
-                    """,
-                    logger: logger
-                )
+                try await Self.recordAssignment(
+                    connection, logger: logger, company: company, plan: plan, start: start, autoRenew: autoRenew)
             }
         } catch PeriodError.unknownCompany {
             throw GatewayError.notFound("No company with that id.")

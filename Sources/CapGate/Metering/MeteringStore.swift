@@ -38,14 +38,60 @@ public struct MeteringStore: Sendable {
         guard let row, let decision = Admission.Decision(rawValue: row.0) else {
             throw DatabaseError.other("capgate_admit returned nothing")
         }
+        return try await complete(
+            decision: decision, ledgerID: row.1, periodID: row.2, plan: row.3, planName: row.4, start: row.5, end: row.6,
+            companyUsed: row.7, companyCap: row.8, userUsed: row.9, userCap: row.10
+        )
+    }
+
+    /// Authenticates an API key (by its SHA-256) and admits for its user, in one round trip
+    /// (`capgate_admit_key`). Throws the 401 when the key is unknown, revoked or its user disabled.
+    public func admit(key: String, _ r: AdmissionRequest) async throws -> (UserIdentity, Admission) {
+        let hash = ApiKeyGenerator.hash(key)
+        let units = Int32(r.units)
+        let relaxed = self.relaxed
+        let row = try await database.run { client in
+            let rows = try await client.query(
+                """
+                SELECT auth, company_id, user_id, role, decision, ledger_id, period_id, plan_id, plan_name, period_start,
+                       period_end, company_used, company_cap, user_used, user_cap
+                  FROM capgate_admit_key(\(hash), \(units), \(r.method), \(r.route), \(r.model), \(r.feature),
+                                         \(r.requestID), \(r.idempotencyKey), \(r.at), \(relaxed))
+                """,
+                logger: database.logger
+            )
+            for try await row in rows.decode(
+                (String, UUID?, UUID?, String?, String?, Int64?, Int64?, String?, String?, Date?, Date?, Int64?, Int64?, Int64?, Int64?)
+                    .self
+            ) {
+                return Optional(row)
+            }
+            return nil
+        }
+        guard let row else { throw DatabaseError.other("capgate_admit_key returned nothing") }
+        guard row.0 == "ok", let company = row.1, let user = row.2, let decisionText = row.4,
+            let decision = Admission.Decision(rawValue: decisionText)
+        else {
+            throw Authenticator.keyError(row.0)
+        }
+        let identity = UserIdentity(
+            companyID: company, userID: user, role: UserIdentity.Role(rawValue: row.3 ?? "") ?? .member, credential: .apiKey)
+        let admission = try await complete(
+            decision: decision, ledgerID: row.5, periodID: row.6, plan: row.7, planName: row.8, start: row.9, end: row.10,
+            companyUsed: row.11, companyCap: row.12, userUsed: row.13, userCap: row.14
+        )
+        return (identity, admission)
+    }
+
+    /// Builds the admission result; a refusal also looks up the upgrade offer.
+    func complete(
+        decision: Admission.Decision, ledgerID: Int64?, periodID: Int64?, plan: String?, planName: String?, start: Date?, end: Date?,
+        companyUsed: Int64?, companyCap: Int64?, userUsed: Int64?, userCap: Int64?
+    ) async throws -> Admission {
         var state = UsageState(
-            plan: row.3.map { UsageState.PlanRef(id: $0, name: row.4 ?? $0) },
-            periodStart: row.5,
-            periodEnd: row.6,
-            companyUsed: row.7 ?? 0,
-            companyLimit: row.8,
-            userUsed: row.9 ?? 0,
-            userLimit: row.10
+            plan: plan.map { UsageState.PlanRef(id: $0, name: planName ?? $0) },
+            periodStart: start, periodEnd: end,
+            companyUsed: companyUsed ?? 0, companyLimit: companyCap, userUsed: userUsed ?? 0, userLimit: userCap
         )
         if !decision.admitted {
             state.upgrade = try await upgrade(from: state.plan?.id)
@@ -54,7 +100,7 @@ public struct MeteringStore: Sendable {
                 state.userUsed = 0
             }
         }
-        return Admission(decision: decision, ledgerID: row.1, periodID: row.2, state: state)
+        return Admission(decision: decision, ledgerID: ledgerID, periodID: periodID, state: state)
     }
 
     /// Gives back a charge (`capgate_refund`). Returns false when it was already refunded.
@@ -76,12 +122,7 @@ public struct MeteringStore: Sendable {
         let status = Int32(upstreamStatus)
         try await database.run { client in
             try await client.query(
-                """
-                UPDATE usage_ledger
-                   SET upstream_status = \(status), input_tokens = \(inputTokens), output_tokens = \(outputTokens),
-                       settled_at = clock_timestamp()
-                 WHERE company_id = \(companyID) AND id = \(ledgerID) AND outcome = 'charged'
-                """,
+                "SELECT capgate_settle(\(companyID), \(ledgerID), \(status), \(inputTokens), \(outputTokens))",
                 logger: database.logger
             )
         }

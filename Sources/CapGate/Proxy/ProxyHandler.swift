@@ -44,28 +44,35 @@ public struct ProxyHandler: Sendable {
     public func handle(_ request: Request, context: GatewayContext) async throws -> Response {
         let logger = context.logger
         let record = context.record
-        let identity = try await authenticator.authenticate(request.headers)
-        guard case .user(let user) = identity else {
-            throw GatewayError.permission("The operator token cannot make metered calls; use a user's CapGate API key.")
+        let body = try await readBody(request)
+        let path = request.uri.path
+        let model = Self.model(in: body, contentType: request.headers[.contentType])
+        let idempotencyKey = request.headers[.idempotencyKey].flatMap { $0.isEmpty ? nil : String($0.prefix(200)) }
+        var admissionRequest = AdmissionRequest(
+            companyID: UUID(), userID: UUID(), units: 1, method: request.method.rawValue, route: String(path.prefix(500)),
+            model: model, requestID: record.snapshot.requestID, idempotencyKey: idempotencyKey
+        )
+
+        let admissionStart = ContinuousClock.now
+        let user: UserIdentity
+        let admission: Admission
+        if let key = authenticator.apiKey(in: request.headers) {
+            // Key lookup and admission in one round trip.
+            (user, admission) = try await metering.admit(key: key, admissionRequest)
+        } else {
+            let identity = try await authenticator.authenticate(request.headers)
+            guard case .user(let verified) = identity else {
+                throw GatewayError.permission("The operator token cannot make metered calls; use a user's CapGate API key.")
+            }
+            user = verified
+            admissionRequest.companyID = verified.companyID
+            admissionRequest.userID = verified.userID
+            admission = try await metering.admit(admissionRequest)
         }
         record.update {
             $0.companyID = user.companyID.uuidString.lowercased()
             $0.userID = user.userID.uuidString.lowercased()
         }
-
-        let body = try await readBody(request)
-        let path = request.uri.path
-        let model = Self.model(in: body, contentType: request.headers[.contentType])
-        let idempotencyKey = request.headers[.idempotencyKey].flatMap { $0.isEmpty ? nil : String($0.prefix(200)) }
-
-        let admissionStart = ContinuousClock.now
-        let admission = try await metering.admit(
-            AdmissionRequest(
-                companyID: user.companyID, userID: user.userID, units: 1, method: request.method.rawValue,
-                route: String(path.prefix(500)), model: model, requestID: record.snapshot.requestID,
-                idempotencyKey: idempotencyKey
-            )
-        )
         let admissionTime = ContinuousClock.now - admissionStart
         GatewayMetrics.admission(admissionTime, decision: admission.decision.rawValue)
         record.update {

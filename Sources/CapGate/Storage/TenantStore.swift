@@ -74,10 +74,11 @@ public struct TenantStore: Sendable {
                     logger: logger
                 )
             }
-        } catch DatabaseError.constraint(_, let constraint, _) {
+        } catch DatabaseError.constraint(let state, let constraint, _) {
             if constraint == "plans_single_default" {
                 throw GatewayError.conflict("Another plan is already the default; unset it first.")
             }
+            guard state == "23505" else { throw GatewayError.invalidRequest("The plan's fields are not valid.") }
             throw GatewayError.conflict("A plan with id '\(p.id)' already exists.")
         }
         return try await plan(p.id) ?? .null
@@ -125,7 +126,8 @@ public struct TenantStore: Sendable {
                     logger: logger
                 )
             }
-        } catch DatabaseError.constraint {
+        } catch DatabaseError.constraint(let state, _, _) {
+            guard state == "23505" else { throw GatewayError.invalidRequest("The product's fields are not valid.") }
             throw GatewayError.conflict("A product with id '\(productID)' already exists.")
         }
         return .obj(["id": .string(productID), "product_id": .string(productID), "plan_id": .string(planID), "interval": .string(interval)])
@@ -165,16 +167,6 @@ public struct TenantStore: Sendable {
             let rows = try await client.query("SELECT 1 FROM companies WHERE id = \(id)", logger: logger)
             for try await _ in rows { return true }
             return false
-        }
-    }
-
-    public func createCompany(id: UUID, name: String) async throws {
-        do {
-            try await database.run { client in
-                try await client.query("INSERT INTO companies (id, name) VALUES (\(id), \(name))", logger: logger)
-            }
-        } catch DatabaseError.constraint {
-            throw GatewayError.conflict("A company with id \(id.uuidString.lowercased()) already exists.")
         }
     }
 
@@ -221,7 +213,8 @@ public struct TenantStore: Sendable {
                     logger: logger
                 )
             }
-        } catch DatabaseError.constraint {
+        } catch DatabaseError.constraint(let state, _, _) {
+            guard state == "23505" else { throw GatewayError.invalidRequest("The user's fields are not valid.") }
             throw GatewayError.conflict("A user with id \(id.uuidString.lowercased()) already exists.")
         }
         return try await user(company: company, id: id) ?? .null

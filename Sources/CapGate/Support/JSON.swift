@@ -117,7 +117,7 @@ extension JSON: Decodable {
 
     /// Parses JSON text; throws on anything that is not valid JSON.
     public static func parse(_ bytes: some Collection<UInt8>) throws -> JSON {
-        try JSONDecoder().decode(JSON.self, from: Data(bytes))
+        try JSONParser.parse(Array(bytes))
     }
 
     public static func parse(_ buffer: ByteBuffer) throws -> JSON {

@@ -7,6 +7,7 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 import PostgresNIO
+import ServiceLifecycle
 
 /// A running gateway on a fresh database, with the mock provider, for one test.
 struct Harness: Sendable {
@@ -42,37 +43,46 @@ struct Harness: Sendable {
             mockPortContinuation.yield(channel.localAddress?.port ?? 0)
         }
         let operatorToken = "op-test-" + UUID().uuidString
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { try await mockApp.run() }
-            var iterator = mockPort.makeAsyncIterator()
-            let mockURL = "http://127.0.0.1:\(await iterator.next()!)"
+        let (mockPortStream, _) = (mockPort, mockPortContinuation)
+        var mockIterator = mockPortStream.makeAsyncIterator()
+        var flags: [String: String] = [:]
+        let (gatewayPort, gatewayContinuation) = AsyncStream.makeStream(of: Int.self)
+        let db = PostgresClient(configuration: url.clientConfiguration(maxConnections: 4), backgroundLogger: logger)
 
-            var flags: [String: String] = [
+        // Everything runs in one service group and is shut down gracefully at the end, as
+        // SIGTERM would: in-flight requests finish before the servers stop.
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            let mockGroup = ServiceGroup(services: [mockApp, db], logger: logger)
+            group.addTask { try await mockGroup.run() }
+            let mockURL = "http://127.0.0.1:\(await mockIterator.next()!)"
+
+            flags = [
                 "http.port": "0", "database.url": url.text, "upstream.url": upstreamURL ?? mockURL,
                 "operator.token": operatorToken, "upstream.apiKey": "provider-secret-key", "database.maxConnections": "12",
             ]
             flags.merge(settings) { _, new in new }
             let configuration = try await CapGateConfiguration.load(flags: flags, environment: [:], file: "/nonexistent/capgate.json")
-            let (gatewayPort, gatewayContinuation) = AsyncStream.makeStream(of: Int.self)
             let gateway = try await buildApplication(configuration: configuration, logger: logger) { channel in
                 gatewayContinuation.yield(channel.localAddress?.port ?? 0)
             }
-            group.addTask { try await gateway.run() }
+            let gatewayGroup = ServiceGroup(services: [gateway], logger: logger)
+            group.addTask { try await gatewayGroup.run() }
             var gatewayIterator = gatewayPort.makeAsyncIterator()
             let gatewayURL = "http://127.0.0.1:\(await gatewayIterator.next()!)"
 
-            let db = PostgresClient(configuration: url.clientConfiguration(maxConnections: 4), backgroundLogger: logger)
-            group.addTask { await db.run() }
             let harness = Harness(
                 databaseURL: url, gatewayURL: gatewayURL, mockURL: mockURL, operatorToken: operatorToken, db: db, mock: mock
             )
+            var failure: (any Error)?
             do {
                 try await body(harness)
             } catch {
-                group.cancelAll()
-                throw error
+                failure = error
             }
-            group.cancelAll()
+            await gatewayGroup.triggerGracefulShutdown()
+            await mockGroup.triggerGracefulShutdown()
+            try await group.waitForAll()
+            if let failure { throw failure }
         }
     }
 
