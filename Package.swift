@@ -50,6 +50,8 @@ let package = Package(
             dependencies: [
                 "CapGate",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
             ]
         ),
         .testTarget(

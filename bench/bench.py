@@ -125,6 +125,8 @@ def main():
     parser.add_argument("--durability", choices=["durable", "relaxed"], default="durable")
     parser.add_argument("--ledger-rows", default="10000,100000,1000000")
     parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    parser.add_argument("--only-http", action="store_true", help="skip the pgbench and ledger-size parts")
+    parser.add_argument("--pause", type=int, default=0, help="keep the stack up this many seconds after seeding (for profiling)")
     args = parser.parse_args()
 
     if not os.access(BIN, os.X_OK):
@@ -161,13 +163,16 @@ def main():
         start("mock", [BIN, "mock", "--port", str(mock_port)])
         wait_http(f"http://127.0.0.1:{mock_port}/v1/models")
         gateway_env = {"DATABASE_URL": url, "UPSTREAM_URL": f"http://127.0.0.1:{mock_port}", "OPERATOR_TOKEN": OPERATOR,
-                       "HTTP_PORT": str(gateway_port), "LOG_LEVEL": "warning", "DATABASE_MAX_CONNECTIONS": "16",
+                       "HTTP_PORT": str(gateway_port), "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "warning"), "DATABASE_MAX_CONNECTIONS": "16",
                        "DATABASE_DURABILITY": args.durability}
         gateway = start("gateway", [BIN, "serve"], env=gateway_env)
         wait_http(f"http://127.0.0.1:{gateway_port}/readyz")
         direct = f"http://127.0.0.1:{mock_port}"
         through = f"http://127.0.0.1:{gateway_port}"
 
+        if args.pause:
+            log(f"stack up: gateway {through} (pid {gateway.pid}), provider {direct}, database {url}; pausing {args.pause} s")
+            time.sleep(args.pause)
         scenarios = [("many companies", 1, many_keys, False), ("many companies", 16, many_keys, False),
                      ("many companies", 64, many_keys, False), ("one hot company", 1, hot_keys, False),
                      ("one hot company", 16, hot_keys, False), ("one hot company", 64, hot_keys, False),
@@ -183,14 +188,14 @@ def main():
             log(f"{name:28} c={c:<3} direct {d['rps']:9.0f} rps p50 {d['p50_ms']:.3f} p99 {d['p99_ms']:.3f} | "
                 f"capgate {g['rps']:8.0f} rps p50 {g['p50_ms']:.3f} p99 {g['p99_ms']:.3f} non2xx {g['non2xx']} | verify {'ok' if ok else 'MISMATCH'}")
 
-        for script, label in [("admit_many.sql", "1,000 companies"), ("admit_hot.sql", "one hot company")]:
+        for script, label in [] if args.only_http else [("admit_many.sql", "1,000 companies"), ("admit_hot.sql", "one hot company")]:
             for clients in [1, 8, 32, 64]:
                 tps, latency = pgbench(url, script, clients, args.pgbench_seconds)
                 results["pgbench"].append((label, clients, tps, latency))
                 log(f"pgbench admission {label:16} clients={clients:<3} {tps:9.0f} tps  avg {latency} ms")
 
         # Admission cost against ledger size: CapGate's counters vs the seed design's COUNT(*).
-        for rows in [int(x) for x in args.ledger_rows.split(",") if x]:
+        for rows in [] if args.only_http else [int(x) for x in args.ledger_rows.split(",") if x]:
             psql(url, "TRUNCATE seed_usage")
             psql(url, f"INSERT INTO seed_usage SELECT md5('seed')::uuid, md5('seed' || (i % 640))::uuid, now() - (i % 1000) * interval '1 second' FROM generate_series(1, {rows}) i; ANALYZE seed_usage;")
             psql(url, f"""INSERT INTO usage_ledger (company_id, period_id, user_id, units, method, route, request_id, outcome)

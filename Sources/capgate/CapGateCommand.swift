@@ -3,7 +3,6 @@ import CapGate
 import Foundation
 import Logging
 
-@main
 struct CapGateCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "capgate",
