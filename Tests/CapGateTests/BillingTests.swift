@@ -125,6 +125,25 @@ struct BillingTests {
         }
     }
 
+    @Test("the server's own schedule (billing.rolloverInterval) rolls an ended period without a request waiting")
+    func scheduledRollover() async throws {
+        try await Harness.with(settings: ["billing.rolloverInterval": "1"]) { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let start = Timestamp.format(Date().addingTimeInterval(-35 * 86400))
+            let (company, users) = try await h.createCompany(plan: "low", users: 1, startedAt: start)
+            var rolled = false
+            for _ in 0..<40 {
+                if try await h.scalar("SELECT count(*) FROM plan_periods WHERE company_id = '\(company.text)'") == 2 {
+                    rolled = true
+                    break
+                }
+                try await Task.sleep(for: .milliseconds(250))
+            }
+            #expect(rolled)
+            #expect(try await h.message(key: users[0].key).status == 200)
+        }
+    }
+
     @Test("two rollovers at once: each change happens once")
     func concurrentRollovers() async throws {
         try await Harness.with { h in

@@ -1,0 +1,44 @@
+import AsyncHTTPClient
+import CapGate
+import Foundation
+import Testing
+
+@Suite("Streaming without buffering")
+struct StreamingMemoryTests {
+    static func residentMiB() -> Double {
+        guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8) else { return 0 }
+        for line in status.split(separator: "\n") where line.hasPrefix("VmRSS:") {
+            let kb = line.split(separator: " ").compactMap { Double($0) }.first ?? 0
+            return kb / 1024
+        }
+        return 0
+    }
+
+    @Test("a 100 MB answer streams through without the process growing by anything near 100 MB")
+    func hundredMegabytes() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            var request = HTTPClientRequest(url: h.gatewayURL + "/v1/messages")
+            request.method = .POST
+            request.headers.add(name: "x-api-key", value: users[0].key)
+            request.headers.add(name: "content-type", value: "application/json")
+            request.headers.add(name: "x-mock-bytes", value: String(100 << 20))
+            request.body = .bytes(JSON.obj(["model": "m", "max_tokens": 5]).byteBuffer())
+            let before = Self.residentMiB()
+            let response = try await Harness.http.execute(request, timeout: .seconds(120))
+            #expect(response.status == .ok)
+            var total = 0
+            var peak = before
+            for try await chunk in response.body {
+                total += chunk.readableBytes
+                if total % (8 << 20) < chunk.readableBytes { peak = max(peak, Self.residentMiB()) }
+            }
+            #expect(total == 100 << 20)
+            // The mock, the gateway and this client share the process: buffering the answer anywhere
+            // would add at least 100 MiB.
+            #expect(peak - before < 60, "RSS grew from \(before) to \(peak) MiB")
+            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
+        }
+    }
+}
