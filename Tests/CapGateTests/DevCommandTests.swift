@@ -10,6 +10,20 @@ import Testing
 
 @Suite("capgate dev, the real binary")
 struct DevCommandTests {
+    @Test("serve without a required key stops with one line naming the key and its variable, exit code 2")
+    func missingConfiguration() async throws {
+        let binary = SDKTests.root.appendingPathComponent(".build/debug/capgate").path
+        try #require(FileManager.default.isExecutableFile(atPath: binary), "build the binary first: swift build")
+        let (status, output) = try await SDKTests.run(
+            binary, ["serve", "--config", "/nonexistent.json"], environment: ["UPSTREAM_URL": "http://127.0.0.1:9", "DATABASE_URL": ""])
+        #expect(status == 2)
+        #expect(output.trimmingCharacters(in: .whitespacesAndNewlines) == "configuration error: database.url (DATABASE_URL) is required")
+        let (badPort, portOutput) = try await SDKTests.run(
+            binary, ["migrate", "--config", "/nonexistent.json"], environment: ["HTTP_PORT": "eighty"])
+        #expect(badPort == 2)
+        #expect(portOutput.contains("http.port (HTTP_PORT)"))
+    }
+
     @Test("dev starts its own PostgreSQL and mock, answers /readyz 200, serves the demo keys, and stops cleanly on SIGINT")
     func devComesUp() async throws {
         let binary = SDKTests.root.appendingPathComponent(".build/debug/capgate").path
