@@ -210,16 +210,7 @@ public struct BillingStore: Sendable {
     }
 
     static func companyState(_ connection: PostgresConnection, logger: Logger, company: UUID, at: Date) async throws -> JSON {
-        let rows = try await connection.query(
-            """
-            SELECT c.id, c.name, c.created_at, pp.plan_id, pp.started_at, pp.ends_at, pp.auto_renew
-              FROM companies c
-              LEFT JOIN plan_periods pp ON pp.company_id = c.id AND pp.started_at <= \(at) AND pp.ends_at > \(at)
-             WHERE c.id = \(company)
-            """,
-            logger: logger
-        ).decode((UUID, String, Date, String?, Date?, Date?, Bool?).self).collect()
-        guard let r = rows.first else { return .null }
-        return TenantStore.companyJSON(id: r.0, name: r.1, createdAt: r.2, plan: r.3, start: r.4, end: r.5, autoRenew: r.6)
+        try await TenantStore.companyJSON(connection.query(TenantStore.companyQuery(company, at: at), logger: logger)) ?? .null
     }
+
 }

@@ -138,20 +138,26 @@ public struct TenantStore: Sendable {
     /// The company object: id, name, plan, period, auto_renew (of the period that contains now).
     public func company(_ id: UUID, at: Date = Date()) async throws -> JSON? {
         try await database.run { client in
-            let rows = try await client.query(
-                """
-                SELECT c.id, c.name, c.created_at, pp.plan_id, pp.started_at, pp.ends_at, pp.auto_renew
-                  FROM companies c
-                  LEFT JOIN plan_periods pp ON pp.company_id = c.id AND pp.started_at <= \(at) AND pp.ends_at > \(at)
-                 WHERE c.id = \(id)
-                """,
-                logger: logger
-            )
-            for try await r in rows.decode((UUID, String, Date, String?, Date?, Date?, Bool?).self) {
-                return Self.companyJSON(id: r.0, name: r.1, createdAt: r.2, plan: r.3, start: r.4, end: r.5, autoRenew: r.6)
-            }
-            return nil
+            try await Self.companyJSON(client.query(Self.companyQuery(id, at: at), logger: logger))
         }
+    }
+
+    /// The query behind the company object (also run inside billing transactions).
+    static func companyQuery(_ id: UUID, at: Date) -> PostgresQuery {
+        """
+        SELECT c.id, c.name, c.created_at, pp.plan_id, pp.started_at, pp.ends_at, pp.auto_renew
+          FROM companies c
+          LEFT JOIN plan_periods pp ON pp.company_id = c.id AND pp.started_at <= \(at) AND pp.ends_at > \(at)
+         WHERE c.id = \(id)
+        """
+    }
+
+    /// The company object from ``companyQuery(_:at:)``'s rows; nil when there is none.
+    static func companyJSON(_ rows: PostgresRowSequence) async throws -> JSON? {
+        for try await r in rows.decode((UUID, String, Date, String?, Date?, Date?, Bool?).self) {
+            return companyJSON(id: r.0, name: r.1, createdAt: r.2, plan: r.3, start: r.4, end: r.5, autoRenew: r.6)
+        }
+        return nil
     }
 
     static func companyJSON(id: UUID, name: String, createdAt: Date, plan: String?, start: Date?, end: Date?, autoRenew: Bool?) -> JSON {
