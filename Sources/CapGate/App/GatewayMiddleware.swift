@@ -16,7 +16,7 @@ struct GatewayMiddleware: RouterMiddleware {
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         let started = ContinuousClock.now
         var context = context
-        let requestID = "req_" + ApiKeyGenerator.randomToken(bytes: 12)
+        let requestID = Self.newRequestID()
         context.logger[metadataKey: "request_id"] = .string(requestID)
         context.record.update { $0.requestID = requestID }
         GatewayMetrics.inflight(1)
@@ -41,20 +41,40 @@ struct GatewayMiddleware: RouterMiddleware {
         let decision = values.decision ?? (response.status.code < 400 ? "none" : "rejected")
         let route = proxied ? Self.routeLabel(path) : (values.routeLabel ?? Self.routeLabel(path))
         GatewayMetrics.request(route: route, status: Int(response.status.code), decision: decision)
-        var metadata: Logger.Metadata = [
-            "method": .string(request.method.rawValue),
-            "route": .string(route),
-            "status": .stringConvertible(response.status.code),
-            "decision": .string(decision),
-            "latency_ms": .string(String(format: "%.2f", (ContinuousClock.now - started).milliseconds)),
-        ]
-        if let company = values.companyID { metadata["company_id"] = .string(company) }
-        if let user = values.userID { metadata["user_id"] = .string(user) }
-        if let status = values.upstreamStatus { metadata["upstream_status"] = .stringConvertible(status) }
-        if let ms = values.admissionMillis { metadata["admission_ms"] = .string(String(format: "%.2f", ms)) }
-        if let ms = values.upstreamMillis { metadata["upstream_ms"] = .string(String(format: "%.2f", ms)) }
-        context.logger.info("request", metadata: metadata)
+        if context.logger.logLevel <= .info {
+            var metadata: Logger.Metadata = [
+                "method": .string(request.method.rawValue),
+                "route": .string(route),
+                "status": .stringConvertible(response.status.code),
+                "decision": .string(decision),
+                "latency_ms": .string(Self.millis(ContinuousClock.now - started)),
+            ]
+            if let company = values.companyID { metadata["company_id"] = .string(company) }
+            if let user = values.userID { metadata["user_id"] = .string(user) }
+            if let status = values.upstreamStatus { metadata["upstream_status"] = .stringConvertible(status) }
+            if let ms = values.admissionMillis { metadata["admission_ms"] = .string(Self.millis(ms)) }
+            if let ms = values.upstreamMillis { metadata["upstream_ms"] = .string(Self.millis(ms)) }
+            context.logger.info("request", metadata: metadata)
+        }
         return response
+    }
+
+    /// `req_` and 24 random hex digits.
+    static func newRequestID() -> String {
+        var generator = SystemRandomNumberGenerator()
+        let a = generator.next() as UInt64
+        let b = generator.next() as UInt64
+        let hex = String(a, radix: 16) + String(b >> 32, radix: 16)
+        return "req_" + String(repeating: "0", count: max(0, 24 - hex.count)) + hex
+    }
+
+    /// Milliseconds with two decimals.
+    static func millis(_ duration: Duration) -> String { millis(duration.milliseconds) }
+
+    static func millis(_ ms: Double) -> String {
+        let hundredths = Int((ms * 100).rounded())
+        let fraction = hundredths % 100
+        return "\(hundredths / 100).\(fraction < 10 ? "0" : "")\(fraction)"
     }
 
     /// Any error as the SPEC's envelope; never a bare 500 for something the caller can fix.
