@@ -51,6 +51,28 @@ struct ConcurrencyTests {
         }
     }
 
+    @Test("relaxed durability (synchronous_commit off for admissions) stays exact: API keys and JWTs, cap 20, 200 calls")
+    func relaxedStaysExact() async throws {
+        let secret = "relaxed-test-secret-0123456789-abcdefgh"
+        try await Harness.with(settings: ["database.durability": "relaxed", "jwt.secret": secret]) { h in
+            try await h.createPlan("p", company: 20, user: 1000)
+            let (company, users) = try await h.createCompany(plan: "p", users: 5)
+            let counts = try await Self.burst(h, keys: users.map(\.key), count: 150, gateways: [h.gatewayURL])
+            let token = try await JWTTests.hs256(
+                TestClaims(sub: users[0].id.text, exp: JWTTests.inAnHour, company_id: company.text), secret: secret)
+            var jwtAdmitted = 0
+            for _ in 0..<50 {
+                let reply = try await h.request(
+                    .POST, "/v1/messages", headers: [("authorization", "Bearer \(token)")], json: .obj(["model": "m", "max_tokens": 5])
+                )
+                if reply.status == 200 { jwtAdmitted += 1 }
+            }
+            #expect((counts[200] ?? 0) + jwtAdmitted == 20)
+            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 20)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'") == 20)
+        }
+    }
+
     @Test("two gateways on one database: cap 40, 400 calls split between them, exactly 40 admitted")
     func twoGateways() async throws {
         try await Harness.with { first in
