@@ -6,8 +6,7 @@ import Testing
 struct FoundationTests {
     @Test("migrations apply once, in order; a second run does nothing; dry run lists; a changed file is an error")
     func migrations() async throws {
-        let cluster = try TestCluster.shared.get()
-        let url = try cluster.createDatabase("m_" + UUID().uuidString.prefix(8).lowercased())
+        let url = try await offPool { try TestCluster.shared.get().createDatabase("m_" + UUID().uuidString.prefix(8).lowercased()) }
         let logger = TestCluster.logger
         #expect(
             try await CapGateRunner.migrate(url: url, dryRun: true, logger: logger) == [
@@ -37,10 +36,25 @@ struct FoundationTests {
         }
     }
 
+    @Test("a cluster folder the postgres user cannot reach (a mode-700 checkout run as root) still gets a working cluster")
+    func unreachableFolder() async throws {
+        let root = NSTemporaryDirectory() + "capgate-private-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let cluster = try await offPool {
+            try EmbeddedPostgres.start(directory: root + "/pg", settings: ["fsync": "off"], logger: TestCluster.logger)
+        }
+        defer {
+            cluster.stop()
+            try? FileManager.default.removeItem(atPath: URL(fileURLWithPath: cluster.dataDirectory).deletingLastPathComponent().path)
+        }
+        let lines = try await CapGateRunner.migrate(url: cluster.url, dryRun: true, logger: TestCluster.logger)
+        #expect(lines.first == "would apply 0001_schema")
+    }
+
     @Test("two migrators at once: each file applied exactly once")
     func concurrentMigrate() async throws {
-        let cluster = try TestCluster.shared.get()
-        let url = try cluster.createDatabase("m_" + UUID().uuidString.prefix(8).lowercased())
+        let url = try await offPool { try TestCluster.shared.get().createDatabase("m_" + UUID().uuidString.prefix(8).lowercased()) }
         let logger = TestCluster.logger
         async let a = CapGateRunner.migrate(url: url, dryRun: false, logger: logger)
         async let b = CapGateRunner.migrate(url: url, dryRun: false, logger: logger)

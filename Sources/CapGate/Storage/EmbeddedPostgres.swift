@@ -49,7 +49,7 @@ public final class EmbeddedPostgres: Sendable {
         let bin = try findBinaries()
         let asRoot = getuid() == 0
         let fm = FileManager.default
-        try fm.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let directory = try usableDirectory(directory, asRoot: asRoot, logger: logger)
         let data = directory + "/data"
         let passwordFile = directory + "/password"
         let password: String
@@ -125,6 +125,26 @@ public final class EmbeddedPostgres: Sendable {
         try Self.run(
             binDirectory + "/pg_ctl",
             ["-D", dataDirectory, "-l", dataDirectory + "/../postgres.log", "-o", options, "-w", "-t", "60", "start"], asRoot: asRoot)
+    }
+
+    /// `directory`, created; or, when CapGate runs as root and the `postgres` user cannot reach
+    /// it (a checkout under /root or in a mode-700 folder), a folder under the temporary
+    /// directory named after it, so the same checkout always finds its cluster again.
+    static func usableDirectory(_ directory: String, asRoot: Bool, logger: Logger) throws -> String {
+        let fm = FileManager.default
+        try fm.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        guard asRoot else { return directory }
+        try chownToPostgres(directory)
+        if (try? run("/usr/bin/test", ["-w", directory, "-a", "-x", directory], asRoot: true)) != nil { return directory }
+        let digest = ApiKeyGenerator.hash(URL(fileURLWithPath: directory).standardized.path).readableBytesView
+            .prefix(8).map { String(format: "%02x", $0) }.joined()
+        let fallback = NSTemporaryDirectory() + "capgate-postgres-" + digest
+        logger.notice(
+            "the postgres user cannot reach the cluster folder; using another",
+            metadata: ["wanted": "\(directory)", "using": "\(fallback)"]
+        )
+        try fm.createDirectory(atPath: fallback, withIntermediateDirectories: true)
+        return fallback
     }
 
     /// `pg_config --bindir`, else the newest `/usr/lib/postgresql/*/bin` holding `initdb`.
