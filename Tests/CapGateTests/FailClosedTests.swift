@@ -8,7 +8,9 @@ struct FailClosedTests {
     func databaseDown() async throws {
         // A cluster of its own: this test stops it.
         let folder = NSTemporaryDirectory() + "capgate-failclosed-\(UUID().uuidString)"
-        let cluster = try EmbeddedPostgres.start(directory: folder, settings: ["fsync": "off"], logger: TestCluster.logger)
+        let cluster = try await offPool {
+            try EmbeddedPostgres.start(directory: folder, settings: ["fsync": "off"], logger: TestCluster.logger)
+        }
         defer {
             cluster.stop()
             try? FileManager.default.removeItem(atPath: folder)
@@ -21,7 +23,7 @@ struct FailClosedTests {
             #expect(try await h.message(key: users[0].key).status == 200)
             let forwarded = h.mock.counter.count
 
-            cluster.kill()
+            try await offPool { cluster.kill() }
             for _ in 0..<3 {
                 let reply = try await h.message(key: users[0].key)
                 #expect(reply.status == 503)
@@ -31,7 +33,7 @@ struct FailClosedTests {
             let ready = try await h.request(.GET, "/readyz")
             #expect(ready.status == 503)
 
-            try cluster.restart()
+            try await offPool { try cluster.restart() }
             var recovered = false
             for _ in 0..<40 {
                 if try await h.message(key: users[0].key).status == 200 {

@@ -43,13 +43,10 @@ struct ProxyTests {
         try await Harness.with { h in
             try await h.createPlan("low", company: 100, user: 25)
             let (_, users) = try await h.createCompany(plan: "low", users: 1)
-            var request = HTTPClientRequest(url: h.gatewayURL + "/v1/messages")
-            request.method = .POST
-            request.headers.add(name: "x-api-key", value: users[0].key)
-            request.headers.add(name: "content-type", value: "application/json")
-            request.headers.add(name: "x-mock-chunk-delay-ms", value: "300")
-            request.body = .bytes(
-                ByteBuffer(string: #"{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#))
+            let request = h.streamingRequest(
+                key: users[0].key, headers: [("x-mock-chunk-delay-ms", "300")],
+                body: #"{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#
+            )
             let started = ContinuousClock.now
             let response = try await Harness.http.execute(request, timeout: .seconds(30))
             #expect(response.status == .ok)

@@ -19,12 +19,9 @@ struct StreamingMemoryTests {
         try await Harness.with { h in
             try await h.createPlan("low", company: 100, user: 25)
             let (company, users) = try await h.createCompany(plan: "low", users: 1)
-            var request = HTTPClientRequest(url: h.gatewayURL + "/v1/messages")
-            request.method = .POST
-            request.headers.add(name: "x-api-key", value: users[0].key)
-            request.headers.add(name: "content-type", value: "application/json")
-            request.headers.add(name: "x-mock-bytes", value: String(100 << 20))
-            request.body = .bytes(JSON.obj(["model": "m", "max_tokens": 5]).byteBuffer())
+            let request = h.streamingRequest(
+                key: users[0].key, headers: [("x-mock-bytes", String(100 << 20))], body: #"{"model":"m","max_tokens":5}"#
+            )
             let before = Self.residentMiB()
             let response = try await Harness.http.execute(request, timeout: .seconds(120))
             #expect(response.status == .ok)

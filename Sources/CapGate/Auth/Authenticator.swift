@@ -42,7 +42,7 @@ public struct Authenticator: Sendable {
 
     /// The identity behind `headers`, or a 401 ``GatewayError``.
     public func authenticate(_ headers: HTTPFields) async throws -> Identity {
-        if let key = headers[.xAPIKey], !key.isEmpty {
+        if let key = apiKey(in: headers) {
             return try await identity(forKey: key)
         }
         guard let authorization = headers[.authorization] else {
@@ -56,9 +56,6 @@ public struct Authenticator: Sendable {
         let token = parts[1].trimmingCharacters(in: .whitespaces)
         if let operatorToken, ApiKeyGenerator.constantTimeEquals(token, operatorToken) {
             return .operator
-        }
-        if token.hasPrefix(ApiKeyGenerator.keyPrefix) {
-            return try await identity(forKey: token)
         }
         if token.split(separator: ".", omittingEmptySubsequences: false).count == 3 {
             return try await identity(forJWT: token)

@@ -113,6 +113,17 @@ struct Harness: Sendable {
         return Reply(status: Int(response.status.code), headers: response.headers, body: String(buffer: bytes))
     }
 
+    /// A raw `POST /v1/messages` with a key, for tests that read the answer as a stream.
+    func streamingRequest(key: String, headers: [(String, String)], body: String) -> HTTPClientRequest {
+        var request = HTTPClientRequest(url: gatewayURL + "/v1/messages")
+        request.method = .POST
+        request.headers.add(name: "x-api-key", value: key)
+        request.headers.add(name: "content-type", value: "application/json")
+        for (name, value) in headers { request.headers.add(name: name, value: value) }
+        request.body = .bytes(ByteBuffer(string: body))
+        return request
+    }
+
     var asOperator: [(String, String)] { [("authorization", "Bearer \(operatorToken)")] }
 
     func op(_ method: HTTPMethod, _ path: String, _ json: JSON? = nil) async throws -> Reply {

@@ -37,10 +37,17 @@ enum TestCluster {
 
     /// A new, migrated database.
     static func freshDatabase() async throws -> DatabaseURL {
-        let cluster = try shared.get()
         let name = "t_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased().prefix(16)
-        let url = try cluster.createDatabase(String(name))
+        let url = try await offPool { try shared.get().createDatabase(String(name)) }
         _ = try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger)
         return url
+    }
+}
+
+/// Runs blocking work (process spawning and waiting) on a thread of its own, so it never holds
+/// one of the few cooperative threads that also serve the gateways under test.
+func offPool<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        Thread { continuation.resume(with: Result { try work() }) }.start()
     }
 }
