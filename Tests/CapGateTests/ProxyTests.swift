@@ -22,8 +22,9 @@ struct ProxyTests {
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
             let requestID = reply.headers.first(name: "request-id")!
             #expect(
-                try await h.scalar(
-                    "SELECT count(*) FROM usage_ledger WHERE request_id = '\(requestID)' AND outcome = 'charged' AND input_tokens > 0 AND output_tokens = 7 AND upstream_status = 200 AND model = 'claude-test'"
+                try await h.eventually(
+                    "SELECT count(*) FROM usage_ledger WHERE request_id = '\(requestID)' AND outcome = 'charged' AND input_tokens > 0 AND output_tokens = 7 AND upstream_status = 200 AND model = 'claude-test'",
+                    equals: 1
                 ) == 1)
 
             // What reached the provider: its key, not the client's credentials.
@@ -62,8 +63,8 @@ struct ProxyTests {
             #expect(firstEventAt! < .milliseconds(1200))
             #expect(total > .milliseconds(2500))
             #expect(text.contains("event: message_stop"))
-            try await Task.sleep(for: .milliseconds(200))
-            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE output_tokens = 7 AND input_tokens > 0") == 1)
+            #expect(
+                try await h.eventually("SELECT count(*) FROM usage_ledger WHERE output_tokens = 7 AND input_tokens > 0", equals: 1) == 1)
         }
     }
 

@@ -59,7 +59,12 @@ struct GatewayParts {
             metering: metering, tenants: TenantStore(database: database), periods: PeriodStore(database: database),
             usage: UsageStore(database: database), billing: billing
         )
-        var services: [any Service] = [client, ClosingService(name: "upstream-client") { try await upstream.shutdown() }]
+        // Shut down in reverse: the server drains first, then queued settlements are written,
+        // then the upstream client and the pool close.
+        var services: [any Service] = [
+            client, ClosingService(name: "upstream-client") { try await upstream.shutdown() },
+            ClosingService(name: "settlements") { await metering.flush() },
+        ]
         if configuration.billingRolloverInterval > 0 {
             services.append(RolloverScheduler(billing: billing, interval: .seconds(configuration.billingRolloverInterval), logger: logger))
         }

@@ -16,6 +16,7 @@ public enum GatewayMetrics {
             .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250),
             .milliseconds(500), .seconds(1), .seconds(2.5), .seconds(5), .seconds(10), .seconds(30), .seconds(60),
         ]
+        factory.defaultValueHistogramBuckets = [1, 2, 4, 8, 16, 32, 64, 128, 256]
         MetricsSystem.bootstrap(factory)
         return registry
     }()
@@ -37,6 +38,12 @@ public enum GatewayMetrics {
         _ = registry
         Metrics.Timer(label: "capgate_admission_duration_seconds", dimensions: [("decision", decision)]).recordNanoseconds(
             duration.nanoseconds)
+    }
+
+    /// Calls admitted by one admission transaction (batching).
+    static func admissionBatch(size: Int) {
+        _ = registry
+        Recorder(label: "capgate_admission_batch_size").record(size)
     }
 
     static func upstream(_ duration: Duration, status: Int) {

@@ -1,4 +1,5 @@
 import Foundation
+import NIOCore
 
 /// One call to be admitted against the company's and the user's caps.
 public struct AdmissionRequest: Sendable {
@@ -49,4 +50,41 @@ public struct Admission: Sendable {
     public var ledgerID: Int64?
     public var periodID: Int64?
     public var state: UsageState
+}
+
+/// One call queued for batched admission: an API key's hash (the key is checked inside the
+/// admission transaction), or nil when `request` carries a verified token's company and user.
+public struct AdmissionItem: Sendable {
+    public var keyHash: ByteBuffer?
+    public var request: AdmissionRequest
+}
+
+/// What `capgate_admit_batch` answered for one call.
+public struct AdmissionRow: Sendable {
+    /// ok | unknown_key | revoked_key | disabled_user
+    var auth: String
+    var companyID: UUID?
+    var userID: UUID?
+    var role: String?
+    /// An ``Admission/Decision`` raw value; nil unless `auth` is ok.
+    var decision: String?
+    var ledgerID: Int64?
+    var periodID: Int64?
+    var plan: String?
+    var planName: String?
+    var start: Date?
+    var end: Date?
+    var companyUsed: Int64?
+    var companyCap: Int64?
+    var userUsed: Int64?
+    var userCap: Int64?
+}
+
+/// The provider's status and token counts for a charge that stands, queued for writing.
+struct Settlement: Sendable {
+    var companyID: UUID
+    var ledgerID: Int64
+    var status: Int32
+    var inputTokens: Int64?
+    var outputTokens: Int64?
 }

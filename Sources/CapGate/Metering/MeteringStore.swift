@@ -1,97 +1,136 @@
 import Foundation
 import Logging
+import NIOCore
 import PostgresNIO
 
-/// The metering hot path in PostgreSQL: admit, refund and settle, one round trip each, plus
-/// the read-only usage state. The SQL functions live in `db/migrations/0002_admission.sql`.
+/// The metering hot path in PostgreSQL: admit, refund and settle, plus the read-only usage
+/// state. The SQL functions live in `db/migrations/0002_admission.sql` and `0004_admission_batch.sql`.
+///
+/// Admissions are batched (group commit): while one admission transaction is in flight, arriving
+/// calls queue, and the next transaction admits all of them with one `capgate_admit_batch` call,
+/// deciding each in arrival order against the locked counters. A caller is answered only after
+/// the transaction holding its admission committed. Settlements (token counts) are queued the
+/// same way without anyone waiting for them; ``flush()`` writes what is left at shutdown.
 public struct MeteringStore: Sendable {
     let database: Database
-    /// `capgate_admit_relaxed` (synchronous_commit off) instead of `capgate_admit`.
+    /// Admissions commit with `synchronous_commit = off` (database.durability = relaxed).
     let relaxed: Bool
+    let admissions: BatchQueue<AdmissionItem, AdmissionRow>
+    let settlements: BatchQueue<Settlement, Void>
+
+    /// The most calls one admission transaction takes; more wait for the next one.
+    public static let maxBatch = 256
 
     public init(database: Database, relaxed: Bool = false) {
         self.database = database
         self.relaxed = relaxed
+        self.admissions = BatchQueue(maxBatch: Self.maxBatch) { items in
+            await Self.admitBatch(items, database: database, relaxed: relaxed)
+        }
+        self.settlements = BatchQueue(maxBatch: Self.maxBatch * 4) { items in
+            await Self.settleBatch(items, database: database)
+        }
     }
 
-    /// Runs the admission transaction (`capgate_admit`): exact under any concurrency.
+    /// How admission batching went so far (batches, calls, largest batch).
+    public var admissionStatistics: BatchQueue<AdmissionItem, AdmissionRow>.Statistics { admissions.statistics }
+
+    /// Admits a call whose company and user come from a verified token: exact under any concurrency.
     public func admit(_ r: AdmissionRequest) async throws -> Admission {
-        let units = Int32(r.units)
-        let function = relaxed ? "capgate_admit_relaxed" : "capgate_admit"
-        let row = try await database.run { client in
-            let rows = try await client.query(
-                """
-                SELECT decision, ledger_id, period_id, plan_id, plan_name, period_start, period_end,
-                       company_used, company_cap, user_used, user_cap
-                  FROM \(unescaped: function)(\(r.companyID), \(r.userID), \(units), \(r.method), \(r.route), \(r.model),
-                                     \(r.feature), \(r.requestID), \(r.idempotencyKey), \(r.at))
-                """,
-                logger: database.logger
-            )
-            for try await row in rows.decode(
-                (String, Int64?, Int64?, String?, String?, Date?, Date?, Int64?, Int64?, Int64?, Int64?).self
-            ) {
-                return Optional(row)
-            }
-            return nil
+        let row = try await admissions.submit(AdmissionItem(keyHash: nil, request: r))
+        guard let decisionText = row.decision, let decision = Admission.Decision(rawValue: decisionText) else {
+            throw DatabaseError.other("capgate_admit_batch returned no decision")
         }
-        guard let row, let decision = Admission.Decision(rawValue: row.0) else {
-            throw DatabaseError.other("capgate_admit returned nothing")
-        }
-        return try await complete(
-            decision: decision, ledgerID: row.1, periodID: row.2, plan: row.3, planName: row.4, start: row.5, end: row.6,
-            companyUsed: row.7, companyCap: row.8, userUsed: row.9, userCap: row.10
-        )
+        return try await complete(decision: decision, row: row)
     }
 
-    /// Authenticates an API key (by its SHA-256) and admits for its user, in one round trip
-    /// (`capgate_admit_key`). Throws the 401 when the key is unknown, revoked or its user disabled.
+    /// Authenticates an API key (by its SHA-256) and admits for its user in the same transaction.
+    /// Throws the 401 when the key is unknown, revoked or its user disabled.
     public func admit(key: String, _ r: AdmissionRequest) async throws -> (UserIdentity, Admission) {
-        let hash = ApiKeyGenerator.hash(key)
-        let units = Int32(r.units)
-        let relaxed = self.relaxed
-        let row = try await database.run { client in
-            let rows = try await client.query(
-                """
-                SELECT auth, company_id, user_id, role, decision, ledger_id, period_id, plan_id, plan_name, period_start,
-                       period_end, company_used, company_cap, user_used, user_cap
-                  FROM capgate_admit_key(\(hash), \(units), \(r.method), \(r.route), \(r.model), \(r.feature),
-                                         \(r.requestID), \(r.idempotencyKey), \(r.at), \(relaxed))
-                """,
-                logger: database.logger
-            )
-            for try await row in rows.decode(
-                (String, UUID?, UUID?, String?, String?, Int64?, Int64?, String?, String?, Date?, Date?, Int64?, Int64?, Int64?, Int64?)
-                    .self
-            ) {
-                return Optional(row)
-            }
-            return nil
-        }
-        guard let row else { throw DatabaseError.other("capgate_admit_key returned nothing") }
-        guard row.0 == "ok", let company = row.1, let user = row.2, let decisionText = row.4,
+        let row = try await admissions.submit(AdmissionItem(keyHash: ApiKeyGenerator.hash(key), request: r))
+        guard row.auth == "ok", let company = row.companyID, let user = row.userID, let decisionText = row.decision,
             let decision = Admission.Decision(rawValue: decisionText)
         else {
-            throw Authenticator.keyError(row.0)
+            throw Authenticator.keyError(row.auth)
         }
         let identity = UserIdentity(
-            companyID: company, userID: user, role: UserIdentity.Role(rawValue: row.3 ?? "") ?? .member, credential: .apiKey)
-        let admission = try await complete(
-            decision: decision, ledgerID: row.5, periodID: row.6, plan: row.7, planName: row.8, start: row.9, end: row.10,
-            companyUsed: row.11, companyCap: row.12, userUsed: row.13, userCap: row.14
-        )
-        return (identity, admission)
+            companyID: company, userID: user, role: UserIdentity.Role(rawValue: row.role ?? "") ?? .member, credential: .apiKey)
+        return (identity, try await complete(decision: decision, row: row))
+    }
+
+    /// Runs one admission transaction for `items`. One call that PostgreSQL rejects (say, a NUL
+    /// byte in a text) never fails the others: the batch is then retried call by call. When the
+    /// database is unreachable every call fails (503: fail closed).
+    static func admitBatch(_ items: [AdmissionItem], database: Database, relaxed: Bool) async -> [Result<AdmissionRow, any Error>] {
+        GatewayMetrics.admissionBatch(size: items.count)
+        do {
+            let rows = try await runAdmitBatch(items, database: database, relaxed: relaxed)
+            guard rows.count == items.count else {
+                throw DatabaseError.other("capgate_admit_batch returned \(rows.count) rows for \(items.count) calls")
+            }
+            return rows.map { .success($0) }
+        } catch DatabaseError.unavailable {
+            return items.map { _ in .failure(DatabaseError.unavailable) }
+        } catch {
+            guard items.count > 1 else { return [.failure(error)] }
+            var results: [Result<AdmissionRow, any Error>] = []
+            results.reserveCapacity(items.count)
+            for item in items {
+                results += await admitBatch([item], database: database, relaxed: relaxed)
+            }
+            return results
+        }
+    }
+
+    static func runAdmitBatch(_ items: [AdmissionItem], database: Database, relaxed: Bool) async throws -> [AdmissionRow] {
+        let none = UUID(uuid: (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0))
+        let count = items.count
+        let keyHashes = items.map { $0.keyHash ?? ByteBuffer() }
+        let companies = items.map { $0.keyHash == nil ? $0.request.companyID : none }
+        let users = items.map { $0.keyHash == nil ? $0.request.userID : none }
+        let units = items.map { Int32(clamping: $0.request.units) }
+        let methods = items.map(\.request.method)
+        let routes = items.map(\.request.route)
+        let models = items.map { $0.request.model ?? "" }
+        let features = items.map { $0.request.feature ?? "" }
+        let requestIDs = items.map(\.request.requestID)
+        let idempotencyKeys = items.map { $0.request.idempotencyKey ?? "" }
+        let times = items.map(\.request.at)
+        return try await database.run { client in
+            let rows = try await client.query(
+                """
+                SELECT item, auth, company, member, member_role, decision, ledger, period, plan, plan_name, period_start,
+                       period_end, company_used, company_cap, user_used, user_cap
+                  FROM capgate_admit_batch(\(keyHashes), \(companies), \(users), \(units), \(methods), \(routes), \(models),
+                                           \(features), \(requestIDs), \(idempotencyKeys), \(times), \(relaxed))
+                """,
+                logger: database.logger
+            )
+            var out: [AdmissionRow] = []
+            out.reserveCapacity(count)
+            for try await row in rows.decode(
+                (
+                    Int32, String, UUID?, UUID?, String?, String?, Int64?, Int64?, String?, String?, Date?, Date?, Int64?, Int64?, Int64?,
+                    Int64?
+                ).self
+            ) {
+                out.append(
+                    AdmissionRow(
+                        auth: row.1, companyID: row.2, userID: row.3, role: row.4, decision: row.5, ledgerID: row.6, periodID: row.7,
+                        plan: row.8, planName: row.9, start: row.10, end: row.11, companyUsed: row.12, companyCap: row.13,
+                        userUsed: row.14, userCap: row.15
+                    ))
+            }
+            return out
+        }
     }
 
     /// Builds the admission result; a refusal also looks up the upgrade offer.
-    func complete(
-        decision: Admission.Decision, ledgerID: Int64?, periodID: Int64?, plan: String?, planName: String?, start: Date?, end: Date?,
-        companyUsed: Int64?, companyCap: Int64?, userUsed: Int64?, userCap: Int64?
-    ) async throws -> Admission {
+    func complete(decision: Admission.Decision, row: AdmissionRow) async throws -> Admission {
         var state = UsageState(
-            plan: plan.map { UsageState.PlanRef(id: $0, name: planName ?? $0) },
-            periodStart: start, periodEnd: end,
-            companyUsed: companyUsed ?? 0, companyLimit: companyCap, userUsed: userUsed ?? 0, userLimit: userCap
+            plan: row.plan.map { UsageState.PlanRef(id: $0, name: row.planName ?? $0) },
+            periodStart: row.start, periodEnd: row.end,
+            companyUsed: row.companyUsed ?? 0, companyLimit: row.companyCap, userUsed: row.userUsed ?? 0, userLimit: row.userCap
         )
         if !decision.admitted {
             state.upgrade = try await upgrade(from: state.plan?.id)
@@ -100,7 +139,7 @@ public struct MeteringStore: Sendable {
                 state.userUsed = 0
             }
         }
-        return Admission(decision: decision, ledgerID: ledgerID, periodID: periodID, state: state)
+        return Admission(decision: decision, ledgerID: row.ledgerID, periodID: row.periodID, state: state)
     }
 
     /// Gives back a charge (`capgate_refund`). Returns false when it was already refunded.
@@ -117,14 +156,39 @@ public struct MeteringStore: Sendable {
         }
     }
 
-    /// Records the upstream status and token counts on a charge that stands.
-    public func settle(companyID: UUID, ledgerID: Int64, upstreamStatus: Int, inputTokens: Int64?, outputTokens: Int64?) async throws {
-        let status = Int32(upstreamStatus)
-        try await database.run { client in
-            try await client.query(
-                "SELECT capgate_settle(\(companyID), \(ledgerID), \(status), \(inputTokens), \(outputTokens))",
-                logger: database.logger
-            )
+    /// Records the upstream status and token counts on a charge that stands. Queued, not
+    /// awaited: the charge itself was committed by the admission; these informational columns
+    /// are written in batches (`capgate_settle_batch`) while the caller moves on.
+    public func settle(companyID: UUID, ledgerID: Int64, upstreamStatus: Int, inputTokens: Int64?, outputTokens: Int64?) {
+        settlements.enqueue(
+            Settlement(
+                companyID: companyID, ledgerID: ledgerID, status: Int32(clamping: upstreamStatus), inputTokens: inputTokens,
+                outputTokens: outputTokens))
+    }
+
+    /// Waits until every queued settlement is written (graceful shutdown, tests).
+    public func flush() async {
+        await settlements.flush()
+    }
+
+    static func settleBatch(_ items: [Settlement], database: Database) async -> [Result<Void, any Error>] {
+        let companies = items.map(\.companyID)
+        let ledgerIDs = items.map(\.ledgerID)
+        let statuses = items.map(\.status)
+        let inputs = items.map { $0.inputTokens ?? -1 }
+        let outputs = items.map { $0.outputTokens ?? -1 }
+        do {
+            _ = try await database.run { client in
+                try await client.query(
+                    "SELECT capgate_settle_batch(\(companies), \(ledgerIDs), \(statuses), \(inputs), \(outputs))",
+                    logger: database.logger
+                )
+            }
+            return items.map { _ in .success(()) }
+        } catch {
+            // The charges stand; only their token counts are missing (the ledger shows settled_at NULL).
+            database.logger.error("could not record token counts", metadata: ["calls": "\(items.count)"])
+            return items.map { _ in .failure(error) }
         }
     }
 

@@ -47,9 +47,9 @@ public struct ProxyHandler: Sendable {
         let body = try await readBody(request)
         let path = request.uri.path
         let model = Self.model(in: body, contentType: request.headers[.contentType])
-        let idempotencyKey = request.headers[.idempotencyKey].flatMap { $0.isEmpty ? nil : String($0.prefix(200)) }
+        let idempotencyKey = request.headers[.idempotencyKey].flatMap { $0.isEmpty ? nil : Self.ledgerText($0, limit: 200) }
         var admissionRequest = AdmissionRequest(
-            companyID: UUID(), userID: UUID(), units: 1, method: request.method.rawValue, route: String(path.prefix(500)),
+            companyID: UUID(), userID: UUID(), units: 1, method: request.method.rawValue, route: Self.ledgerText(path, limit: 500),
             model: model, requestID: record.snapshot.requestID, idempotencyKey: idempotencyKey
         )
 
@@ -190,14 +190,10 @@ public struct ProxyHandler: Sendable {
                 capture.finish()
                 // The charge stands once the provider answered 2xx, even if the client left.
                 if let charge {
-                    do {
-                        try await metering.settle(
-                            companyID: user.companyID, ledgerID: charge, upstreamStatus: status,
-                            inputTokens: capture.inputTokens, outputTokens: capture.outputTokens
-                        )
-                    } catch {
-                        logger.error("could not record token counts", metadata: ["ledger_id": "\(charge)"])
-                    }
+                    metering.settle(
+                        companyID: user.companyID, ledgerID: charge, upstreamStatus: status,
+                        inputTokens: capture.inputTokens, outputTokens: capture.outputTokens
+                    )
                 }
                 if let failure { throw failure }
             }
@@ -239,7 +235,14 @@ public struct ProxyHandler: Sendable {
     static func model(in body: ByteBuffer, contentType: String?) -> String? {
         guard body.readableBytes > 0, contentType?.lowercased().contains("json") ?? true else { return nil }
         guard let json = try? JSON.parse(body), let model = json["model"]?.stringValue else { return nil }
-        return String(model.prefix(200))
+        return ledgerText(model, limit: 200)
+    }
+
+    /// Client-supplied text as the ledger stores it: at most `limit` characters, without NUL
+    /// (which PostgreSQL text cannot hold).
+    static func ledgerText(_ text: some StringProtocol, limit: Int) -> String {
+        let clipped = text.prefix(limit)
+        return clipped.contains("\u{0}") ? String(clipped.filter { $0 != "\u{0}" }) : String(clipped)
     }
 
     static func capMessage(scope: String, state: UsageState) -> String {

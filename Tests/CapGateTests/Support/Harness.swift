@@ -194,6 +194,17 @@ struct Harness: Sendable {
         return 0
     }
 
+    /// Polls `sql` until it yields `expected` (for what the gateway writes after answering,
+    /// such as token counts); returns the last value read.
+    func eventually(_ sql: String, equals expected: Int64, within limit: Duration = .seconds(10)) async throws -> Int64 {
+        let deadline = ContinuousClock.now + limit
+        while true {
+            let value = try await scalar(sql)
+            if value == expected || ContinuousClock.now > deadline { return value }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
     func exec(_ sql: String) async throws {
         _ = try await db.query(PostgresQuery(unsafeSQL: sql), logger: TestCluster.logger).collect()
     }

@@ -1,0 +1,124 @@
+import Synchronization
+
+/// Group commit: while one batch is being processed, arriving items queue; when it finishes,
+/// everything queued (up to `maxBatch`) goes into the next batch. There is no timer: an item
+/// that arrives while nothing is in flight starts a batch of one at once, so an idle gateway
+/// adds no wait, and a busy one makes batches as large as the traffic that arrived during the
+/// previous batch.
+///
+/// `process` receives the items in arrival order and returns one result per item, in the same
+/// order. At most one batch is in flight per queue.
+public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
+    public typealias Process = @Sendable ([Item]) async -> [Result<Output, any Error>]
+
+    private struct Entry: Sendable {
+        let item: Item
+        /// nil for fire-and-forget items (``enqueue(_:)``).
+        let continuation: CheckedContinuation<Output, any Error>?
+    }
+
+    private struct State: Sendable {
+        var pending: [Entry] = []
+        var running = false
+        /// Waiting in ``flush()`` for the queue to empty.
+        var idleWaiters: [CheckedContinuation<Void, Never>] = []
+        var batches = 0
+        var items = 0
+        var largest = 0
+    }
+
+    /// Counts since start, for metrics and tests.
+    public struct Statistics: Sendable {
+        public var batches: Int
+        public var items: Int
+        public var largest: Int
+    }
+
+    private let state = Mutex(State())
+    private let maxBatch: Int
+    private let process: Process
+
+    public init(maxBatch: Int, process: @escaping Process) {
+        precondition(maxBatch > 0)
+        self.maxBatch = maxBatch
+        self.process = process
+    }
+
+    /// Queues `item` and returns its result once the batch holding it has been processed.
+    public func submit(_ item: Item) async throws -> Output {
+        try await withCheckedThrowingContinuation { continuation in
+            append(Entry(item: item, continuation: continuation))
+        }
+    }
+
+    /// Queues `item` without waiting for it.
+    public func enqueue(_ item: Item) {
+        append(Entry(item: item, continuation: nil))
+    }
+
+    /// Returns when nothing is queued or in flight (for an orderly shutdown).
+    public func flush() async {
+        await withCheckedContinuation { continuation in
+            let idle = state.withLock { state -> Bool in
+                if !state.running && state.pending.isEmpty { return true }
+                state.idleWaiters.append(continuation)
+                return false
+            }
+            if idle { continuation.resume() }
+        }
+    }
+
+    public var statistics: Statistics {
+        state.withLock { Statistics(batches: $0.batches, items: $0.items, largest: $0.largest) }
+    }
+
+    private func append(_ entry: Entry) {
+        let start = state.withLock { state -> Bool in
+            state.pending.append(entry)
+            if state.running { return false }
+            state.running = true
+            return true
+        }
+        if start {
+            Task { await self.drain() }
+        }
+    }
+
+    /// Processes batches until the queue is empty.
+    private func drain() async {
+        while true {
+            let (batch, waiters) = state.withLock { state -> ([Entry], [CheckedContinuation<Void, Never>]) in
+                if state.pending.isEmpty {
+                    state.running = false
+                    defer { state.idleWaiters = [] }
+                    return ([], state.idleWaiters)
+                }
+                let count = min(state.pending.count, maxBatch)
+                let batch = Array(state.pending.prefix(count))
+                state.pending.removeFirst(count)
+                state.batches += 1
+                state.items += count
+                state.largest = max(state.largest, count)
+                return (batch, [])
+            }
+            if batch.isEmpty {
+                for waiter in waiters { waiter.resume() }
+                return
+            }
+            let results = await process(batch.map(\.item))
+            for (index, entry) in batch.enumerated() {
+                guard let continuation = entry.continuation else { continue }
+                if index < results.count {
+                    continuation.resume(with: results[index])
+                } else {
+                    continuation.resume(throwing: BatchQueueError.missingResult)
+                }
+            }
+        }
+    }
+}
+
+/// `process` returned fewer results than items (a bug in the processor).
+public struct BatchQueueError: Error {
+    public static let missingResult = BatchQueueError()
+}
