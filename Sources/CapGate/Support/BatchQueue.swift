@@ -45,10 +45,35 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
     }
 
     /// Queues `item` and returns its result once the batch holding it has been processed.
+    ///
+    /// When nothing is in flight the caller processes its item itself, at once (no hop to another
+    /// task); what queues meanwhile is then drained by a new task.
     public func submit(_ item: Item) async throws -> Output {
-        try await withCheckedThrowingContinuation { continuation in
-            append(Entry(item: item, continuation: continuation))
+        let leads = state.withLock { state -> Bool in
+            if state.running { return false }
+            state.running = true
+            state.batches += 1
+            state.items += 1
+            state.largest = max(state.largest, 1)
+            return true
         }
+        guard leads else {
+            return try await withCheckedThrowingContinuation { continuation in
+                append(Entry(item: item, continuation: continuation))
+            }
+        }
+        let result = await process([item]).first ?? .failure(BatchQueueError.missingResult)
+        let (more, waiters) = state.withLock { state -> (Bool, [CheckedContinuation<Void, Never>]) in
+            if !state.pending.isEmpty { return (true, []) }
+            state.running = false
+            defer { state.idleWaiters = [] }
+            return (false, state.idleWaiters)
+        }
+        if more {
+            Task { await self.drain() }
+        }
+        for waiter in waiters { waiter.resume() }
+        return try result.get()
     }
 
     /// Queues `item` without waiting for it.
