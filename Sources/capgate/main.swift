@@ -1,14 +1,10 @@
 import ArgumentParser
-import Foundation
 import NIOCore
 import NIOPosix
 
 // Swift Concurrency runs on the NIO event loops, so a request's handler, its PostgreSQL query
 // and its upstream call continue on the loop that did the I/O instead of hopping to another
 // thread pool at every await (measured in BENCHMARKS.md). Must run first, on the main thread.
-if let threads = ProcessInfo.processInfo.environment["CAPGATE_THREADS"].flatMap(Int.init), threads > 0 {
-    NIOSingletons.groupLoopCountSuggestion = threads
-}
 _ = NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor()
 
 /// Runs an async subcommand through its `async` entry point.
