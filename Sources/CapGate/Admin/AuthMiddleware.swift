@@ -13,8 +13,8 @@ struct AuthMiddleware: RouterMiddleware {
         context.identity = identity
         if let user = identity.user {
             context.record.update {
-                $0.companyID = user.companyID.uuidString.lowercased()
-                $0.userID = user.userID.uuidString.lowercased()
+                $0.companyID = user.companyID
+                $0.userID = user.userID
             }
         }
         return try await next(request, context)

@@ -1,3 +1,4 @@
+import Foundation
 import Hummingbird
 import Logging
 import Synchronization
@@ -44,8 +45,8 @@ public struct AuthenticatedContext: ChildRequestContext {
 public final class RequestRecord: Sendable {
     public struct Values: Sendable {
         public var requestID = ""
-        public var companyID: String?
-        public var userID: String?
+        public var companyID: UUID?
+        public var userID: UUID?
         public var decision: String?
         public var upstreamStatus: Int?
         public var admissionMillis: Double?

@@ -28,39 +28,97 @@ public enum GatewayMetrics {
         return buffer
     }
 
+    /// Metric handles by their dimensions, made once: creating a handle goes through the
+    /// factory and the registry's lock for every call otherwise.
+    private static let handles = Mutex(Handles())
+
+    private struct Handles {
+        var requests: [RequestKey: Metrics.Counter] = [:]
+        var admissions: [String: Metrics.Timer] = [:]
+        var upstreams: [Int: Metrics.Timer] = [:]
+        var refunds: [String: Metrics.Counter] = [:]
+    }
+
+    private struct RequestKey: Hashable {
+        var route: String
+        var status: Int
+        var decision: String
+    }
+
+    private static let inflightRequests: Meter = {
+        _ = registry
+        return Meter(label: "capgate_inflight_requests")
+    }()
+
+    private static let admissionBatchSize: Recorder = {
+        _ = registry
+        return Recorder(label: "capgate_admission_batch_size")
+    }()
+
+    private static let admissionBatchDuration: Metrics.Timer = {
+        _ = registry
+        return Metrics.Timer(label: "capgate_admission_batch_duration_seconds")
+    }()
+
     static func request(route: String, status: Int, decision: String) {
         _ = registry
-        Counter(label: "capgate_requests_total", dimensions: [("route", route), ("status", String(status)), ("decision", decision)])
-            .increment()
+        let key = RequestKey(route: route, status: status, decision: decision)
+        let counter = handles.withLock { handles in
+            if let counter = handles.requests[key] { return counter }
+            let counter = Metrics.Counter(
+                label: "capgate_requests_total", dimensions: [("route", route), ("status", String(status)), ("decision", decision)])
+            handles.requests[key] = counter
+            return counter
+        }
+        counter.increment()
     }
 
     static func admission(_ duration: Duration, decision: String) {
         _ = registry
-        Metrics.Timer(label: "capgate_admission_duration_seconds", dimensions: [("decision", decision)]).recordNanoseconds(
-            duration.nanoseconds)
+        let timer = handles.withLock { handles in
+            if let timer = handles.admissions[decision] { return timer }
+            let timer = Metrics.Timer(label: "capgate_admission_duration_seconds", dimensions: [("decision", decision)])
+            handles.admissions[decision] = timer
+            return timer
+        }
+        timer.recordNanoseconds(duration.nanoseconds)
     }
 
     /// Calls admitted by one admission transaction (batching).
     static func admissionBatch(size: Int) {
-        _ = registry
-        Recorder(label: "capgate_admission_batch_size").record(size)
+        admissionBatchSize.record(size)
+    }
+
+    /// How long one admission transaction took, seen from the gateway (send to last row).
+    static func admissionBatch(duration: Duration) {
+        admissionBatchDuration.recordNanoseconds(duration.nanoseconds)
     }
 
     static func upstream(_ duration: Duration, status: Int) {
         _ = registry
-        Metrics.Timer(label: "capgate_upstream_duration_seconds", dimensions: [("status_class", "\(status / 100)xx")]).recordNanoseconds(
-            duration.nanoseconds)
+        let statusClass = status / 100
+        let timer = handles.withLock { handles in
+            if let timer = handles.upstreams[statusClass] { return timer }
+            let timer = Metrics.Timer(label: "capgate_upstream_duration_seconds", dimensions: [("status_class", "\(statusClass)xx")])
+            handles.upstreams[statusClass] = timer
+            return timer
+        }
+        timer.recordNanoseconds(duration.nanoseconds)
     }
 
     static func refund(reason: String) {
         _ = registry
-        Counter(label: "capgate_refunds_total", dimensions: [("reason", reason)]).increment()
+        let counter = handles.withLock { handles in
+            if let counter = handles.refunds[reason] { return counter }
+            let counter = Metrics.Counter(label: "capgate_refunds_total", dimensions: [("reason", reason)])
+            handles.refunds[reason] = counter
+            return counter
+        }
+        counter.increment()
     }
 
     static func inflight(_ delta: Int) {
-        _ = registry
-        let gauge = Meter(label: "capgate_inflight_requests")
-        if delta > 0 { gauge.increment(by: Double(delta)) } else { gauge.decrement(by: Double(-delta)) }
+        if delta > 0 { inflightRequests.increment(by: Double(delta)) } else { inflightRequests.decrement(by: Double(-delta)) }
     }
 
     static func pool(maxConnections: Int) {

@@ -1,6 +1,7 @@
 import Foundation
 import Hummingbird
 import Logging
+import Synchronization
 
 /// The outermost middleware: gives every request an id (`request-id` header, logs, ledger),
 /// sends calls under the proxy prefix to the ``ProxyHandler``, turns every error into the SPEC's
@@ -49,8 +50,8 @@ struct GatewayMiddleware: RouterMiddleware {
                 "decision": .string(decision),
                 "latency_ms": .string(Self.millis(ContinuousClock.now - started)),
             ]
-            if let company = values.companyID { metadata["company_id"] = .string(company) }
-            if let user = values.userID { metadata["user_id"] = .string(user) }
+            if let company = values.companyID { metadata["company_id"] = .string(company.uuidString.lowercased()) }
+            if let user = values.userID { metadata["user_id"] = .string(user.uuidString.lowercased()) }
             if let status = values.upstreamStatus { metadata["upstream_status"] = .stringConvertible(status) }
             if let ms = values.admissionMillis { metadata["admission_ms"] = .string(Self.millis(ms)) }
             if let ms = values.upstreamMillis { metadata["upstream_ms"] = .string(Self.millis(ms)) }
@@ -59,13 +60,29 @@ struct GatewayMiddleware: RouterMiddleware {
         return response
     }
 
-    /// `req_` and 24 random hex digits.
+    /// `req_` and 24 hex digits: a random tag drawn once per process, then a 64-bit counter
+    /// scrambled by a bijective mix (unique within the process, unguessable-looking, and no
+    /// system call per request).
     static func newRequestID() -> String {
-        var generator = SystemRandomNumberGenerator()
-        let a = generator.next() as UInt64
-        let b = generator.next() as UInt64
-        let hex = String(a, radix: 16) + String(b >> 32, radix: 16)
-        return "req_" + String(repeating: "0", count: max(0, 24 - hex.count)) + hex
+        let n = requestCounter.wrappingAdd(1, ordering: .relaxed).oldValue
+        return "req_" + hex(requestIDTag, digits: 8) + hex(mix(n &+ requestIDSeed), digits: 16)
+    }
+
+    private static let requestIDTag = UInt64(UInt32.random(in: .min ... .max))
+    private static let requestIDSeed = UInt64.random(in: .min ... .max)
+    private static let requestCounter = Atomic<UInt64>(0)
+
+    /// SplitMix64's finaliser: a bijection on 64-bit values.
+    static func mix(_ value: UInt64) -> UInt64 {
+        var z = value
+        z = (z ^ (z >> 30)) &* 0xbf58_476d_1ce4_e5b9
+        z = (z ^ (z >> 27)) &* 0x94d0_49bb_1331_11eb
+        return z ^ (z >> 31)
+    }
+
+    static func hex(_ value: UInt64, digits: Int) -> String {
+        let text = String(value, radix: 16)
+        return text.count >= digits ? text : String(repeating: "0", count: digits - text.count) + text
     }
 
     /// Milliseconds with two decimals.

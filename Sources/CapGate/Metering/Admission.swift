@@ -88,3 +88,9 @@ struct Settlement: Sendable {
     var inputTokens: Int64?
     var outputTokens: Int64?
 }
+
+extension UUID {
+    /// The nil UUID: a placeholder until the credential names the company and user, and the
+    /// "absent" value in the batch function's arrays. (`UUID()` would read /dev/urandom.)
+    static let zero = UUID(uuid: (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0))
+}

@@ -49,7 +49,7 @@ public struct ProxyHandler: Sendable {
         let model = Self.model(in: body, contentType: request.headers[.contentType])
         let idempotencyKey = request.headers[.idempotencyKey].flatMap { $0.isEmpty ? nil : Self.ledgerText($0, limit: 200) }
         var admissionRequest = AdmissionRequest(
-            companyID: UUID(), userID: UUID(), units: 1, method: request.method.rawValue, route: Self.ledgerText(path, limit: 500),
+            companyID: .zero, userID: .zero, units: 1, method: request.method.rawValue, route: Self.ledgerText(path, limit: 500),
             model: model, requestID: record.snapshot.requestID, idempotencyKey: idempotencyKey
         )
 
@@ -70,8 +70,8 @@ public struct ProxyHandler: Sendable {
             admission = try await metering.admit(admissionRequest)
         }
         record.update {
-            $0.companyID = user.companyID.uuidString.lowercased()
-            $0.userID = user.userID.uuidString.lowercased()
+            $0.companyID = user.companyID
+            $0.userID = user.userID
         }
         let admissionTime = ContinuousClock.now - admissionStart
         GatewayMetrics.admission(admissionTime, decision: admission.decision.rawValue)
@@ -149,6 +149,12 @@ public struct ProxyHandler: Sendable {
         }
         headers.append(contentsOf: admission.state.rateLimitHeaders())
         let contentLength = response.headers.first(name: "content-length").flatMap(Int.init)
+        let contentType = response.headers.first(name: "content-type")
+        // A small answer of known length is read whole and sent with the head in one write;
+        // anything else (streams, large or unknown length) streams through as it arrives.
+        let buffered =
+            contentLength.map { $0 <= Self.bufferedBodyLimit } ?? false
+            && !(contentType?.lowercased().hasPrefix("text/event-stream") ?? false)
         let upstreamBody = response.body
 
         guard (200..<300).contains(status) else {
@@ -160,6 +166,11 @@ public struct ProxyHandler: Sendable {
             headers[.rateLimit] = nil
             headers[.rateLimitPolicy] = nil
             headers.append(contentsOf: refundedState.rateLimitHeaders())
+            if buffered {
+                let (whole, failure) = await Self.collect(upstreamBody)
+                return Response(
+                    status: .init(code: status), headers: headers, body: Self.body(whole, failure: failure, length: contentLength))
+            }
             return Response(
                 status: .init(code: status),
                 headers: headers,
@@ -171,7 +182,19 @@ public struct ProxyHandler: Sendable {
         }
 
         let metering = self.metering
-        let contentType = response.headers.first(name: "content-type")
+        if buffered {
+            let (whole, failure) = await Self.collect(upstreamBody)
+            var capture = UsageCapture(contentType: contentType)
+            capture.read(whole: whole)
+            // The charge stands once the provider answered 2xx.
+            if let charge {
+                metering.settle(
+                    companyID: user.companyID, ledgerID: charge, upstreamStatus: status,
+                    inputTokens: capture.inputTokens, outputTokens: capture.outputTokens
+                )
+            }
+            return Response(status: .init(code: status), headers: headers, body: Self.body(whole, failure: failure, length: contentLength))
+        }
         return Response(
             status: .init(code: status),
             headers: headers,
@@ -198,6 +221,36 @@ public struct ProxyHandler: Sendable {
                 if let failure { throw failure }
             }
         )
+    }
+
+    /// Answers up to this size with a declared length are read whole before they are passed on.
+    static let bufferedBodyLimit = 256 << 10
+
+    /// The whole body, or what arrived of it before the provider broke off (and why).
+    static func collect(_ body: HTTPClientResponse.Body) async -> (ByteBuffer, (any Error)?) {
+        var whole: ByteBuffer?
+        do {
+            for try await chunk in body {
+                if whole == nil {
+                    whole = chunk
+                } else {
+                    whole!.writeImmutableBuffer(chunk)
+                }
+            }
+            return (whole ?? ByteBuffer(), nil)
+        } catch {
+            return (whole ?? ByteBuffer(), error)
+        }
+    }
+
+    /// A collected body: head and body in one write; a body the provider broke off is passed on
+    /// as far as it came and the connection then closed, exactly as when streaming.
+    static func body(_ whole: ByteBuffer, failure: (any Error)?, length: Int?) -> ResponseBody {
+        guard let failure else { return ResponseBody(byteBuffer: whole) }
+        return ResponseBody(contentLength: length) { writer in
+            try await writer.write(whole)
+            throw failure
+        }
     }
 
     func readBody(_ request: Request) async throws -> ByteBuffer {

@@ -52,6 +52,16 @@ public struct UsageCapture: Sendable {
         }
     }
 
+    /// Reads a whole body at once.
+    public mutating func read(whole body: ByteBuffer) {
+        if mode == .json {
+            if body.readableBytes <= Self.jsonLimit, let json = try? JSON.parse(body) { take(json["usage"]) }
+            return
+        }
+        feed(body)
+        finish()
+    }
+
     /// Call when the body ended.
     public mutating func finish() {
         switch mode {

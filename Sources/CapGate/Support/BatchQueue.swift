@@ -36,11 +36,17 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
 
     private let state = Mutex(State())
     private let maxBatch: Int
+    private let gather: Duration
     private let process: Process
 
-    public init(maxBatch: Int, process: @escaping Process) {
+    /// - Parameter gather: for fire-and-forget items (``enqueue(_:)``) only: how long an item
+    ///   arriving at an idle queue waits for company before its batch starts. Nobody waits on
+    ///   such items, so a short wait turns many small transactions into one. Items submitted
+    ///   with ``submit(_:)`` never wait for it.
+    public init(maxBatch: Int, gather: Duration = .zero, process: @escaping Process) {
         precondition(maxBatch > 0)
         self.maxBatch = maxBatch
+        self.gather = gather
         self.process = process
     }
 
@@ -105,7 +111,11 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
             return true
         }
         if start {
-            Task { await self.drain() }
+            let gather = entry.continuation == nil ? self.gather : .zero
+            Task {
+                if gather > .zero { try? await Task.sleep(for: gather) }
+                await self.drain()
+            }
         }
     }
 
