@@ -171,6 +171,33 @@ struct ProxyTests {
         }
     }
 
+    @Test("a plan period with ledger rows can be neither deleted nor re-keyed; one without usage takes its counters along")
+    func usedPeriodsStay() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (used, users) = try await h.createCompany(plan: "low", users: 1)
+            #expect(try await h.message(key: users[0].key).status == 200)
+            await #expect(throws: (any Error).self) {
+                try await h.exec("DELETE FROM plan_periods WHERE company_id = '\(used.text)'")
+            }
+            await #expect(throws: (any Error).self) {
+                try await h.exec("UPDATE plan_periods SET id = id + 1000000 WHERE company_id = '\(used.text)'")
+            }
+            #expect(try await h.scalar("SELECT count(*) FROM plan_periods WHERE company_id = '\(used.text)'") == 1)
+
+            let (unused, others) = try await h.createCompany(plan: "low", users: 1)
+            try await h.exec(
+                """
+                INSERT INTO user_usage (company_id, period_id, user_id, used)
+                SELECT company_id, id, '\(others[0].id.text)', 0 FROM plan_periods WHERE company_id = '\(unused.text)'
+                """)
+            #expect(try await h.scalar("SELECT count(*) FROM company_usage WHERE company_id = '\(unused.text)'") == 1)
+            try await h.exec("DELETE FROM plan_periods WHERE company_id = '\(unused.text)'")
+            #expect(try await h.scalar("SELECT count(*) FROM company_usage WHERE company_id = '\(unused.text)'") == 0)
+            #expect(try await h.scalar("SELECT count(*) FROM user_usage WHERE company_id = '\(unused.text)'") == 0)
+        }
+    }
+
     @Test("provider failures are refunded: 500 passes through, a closed connection is 502, a stall is 504")
     func refunds() async throws {
         let closer = try await ClosingServer.start()
@@ -202,6 +229,33 @@ struct ProxyTests {
             let (company, users) = try await h.createCompany(plan: "low", users: 1)
             #expect(try await h.message(key: users[0].key).status == 502)
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 0)
+        }
+    }
+
+    @Test("a 2xx answer the provider breaks off mid-body: the client gets the head and the part, the charge stands")
+    func brokenOffAnswer() async throws {
+        let provider = try await ClosingServer.start(truncating: true)
+        defer { provider.stop() }
+        try await Harness.with(upstreamURL: "http://127.0.0.1:\(provider.port)") { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            var request = HTTPClientRequest(url: h.gatewayURL + "/v1/messages")
+            request.method = .POST
+            request.headers.add(name: "x-api-key", value: users[0].key)
+            request.headers.add(name: "content-type", value: "application/json")
+            request.body = .bytes(ByteBuffer(string: #"{"model":"claude-test","max_tokens":8,"messages":[]}"#))
+            let response = try await Harness.http.execute(request, timeout: .seconds(30))
+            #expect(response.status == .ok)
+            #expect(response.headers.first(name: "content-length") == "100")
+            var received = ByteBuffer()
+            await #expect(throws: (any Error).self) {
+                for try await chunk in response.body { received.writeImmutableBuffer(chunk) }
+            }
+            #expect(String(buffer: received) == #"{"id":"msg_cut""#)
+            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
+            #expect(
+                try await h.eventually("SELECT count(*) FROM usage_ledger WHERE upstream_status = 200 AND outcome = 'charged'", equals: 1)
+                    == 1)
         }
     }
 

@@ -4,7 +4,9 @@ import NIOCore
 import PostgresNIO
 
 /// The metering hot path in PostgreSQL: admit, refund and settle, plus the read-only usage
-/// state. The SQL functions live in `db/migrations/0002_admission.sql` and `0004_admission_batch.sql`.
+/// state. The SQL functions live in `db/migrations/0002_admission.sql` and `0004_admission_batch.sql`, wrapped by
+/// `0005_period_locks.sql` (each admission locks its periods once instead of a foreign key check per
+/// ledger row).
 ///
 /// Admissions are batched (group commit): while one admission transaction is in flight, arriving
 /// calls queue, and the next transaction admits all of them with one `capgate_admit_batch` call,
