@@ -1,5 +1,6 @@
 import CapGate
 import Foundation
+import NIOCore
 import Testing
 
 @Suite("Migrations, configuration and period math")
@@ -168,5 +169,19 @@ struct JSONTests {
         for bad in ["", "{", "[1,]", "{\"a\":}", "01", "1.", "tru", "\"\u{01}\"", "{\"a\" 1}", "[1] 2", "\"\\ud800\""] {
             #expect(throws: (any Error).self, "\(bad)") { try JSON.parse(Array(bad.utf8)) }
         }
+    }
+
+    @Test("a top-level field is found past large nested values without parsing them; anything else is nil")
+    func topLevelField() {
+        func model(_ text: String) -> String? { JSON.topLevelString("model", in: ByteBuffer(string: text)) }
+        let prompt = String(repeating: #"{"role":"user","content":[{"type":"text","text":"a \"quoted\" \\ model: x"}]},"#, count: 2_000)
+        #expect(model(#"{"max_tokens":8,"messages":["# + prompt + #"{}],"model":"claude-x","stream":true}"#) == "claude-x")
+        #expect(model(#" { "model" : "caf\u00e9" } "#) == "café")
+        #expect(model(#"{"messages":[{"model":"nested"}],"metadata":{"model":"inner"}}"#) == nil)
+        #expect(model(#"{"model":42}"#) == nil)
+        #expect(model(#"["model","x"]"#) == nil)
+        #expect(model(#"{"a":[1,2"#) == nil)
+        #expect(model(#"{"a":"\u0001","model":"m"}"#) == "m")
+        #expect(model("") == nil)
     }
 }

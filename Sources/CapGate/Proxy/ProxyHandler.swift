@@ -287,7 +287,7 @@ public struct ProxyHandler: Sendable {
     /// The `model` field of a JSON body, for the ledger (nothing else of the body is read).
     static func model(in body: ByteBuffer, contentType: String?) -> String? {
         guard body.readableBytes > 0, contentType?.lowercased().contains("json") ?? true else { return nil }
-        guard let json = try? JSON.parse(body), let model = json["model"]?.stringValue else { return nil }
+        guard let model = JSON.topLevelString("model", in: body) else { return nil }
         return ledgerText(model, limit: 200)
     }
 

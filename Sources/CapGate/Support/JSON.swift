@@ -123,6 +123,11 @@ extension JSON: Decodable {
     public static func parse(_ buffer: ByteBuffer) throws -> JSON {
         try parse(buffer.readableBytesView)
     }
+
+    /// The string value of `key` in a top-level JSON object, without parsing the rest.
+    public static func topLevelString(_ key: String, in buffer: ByteBuffer) -> String? {
+        JSONParser.topLevelString(key, in: Array(buffer.readableBytesView))
+    }
 }
 
 // MARK: - Serialising

@@ -23,7 +23,36 @@ struct JSONParser {
         while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x0A || bytes[i] == 0x0D || bytes[i] == 0x09 { i += 1 }
     }
 
-    mutating func value(depth: Int) throws -> JSON {
+    /// The string value of `key` in a top-level object, reading no further than needed and
+    /// building nothing else (a request body's `model` next to a large prompt); nil when the
+    /// text is not an object, has no such key, or its value is not a string.
+    static func topLevelString(_ key: String, in bytes: [UInt8]) -> String? {
+        var parser = JSONParser(bytes)
+        parser.skipWhitespace()
+        guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: "{") else { return nil }
+        parser.i += 1
+        do {
+            while true {
+                parser.skipWhitespace()
+                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: "\"") else { return nil }
+                let name = try parser.string()
+                parser.skipWhitespace()
+                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: ":") else { return nil }
+                parser.i += 1
+                if name == key { return try parser.value(depth: 1).stringValue }
+                _ = try parser.value(depth: 1, build: false)
+                parser.skipWhitespace()
+                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: ",") else { return nil }
+                parser.i += 1
+            }
+        } catch {
+            return nil
+        }
+    }
+
+    /// The value at `i`. With `build` false the value is checked and passed over without
+    /// building anything (the result is `.null`).
+    mutating func value(depth: Int, build: Bool = true) throws -> JSON {
         guard depth < 512 else { throw Failure() }
         skipWhitespace()
         guard i < bytes.count else { throw Failure() }
@@ -39,11 +68,12 @@ struct JSONParser {
             while true {
                 skipWhitespace()
                 guard i < bytes.count, bytes[i] == UInt8(ascii: "\"") else { throw Failure() }
-                let key = try string()
+                let key = build ? try string() : try skipString()
                 skipWhitespace()
                 guard i < bytes.count, bytes[i] == UInt8(ascii: ":") else { throw Failure() }
                 i += 1
-                fields.append(JSON.Field(key, try value(depth: depth + 1)))
+                let member = try value(depth: depth + 1, build: build)
+                if build { fields.append(JSON.Field(key, member)) }
                 skipWhitespace()
                 guard i < bytes.count else { throw Failure() }
                 if bytes[i] == UInt8(ascii: ",") {
@@ -64,7 +94,8 @@ struct JSONParser {
                 return .array(items)
             }
             while true {
-                items.append(try value(depth: depth + 1))
+                let item = try value(depth: depth + 1, build: build)
+                if build { items.append(item) }
                 skipWhitespace()
                 guard i < bytes.count else { throw Failure() }
                 if bytes[i] == UInt8(ascii: ",") {
@@ -77,7 +108,7 @@ struct JSONParser {
                 }
             }
         case UInt8(ascii: "\""):
-            return .string(try string())
+            return build ? .string(try string()) : .string(try skipString())
         case UInt8(ascii: "t"):
             try literal("true")
             return .bool(true)
@@ -181,6 +212,25 @@ struct JSONParser {
             } else {
                 guard b >= 0x20 else { throw Failure() }
                 out.append(b)
+                i += 1
+            }
+        }
+        throw Failure()
+    }
+
+    /// Passes over a string (its escapes are not decoded); returns "".
+    mutating func skipString() throws -> String {
+        i += 1  // opening quote
+        while i < bytes.count {
+            switch bytes[i] {
+            case UInt8(ascii: "\""):
+                i += 1
+                return ""
+            case UInt8(ascii: "\\"):
+                i += 2
+            case 0..<0x20:
+                throw Failure()
+            default:
                 i += 1
             }
         }
