@@ -178,9 +178,24 @@ def main():
                      ("one hot company", 16, hot_keys, False), ("one hot company", 64, hot_keys, False),
                      ("streaming, many companies", 16, many_keys, True)]
         wrk(through, 4, 2, many_keys)  # warm-up: connections, caches
+        gateways = {name: through for name, _, _, _ in scenarios}
+        if args.durability == "durable":
+            # The opt-in relaxed mode beside the durable default: a second gateway on the same
+            # database with database.durability = relaxed.
+            relaxed_port = free_port()
+            start("gateway-relaxed", [BIN, "serve"],
+                  env={**gateway_env, "HTTP_PORT": str(relaxed_port), "DATABASE_DURABILITY": "relaxed"})
+            wait_http(f"http://127.0.0.1:{relaxed_port}/readyz")
+            relaxed = f"http://127.0.0.1:{relaxed_port}"
+            wrk(relaxed, 4, 2, many_keys)
+            extra = [("many companies, relaxed durability", 1, many_keys, False),
+                     ("many companies, relaxed durability", 64, many_keys, False),
+                     ("one hot company, relaxed durability", 64, hot_keys, False)]
+            scenarios += extra
+            gateways.update({name: relaxed for name, _, _, _ in extra})
         for name, c, keys, stream in scenarios:
             d = wrk(direct, c, args.seconds, None, stream)
-            g = wrk(through, c, args.seconds, keys, stream)
+            g = wrk(gateways[name], c, args.seconds, keys, stream)
             ok, line = verify(url)
             results["verify"].append((f"{name} c={c}", ok, line))
             row = {"scenario": name, "c": c, "direct": d, "capgate": g}
@@ -255,7 +270,7 @@ def write_report(args, results, settings):
     lines = ["# CapGate benchmarks", "",
              f"Measured by `bench/run` on {time.strftime('%Y-%m-%d')}: {machine()}.",
              "PostgreSQL 15 (embedded launcher), " + ", ".join(f"`{k}={v}`" for k, v in settings.items()) + ".",
-             f"Admission durability: `{args.durability}`. Gateway: release build, `LOG_LEVEL=warning`, pool of 16 connections.",
+             f"Admission durability: `{args.durability}` (rows marked relaxed: a second gateway with `database.durability = relaxed`). Gateway: release build, `LOG_LEVEL=warning`, pool of 16 connections.",
              "Load: wrk from a separate process on the same 2 cores (wrk, the mock provider, CapGate and PostgreSQL share them),",
              f"{args.seconds} s per scenario, non-streaming `POST /v1/messages` unless noted, keys rotated per request.", "",
              "## Through CapGate vs the provider directly", "",

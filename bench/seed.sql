@@ -22,6 +22,11 @@ SELECT id, 'bench', date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE '
        date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', 'bench'
   FROM companies;
 INSERT INTO company_usage (company_id, period_id, used) SELECT company_id, id, 0 FROM plan_periods;
+-- Steady state: every user's counter row for the period exists (a user's first call in a
+-- period otherwise creates it; on a freshly seeded database the first scenario would pay
+-- for 10,640 of those inserts).
+INSERT INTO user_usage (company_id, period_id, user_id, used)
+SELECT p.company_id, p.id, u.id, 0 FROM plan_periods p JOIN users u ON u.company_id = p.company_id;
 
 -- The seed design's table for the COUNT(*)-then-INSERT comparison.
 CREATE TABLE IF NOT EXISTS seed_usage (company_id uuid NOT NULL, user_id uuid NOT NULL, created_at timestamptz NOT NULL);

@@ -14,9 +14,6 @@ struct AdmitKeyStatement: PostgresPreparedStatement {
           FROM capgate_admit_key($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
         """
     typealias Row = AdmissionRow
-    typealias Columns = (
-        String, UUID?, UUID?, String?, String?, Int64?, Int64?, String?, String?, Date?, Date?, Int64?, Int64?, Int64?, Int64?
-    )
 
     var keyHash: ByteBuffer
     var request: AdmissionRequest
@@ -31,8 +28,19 @@ struct AdmitKeyStatement: PostgresPreparedStatement {
     }
 
     func decodeRow(_ row: PostgresRow) throws -> AdmissionRow {
-        let c = try row.decode(Columns.self)
-        return AdmissionRow(
+        try AdmissionRow(keyedColumnsOf: row)
+    }
+}
+
+extension AdmissionRow {
+    /// auth, company, user, role, decision, ledger, period, plan, plan name, start, end, company
+    /// used and cap, user used and cap: the columns of `capgate_admit_key` and of
+    /// `capgate_admit_batch`, in that order.
+    init(keyedColumnsOf row: PostgresRow) throws {
+        let c = try row.decode(
+            (String, UUID?, UUID?, String?, String?, Int64?, Int64?, String?, String?, Date?, Date?, Int64?, Int64?, Int64?, Int64?)
+                .self)
+        self.init(
             auth: c.0, companyID: c.1, userID: c.2, role: c.3, decision: c.4, ledgerID: c.5, periodID: c.6, plan: c.7,
             planName: c.8, start: c.9, end: c.10, companyUsed: c.11, companyCap: c.12, userUsed: c.13, userCap: c.14)
     }
@@ -100,14 +108,12 @@ extension AdmissionRequest {
 /// cannot carry NULL elements from this driver, so "absent" is the empty value ('' or the nil UUID).
 struct AdmitBatchStatement: PostgresPreparedStatement {
     static let sql = """
-        SELECT item, auth, company, member, member_role, decision, ledger, period, plan, plan_name, period_start,
+        SELECT auth, company, member, member_role, decision, ledger, period, plan, plan_name, period_start,
                period_end, company_used, company_cap, user_used, user_cap
           FROM capgate_admit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+         ORDER BY item
         """
     typealias Row = AdmissionRow
-    typealias Columns = (
-        Int32, String, UUID?, UUID?, String?, String?, Int64?, Int64?, String?, String?, Date?, Date?, Int64?, Int64?, Int64?, Int64?
-    )
 
     var items: [AdmissionItem]
     var relaxed: Bool
@@ -130,10 +136,7 @@ struct AdmitBatchStatement: PostgresPreparedStatement {
     }
 
     func decodeRow(_ row: PostgresRow) throws -> AdmissionRow {
-        let c = try row.decode(Columns.self)
-        return AdmissionRow(
-            auth: c.1, companyID: c.2, userID: c.3, role: c.4, decision: c.5, ledgerID: c.6, periodID: c.7, plan: c.8,
-            planName: c.9, start: c.10, end: c.11, companyUsed: c.12, companyCap: c.13, userUsed: c.14, userCap: c.15)
+        try AdmissionRow(keyedColumnsOf: row)
     }
 }
 

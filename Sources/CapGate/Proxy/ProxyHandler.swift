@@ -151,9 +151,11 @@ public struct ProxyHandler: Sendable {
         let contentLength = response.headers.first(name: "content-length").flatMap(Int.init)
         let contentType = response.headers.first(name: "content-type")
         // A small answer of known length is read whole and sent with the head in one write;
-        // anything else (streams, large or unknown length) streams through as it arrives.
+        // anything else (streams, large or unknown length) streams through as it arrives. A
+        // HEAD answer keeps the provider's declared length, so it is never buffered.
         let buffered =
-            contentLength.map { $0 <= Self.bufferedBodyLimit } ?? false
+            request.method != .head
+            && contentLength.map { $0 <= Self.bufferedBodyLimit } ?? false
             && !(contentType?.lowercased().hasPrefix("text/event-stream") ?? false)
         let upstreamBody = response.body
 
