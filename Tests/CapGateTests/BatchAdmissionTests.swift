@@ -164,25 +164,33 @@ struct BatchAdmissionTests {
         }
     }
 
-    @Test("settlements are queued, written in batches, and flushed before shutdown")
+    @Test("settlements arriving a few ms apart gather into a few batches and are flushed before shutdown")
     func settlementsFlush() async throws {
         try await Harness.with { h in
             try await h.createPlan("p", company: 100, user: 100)
             let (company, users) = try await h.createCompany(plan: "p", users: 1)
             try await Self.withMetering(h) { metering, _ in
-                for i in 0..<20 {
+                var ledgerIDs: [Int64] = []
+                for i in 0..<12 {
                     let (_, admission) = try await metering.admit(
                         key: users[0].key,
                         AdmissionRequest(companyID: UUID(), userID: UUID(), method: "POST", route: "/v1/x", requestID: "s\(i)"))
-                    let ledger = try #require(admission.ledgerID)
+                    ledgerIDs.append(try #require(admission.ledgerID))
+                }
+                // 3 ms apart, longer than one settlement transaction takes here: without the
+                // 50 ms gathering each would find the queue idle and go alone.
+                for (i, ledger) in ledgerIDs.enumerated() {
                     metering.settle(companyID: company, ledgerID: ledger, upstreamStatus: 200, inputTokens: Int64(i), outputTokens: nil)
+                    try await Task.sleep(for: .milliseconds(3))
                 }
                 await metering.flush()
                 #expect(
-                    try await h.scalar("SELECT count(*) FROM usage_ledger WHERE settled_at IS NOT NULL AND upstream_status = 200") == 20)
+                    try await h.scalar("SELECT count(*) FROM usage_ledger WHERE settled_at IS NOT NULL AND upstream_status = 200") == 12)
+                #expect(metering.settlementStatistics.items == 12)
+                #expect(metering.settlementStatistics.batches <= 4, "12 without gathering")
             }
-            #expect(try await h.scalar("SELECT sum(input_tokens) FROM usage_ledger") == (0..<20).reduce(0, +))
-            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE output_tokens IS NULL") == 20)
+            #expect(try await h.scalar("SELECT sum(input_tokens) FROM usage_ledger") == (0..<12).reduce(0, +))
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE output_tokens IS NULL") == 12)
         }
     }
 }

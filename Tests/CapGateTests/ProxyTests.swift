@@ -39,6 +39,31 @@ struct ProxyTests {
         }
     }
 
+    @Test("request ids: req_ and 24 hex digits, distinct across many concurrent calls, the same in the ledger")
+    func requestIDs() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("wide", company: 1_000, user: 1_000)
+            let (company, users) = try await h.createCompany(plan: "wide", users: 1)
+            let ids = try await withThrowingTaskGroup(of: String.self) { group in
+                for _ in 0..<60 {
+                    group.addTask {
+                        let reply = try await h.message(key: users[0].key)
+                        return reply.headers.first(name: "request-id") ?? ""
+                    }
+                }
+                return try await group.reduce(into: [String]()) { $0.append($1) }
+            }
+            let hex = Set("0123456789abcdef")
+            #expect(ids.allSatisfy { $0.hasPrefix("req_") && $0.count == 28 && $0.dropFirst(4).allSatisfy(hex.contains) })
+            #expect(Set(ids).count == 60)
+            let listed = ids.map { "'\($0)'" }.joined(separator: ",")
+            #expect(
+                try await h.scalar(
+                    "SELECT count(DISTINCT request_id) FROM usage_ledger WHERE company_id = '\(company.text)' AND request_id IN (\(listed))"
+                ) == 60)
+        }
+    }
+
     @Test("a streamed answer reaches the client event by event, before the provider finishes")
     func streamsIncrementally() async throws {
         try await Harness.with { h in

@@ -39,6 +39,19 @@ public enum GatewayMetrics {
         var refunds: [String: Metrics.Counter] = [:]
     }
 
+    /// The handle stored under `key` in one of the caches, made by `make` the first time.
+    private static func cached<Key: Hashable, Handle: Sendable>(
+        _ cache: WritableKeyPath<Handles, [Key: Handle]>, _ key: Key, make: () -> Handle
+    ) -> Handle {
+        _ = registry
+        return handles.withLock { handles in
+            if let handle = handles[keyPath: cache][key] { return handle }
+            let handle = make()
+            handles[keyPath: cache][key] = handle
+            return handle
+        }
+    }
+
     private struct RequestKey: Hashable {
         var route: String
         var status: Int
@@ -61,27 +74,16 @@ public enum GatewayMetrics {
     }()
 
     static func request(route: String, status: Int, decision: String) {
-        _ = registry
-        let key = RequestKey(route: route, status: status, decision: decision)
-        let counter = handles.withLock { handles in
-            if let counter = handles.requests[key] { return counter }
-            let counter = Metrics.Counter(
+        cached(\.requests, RequestKey(route: route, status: status, decision: decision)) {
+            Metrics.Counter(
                 label: "capgate_requests_total", dimensions: [("route", route), ("status", String(status)), ("decision", decision)])
-            handles.requests[key] = counter
-            return counter
-        }
-        counter.increment()
+        }.increment()
     }
 
     static func admission(_ duration: Duration, decision: String) {
-        _ = registry
-        let timer = handles.withLock { handles in
-            if let timer = handles.admissions[decision] { return timer }
-            let timer = Metrics.Timer(label: "capgate_admission_duration_seconds", dimensions: [("decision", decision)])
-            handles.admissions[decision] = timer
-            return timer
-        }
-        timer.recordNanoseconds(duration.nanoseconds)
+        cached(\.admissions, decision) {
+            Metrics.Timer(label: "capgate_admission_duration_seconds", dimensions: [("decision", decision)])
+        }.recordNanoseconds(duration.nanoseconds)
     }
 
     /// Calls admitted by one admission transaction (batching).
@@ -95,26 +97,14 @@ public enum GatewayMetrics {
     }
 
     static func upstream(_ duration: Duration, status: Int) {
-        _ = registry
         let statusClass = status / 100
-        let timer = handles.withLock { handles in
-            if let timer = handles.upstreams[statusClass] { return timer }
-            let timer = Metrics.Timer(label: "capgate_upstream_duration_seconds", dimensions: [("status_class", "\(statusClass)xx")])
-            handles.upstreams[statusClass] = timer
-            return timer
-        }
-        timer.recordNanoseconds(duration.nanoseconds)
+        cached(\.upstreams, statusClass) {
+            Metrics.Timer(label: "capgate_upstream_duration_seconds", dimensions: [("status_class", "\(statusClass)xx")])
+        }.recordNanoseconds(duration.nanoseconds)
     }
 
     static func refund(reason: String) {
-        _ = registry
-        let counter = handles.withLock { handles in
-            if let counter = handles.refunds[reason] { return counter }
-            let counter = Metrics.Counter(label: "capgate_refunds_total", dimensions: [("reason", reason)])
-            handles.refunds[reason] = counter
-            return counter
-        }
-        counter.increment()
+        cached(\.refunds, reason) { Metrics.Counter(label: "capgate_refunds_total", dimensions: [("reason", reason)]) }.increment()
     }
 
     static func inflight(_ delta: Int) {

@@ -42,6 +42,9 @@ public struct MeteringStore: Sendable {
     /// How admission batching went so far (batches, calls, largest batch).
     public var admissionStatistics: BatchQueue<AdmissionItem, AdmissionRow>.Statistics { admissions.statistics }
 
+    /// How settlement batching went so far (batches, settlements, largest batch).
+    var settlementStatistics: BatchQueue<Settlement, Void>.Statistics { settlements.statistics }
+
     /// Admits a call whose company and user come from a verified token: exact under any concurrency.
     public func admit(_ r: AdmissionRequest) async throws -> Admission {
         let row = try await admissions.submit(AdmissionItem(keyHash: nil, request: r))
