@@ -13,11 +13,12 @@ struct FoundationTests {
             try await CapGateRunner.migrate(url: url, dryRun: true, logger: logger) == [
                 "would apply 0001_schema", "would apply 0002_admission", "would apply 0003_rollover",
                 "would apply 0004_admission_batch", "would apply 0005_period_locks", "would apply 0006_settle_plans",
+                "would apply 0007_admission_fast_path",
             ])
         #expect(
             try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) == [
                 "applied 0001_schema", "applied 0002_admission", "applied 0003_rollover", "applied 0004_admission_batch",
-                "applied 0005_period_locks", "applied 0006_settle_plans",
+                "applied 0005_period_locks", "applied 0006_settle_plans", "applied 0007_admission_fast_path",
             ])
         #expect(try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) == ["nothing to apply"])
         #expect(try await CapGateRunner.migrate(url: url, dryRun: true, logger: logger) == ["nothing to apply"])
@@ -37,6 +38,22 @@ struct FoundationTests {
                 try await edited.migrate(client: client, logger: logger)
             }
         }
+    }
+
+    @Test("withDeadline: a quick body's value or error passes through; a slow body is cancelled at the limit")
+    func deadline() async throws {
+        struct Refused: Error {}
+        #expect(try await withDeadline(.seconds(5)) { 42 } == 42)
+        await #expect(throws: Refused.self) { try await withDeadline(.seconds(5)) { () async throws -> Int in throw Refused() } }
+        let start = ContinuousClock.now
+        await #expect(throws: DeadlineExceeded.self) {
+            try await withDeadline(.milliseconds(100)) { () async throws -> Int in
+                try await Task.sleep(for: .seconds(30))
+                return 1
+            }
+        }
+        let waited = ContinuousClock.now - start
+        #expect(waited >= .milliseconds(100) && waited < .seconds(5))
     }
 
     @Test("a cluster folder the postgres user cannot reach (a mode-700 checkout run as root) still gets a working cluster")

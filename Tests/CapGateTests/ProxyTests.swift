@@ -196,6 +196,52 @@ struct ProxyTests {
         }
     }
 
+    @Test("single-call admission SQL: the conditional-update path and the locking path decide the same, counters equal the ledger")
+    func singleCallPaths() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("small", company: 3, user: 2)
+            let (company, users) = try await h.createCompany(plan: "small", users: 2)
+            func admit(_ user: UUID, idempotencyKey: String? = nil) async throws -> String? {
+                let key = idempotencyKey.map { "'\($0)'" } ?? "NULL"
+                return try await h.text(
+                    "SELECT (capgate_admit('\(company.text)', '\(user.text)', 1, 'POST', '/v1/messages', NULL, NULL, 'r', \(key), now())).decision"
+                )
+            }
+            func counters() async throws -> [Int64] {
+                [
+                    try await h.scalar("SELECT coalesce(sum(used), 0) FROM company_usage WHERE company_id = '\(company.text)'"),
+                    try await h.scalar("SELECT coalesce(sum(used), 0) FROM user_usage WHERE user_id = '\(users[0].id.text)'"),
+                    try await h.scalar("SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)'"),
+                ]
+            }
+            // No counter rows yet this period: created by the locking path, then charged.
+            #expect(try await admit(users[0].id) == "charged")
+            #expect(try await counters() == [1, 1, 1])
+            // Both rows exist: the conditional updates charge.
+            #expect(try await admit(users[0].id) == "charged")
+            #expect(try await counters() == [2, 2, 2])
+            // The user is at the user cap while the company has room: the company charge is given back.
+            #expect(try await admit(users[0].id) == "user_cap")
+            #expect(try await counters() == [2, 2, 2])
+            // A retry with an Idempotency-Key is charged once.
+            #expect(try await admit(users[1].id, idempotencyKey: "k1") == "charged")
+            #expect(try await admit(users[1].id, idempotencyKey: "k1") == "replayed")
+            #expect(try await counters() == [3, 2, 3])
+            // The company cap: refused, nothing moves.
+            #expect(try await admit(users[1].id) == "company_cap")
+            #expect(try await counters() == [3, 2, 3])
+            #expect(try await admit(UUID()) == "unknown_user")
+            #expect(
+                try await h.scalar(
+                    """
+                    SELECT count(*) FROM user_usage uu
+                     WHERE uu.company_id = '\(company.text)'
+                       AND uu.used <> (SELECT count(*) FROM usage_ledger l WHERE l.user_id = uu.user_id AND l.outcome = 'charged')
+                    """
+                ) == 0)
+        }
+    }
+
     @Test("a plan period with ledger rows can be neither deleted nor re-keyed; one without usage takes its counters along")
     func usedPeriodsStay() async throws {
         try await Harness.with { h in

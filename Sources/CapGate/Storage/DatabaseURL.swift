@@ -55,7 +55,13 @@ public struct DatabaseURL: Sendable {
         var config = PostgresClient.Configuration(
             host: host, port: port, username: username, password: password, database: database, tls: tls)
         config.options.maximumConnections = maxConnections
-        config.options.minimumConnections = 0
+        // Up to 8 connections are opened at start and kept, and none is pinged while idle: the
+        // pool arms an idle-timeout timer for every connection above the minimum and a
+        // keep-alive timer for every idle one each time it is released, on Dispatch's timer
+        // thread (a wake-up of another thread per query). A connection the server dropped is
+        // found out by the next query that uses it (503 for that call, as with any outage).
+        config.options.minimumConnections = min(maxConnections, 8)
+        config.options.keepAliveBehavior = nil
         config.options.connectTimeout = .seconds(3)
         return config
     }

@@ -194,6 +194,12 @@ struct Harness: Sendable {
         return 0
     }
 
+    func text(_ sql: String) async throws -> String? {
+        let rows = try await db.query(PostgresQuery(unsafeSQL: "SELECT (" + sql + ")::text"), logger: TestCluster.logger)
+        for try await value in rows.decode(String?.self) { return value }
+        return nil
+    }
+
     /// Polls `sql` until it yields `expected` (for what the gateway writes after answering,
     /// such as token counts); returns the last value read.
     func eventually(_ sql: String, equals expected: Int64, within limit: Duration = .seconds(10)) async throws -> Int64 {
