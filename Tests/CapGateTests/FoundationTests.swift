@@ -200,5 +200,9 @@ struct JSONTests {
         #expect(model(#"{"a":[1,2"#) == nil)
         #expect(model(#"{"a":"\u0001","model":"m"}"#) == "m")
         #expect(model("") == nil)
+        let both = JSON.topLevelValues(
+            ["model", "stream"], in: ByteBuffer(string: #"{"model":"m","messages":["# + prompt + #"{}],"stream":true}"#))
+        #expect(both["model"]?.stringValue == "m" && both["stream"]?.boolValue == true)
+        #expect(JSON.topLevelValues(["model", "stream"], in: ByteBuffer(string: #"{"model":"m"}"#)).keys.sorted() == ["model"])
     }
 }

@@ -27,7 +27,13 @@ public struct MockProvider: Sendable {
         let value = Mutex(0)
         public init() {}
         public var count: Int { value.withLock { $0 } }
-        func increment() { value.withLock { $0 += 1 } }
+        /// Counts one request; returns the new count.
+        @discardableResult
+        func increment() -> Int {
+            value.withLock {
+                $0 += 1; return $0
+            }
+        }
     }
 
     public func buildApplication(
@@ -45,13 +51,15 @@ public struct MockProvider: Sendable {
             Self.json(.obj(["count": .int(Int64(counter.count))]))
         }
         router.post("/v1/messages") { request, context -> Response in
-            counter.increment()
+            let number = counter.increment()
             let body = try await request.body.collect(upTo: 64 << 20)
-            let json = (try? JSON.parse(body)) ?? .obj([:])
+            // Only the two fields it needs are read: the mock stands in for a provider on
+            // another machine, so it should cost the benchmark's shared cores little.
+            let json = JSON.topLevelValues(["model", "stream"], in: body)
             let model = json["model"]?.stringValue ?? "claude-mock-1"
             let headers = request.headers
-            var status = headers[HTTPField.Name("x-mock-status")!].flatMap(Int.init) ?? 200
-            var delay = headers[HTTPField.Name("x-mock-delay-ms")!].flatMap(Int.init) ?? 0
+            var status = headers[Self.statusField].flatMap(Int.init) ?? 200
+            var delay = headers[Self.delayField].flatMap(Int.init) ?? 0
             if model == "mock-error-500" { status = 500 }
             if model == "mock-stall" { delay = 30_000 }
             if delay > 0 { try await Task.sleep(for: .milliseconds(delay)) }
@@ -64,21 +72,14 @@ public struct MockProvider: Sendable {
             let inputTokens = Int64(max(1, body.readableBytes / 4))
             let text = "Hello from the mock provider."
             let outputTokens: Int64 = 7
-            if let bytes = headers[HTTPField.Name("x-mock-bytes")!].flatMap(Int.init) {
+            if let bytes = headers[Self.bytesField].flatMap(Int.init) {
                 return Self.bulk(bytes: bytes)
             }
             if json["stream"]?.boolValue == true {
-                let chunkDelay = headers[HTTPField.Name("x-mock-chunk-delay-ms")!].flatMap(Int.init) ?? 0
+                let chunkDelay = headers[Self.chunkDelayField].flatMap(Int.init) ?? 0
                 return Self.stream(model: model, text: text, inputTokens: inputTokens, outputTokens: outputTokens, chunkDelay: chunkDelay)
             }
-            return Self.json(
-                .obj([
-                    "id": .string("msg_mock_" + ApiKeyGenerator.randomToken(bytes: 9)), "type": "message", "role": "assistant",
-                    "model": .string(model), "content": .array([.obj(["type": "text", "text": .string(text)])]),
-                    "stop_reason": "end_turn", "stop_sequence": .null,
-                    "usage": .obj(["input_tokens": .int(inputTokens), "output_tokens": .int(outputTokens)]),
-                ])
-            )
+            return Self.message(id: number, model: model, text: text, inputTokens: inputTokens, outputTokens: outputTokens)
         }
         // Everything else: an echo.
         // (The router does not backtrack from /v1/… to a root wildcard, so both are registered.)
@@ -112,9 +113,29 @@ public struct MockProvider: Sendable {
     static func json(_ value: JSON, status: HTTPResponse.Status = .ok) -> Response {
         var headers = HTTPFields()
         headers[.contentType] = "application/json"
-        headers[HTTPField.Name("request-id")!] = "mock_req"
+        headers[requestIDField] = "mock_req"
         return Response(status: status, headers: headers, body: .init(byteBuffer: value.byteBuffer()))
     }
+
+    /// A Messages API answer, written directly (the same fields a JSON tree would give).
+    static func message(id: Int, model: String, text: String, inputTokens: Int64, outputTokens: Int64) -> Response {
+        var out = #"{"id":"msg_mock_"# + String(id, radix: 16) + #"","type":"message","role":"assistant","model":"#
+        JSON.writeString(model, into: &out)
+        out += #","content":[{"type":"text","text":"#
+        JSON.writeString(text, into: &out)
+        out +=
+            #"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":\#(inputTokens),"output_tokens":\#(outputTokens)}}"#
+        var headers = HTTPFields()
+        headers[.contentType] = "application/json"
+        headers[requestIDField] = "mock_req"
+        return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: out)))
+    }
+
+    static let requestIDField = HTTPField.Name("request-id")!
+    static let statusField = HTTPField.Name("x-mock-status")!
+    static let delayField = HTTPField.Name("x-mock-delay-ms")!
+    static let bytesField = HTTPField.Name("x-mock-bytes")!
+    static let chunkDelayField = HTTPField.Name("x-mock-chunk-delay-ms")!
 
     static func stream(model: String, text: String, inputTokens: Int64, outputTokens: Int64, chunkDelay: Int) -> Response {
         var headers = HTTPFields()

@@ -126,7 +126,13 @@ extension JSON: Decodable {
 
     /// The string value of `key` in a top-level JSON object, without parsing the rest.
     public static func topLevelString(_ key: String, in buffer: ByteBuffer) -> String? {
-        JSONParser.topLevelString(key, in: Array(buffer.readableBytesView))
+        topLevelValues([key], in: buffer)[key]?.stringValue
+    }
+
+    /// The values of `keys` in a top-level JSON object, without building the rest; empty when
+    /// the text is not an object.
+    public static func topLevelValues(_ keys: Set<String>, in buffer: ByteBuffer) -> [String: JSON] {
+        JSONParser.topLevelValues(keys, in: Array(buffer.readableBytesView))
     }
 }
 

@@ -23,31 +23,36 @@ struct JSONParser {
         while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x0A || bytes[i] == 0x0D || bytes[i] == 0x09 { i += 1 }
     }
 
-    /// The string value of `key` in a top-level object, reading no further than needed and
-    /// building nothing else (a request body's `model` next to a large prompt); nil when the
-    /// text is not an object, has no such key, or its value is not a string.
-    static func topLevelString(_ key: String, in bytes: [UInt8]) -> String? {
+    /// The values of `keys` in a top-level object, reading no further than needed and building
+    /// nothing else (a request body's `model` next to a large prompt); empty when the text is not
+    /// an object. Keys the object lacks are absent from the result.
+    static func topLevelValues(_ keys: Set<String>, in bytes: [UInt8]) -> [String: JSON] {
+        var found: [String: JSON] = [:]
         var parser = JSONParser(bytes)
         parser.skipWhitespace()
-        guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: "{") else { return nil }
+        guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: "{") else { return found }
         parser.i += 1
         do {
-            while true {
+            while found.count < keys.count {
                 parser.skipWhitespace()
-                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: "\"") else { return nil }
+                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: "\"") else { return found }
                 let name = try parser.string()
                 parser.skipWhitespace()
-                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: ":") else { return nil }
+                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: ":") else { return found }
                 parser.i += 1
-                if name == key { return try parser.value(depth: 1).stringValue }
-                _ = try parser.value(depth: 1, build: false)
+                if keys.contains(name) {
+                    found[name] = try parser.value(depth: 1)
+                } else {
+                    _ = try parser.value(depth: 1, build: false)
+                }
                 parser.skipWhitespace()
-                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: ",") else { return nil }
+                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: ",") else { return found }
                 parser.i += 1
             }
         } catch {
-            return nil
+            return found
         }
+        return found
     }
 
     /// The value at `i`. With `build` false the value is checked and passed over without
