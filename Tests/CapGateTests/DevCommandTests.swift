@@ -75,6 +75,18 @@ struct DevCommandTests {
         let reply = try await Harness.http.execute(call, timeout: .seconds(10))
         #expect(reply.status == .ok)
 
+        // 120 simultaneous calls on the real binary (Swift Concurrency on the event loops,
+        // callers handed their batch's answer on their own loop): the member's cap of 25
+        // admits exactly 24 more, every caller gets its answer.
+        let request = call
+        let statuses = try await withThrowingTaskGroup(of: UInt.self) { group in
+            for _ in 0..<120 {
+                group.addTask { try await Harness.http.execute(request, timeout: .seconds(30)).status.code }
+            }
+            return try await group.reduce(into: [UInt: Int]()) { $0[$1, default: 0] += 1 }
+        }
+        #expect(statuses == [200: 24, 402: 96], "\(statuses)")
+
         kill(process.processIdentifier, SIGINT)
         for _ in 0..<60 where process.isRunning { try await Task.sleep(for: .milliseconds(250)) }
         #expect(!process.isRunning, "dev did not stop on SIGINT")

@@ -1,3 +1,5 @@
+import NIOCore
+import NIOPosix
 import Synchronization
 
 /// Group commit: while one batch is being processed, arriving items queue; when it finishes,
@@ -15,6 +17,10 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
         let item: Item
         /// nil for fire-and-forget items (``enqueue(_:)``).
         let continuation: CheckedContinuation<Output, any Error>?
+        /// The event loop the submitter ran on: its result is handed over there, so the caller
+        /// continues on its own loop (with its own connections) instead of every caller of a
+        /// batch continuing on the loop that ran the batch.
+        var loop: (any EventLoop)? = nil
     }
 
     private struct State: Sendable {
@@ -64,8 +70,9 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
             return true
         }
         guard leads else {
+            let loop = MultiThreadedEventLoopGroup.currentEventLoop
             return try await withCheckedThrowingContinuation { continuation in
-                append(Entry(item: item, continuation: continuation))
+                append(Entry(item: item, continuation: continuation, loop: loop))
             }
         }
         let result = await process([item]).first ?? .failure(BatchQueueError.missingResult)
@@ -143,10 +150,11 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
             let results = await process(batch.map(\.item))
             for (index, entry) in batch.enumerated() {
                 guard let continuation = entry.continuation else { continue }
-                if index < results.count {
-                    continuation.resume(with: results[index])
+                let result = index < results.count ? results[index] : .failure(BatchQueueError.missingResult)
+                if let loop = entry.loop, !loop.inEventLoop {
+                    loop.execute { continuation.resume(with: result) }
                 } else {
-                    continuation.resume(throwing: BatchQueueError.missingResult)
+                    continuation.resume(with: result)
                 }
             }
         }
