@@ -204,5 +204,9 @@ struct JSONTests {
             ["model", "stream"], in: ByteBuffer(string: #"{"model":"m","messages":["# + prompt + #"{}],"stream":true}"#))
         #expect(both["model"]?.stringValue == "m" && both["stream"]?.boolValue == true)
         #expect(JSON.topLevelValues(["model", "stream"], in: ByteBuffer(string: #"{"model":"m"}"#)).keys.sorted() == ["model"])
+        #expect(model(#"{"model":"first","model":"second"}"#) == "first")
+        #expect(
+            JSON.topLevelValues(["model", "stream"], in: ByteBuffer(string: #"{"model":"a","model":"b","stream":false}"#))["model"]
+                == .string("a"))
     }
 }

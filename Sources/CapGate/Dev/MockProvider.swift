@@ -53,8 +53,7 @@ public struct MockProvider: Sendable {
         router.post("/v1/messages") { request, context -> Response in
             let number = counter.increment()
             let body = try await request.body.collect(upTo: 64 << 20)
-            // Only the two fields it needs are read: the mock stands in for a provider on
-            // another machine, so it should cost the benchmark's shared cores little.
+            // Only the two fields it needs are read, and ids come from the request counter.
             let json = JSON.topLevelValues(["model", "stream"], in: body)
             let model = json["model"]?.stringValue ?? "claude-mock-1"
             let headers = request.headers
@@ -79,7 +78,14 @@ public struct MockProvider: Sendable {
                 let chunkDelay = headers[Self.chunkDelayField].flatMap(Int.init) ?? 0
                 return Self.stream(model: model, text: text, inputTokens: inputTokens, outputTokens: outputTokens, chunkDelay: chunkDelay)
             }
-            return Self.message(id: number, model: model, text: text, inputTokens: inputTokens, outputTokens: outputTokens)
+            return Self.json(
+                .obj([
+                    "id": .string("msg_mock_" + String(number, radix: 16)), "type": "message", "role": "assistant",
+                    "model": .string(model), "content": .array([.obj(["type": "text", "text": .string(text)])]),
+                    "stop_reason": "end_turn", "stop_sequence": .null,
+                    "usage": .obj(["input_tokens": .int(inputTokens), "output_tokens": .int(outputTokens)]),
+                ])
+            )
         }
         // Everything else: an echo.
         // (The router does not backtrack from /v1/… to a root wildcard, so both are registered.)
@@ -115,20 +121,6 @@ public struct MockProvider: Sendable {
         headers[.contentType] = "application/json"
         headers[requestIDField] = "mock_req"
         return Response(status: status, headers: headers, body: .init(byteBuffer: value.byteBuffer()))
-    }
-
-    /// A Messages API answer, written directly (the same fields a JSON tree would give).
-    static func message(id: Int, model: String, text: String, inputTokens: Int64, outputTokens: Int64) -> Response {
-        var out = #"{"id":"msg_mock_"# + String(id, radix: 16) + #"","type":"message","role":"assistant","model":"#
-        JSON.writeString(model, into: &out)
-        out += #","content":[{"type":"text","text":"#
-        JSON.writeString(text, into: &out)
-        out +=
-            #"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":\#(inputTokens),"output_tokens":\#(outputTokens)}}"#
-        var headers = HTTPFields()
-        headers[.contentType] = "application/json"
-        headers[requestIDField] = "mock_req"
-        return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: out)))
     }
 
     static let requestIDField = HTTPField.Name("request-id")!

@@ -25,7 +25,8 @@ struct JSONParser {
 
     /// The values of `keys` in a top-level object, reading no further than needed and building
     /// nothing else (a request body's `model` next to a large prompt); empty when the text is not
-    /// an object. Keys the object lacks are absent from the result.
+    /// an object. Keys the object lacks are absent from the result; a repeated key keeps its first
+    /// value.
     static func topLevelValues(_ keys: Set<String>, in bytes: [UInt8]) -> [String: JSON] {
         var found: [String: JSON] = [:]
         var parser = JSONParser(bytes)
@@ -40,7 +41,7 @@ struct JSONParser {
                 parser.skipWhitespace()
                 guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: ":") else { return found }
                 parser.i += 1
-                if keys.contains(name) {
+                if keys.contains(name), found[name] == nil {
                     found[name] = try parser.value(depth: 1)
                 } else {
                     _ = try parser.value(depth: 1, build: false)
