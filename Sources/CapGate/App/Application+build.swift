@@ -1,4 +1,3 @@
-import AsyncHTTPClient
 import Foundation
 import Hummingbird
 import Logging
@@ -45,7 +44,7 @@ struct GatewayParts {
             backgroundLogger: dbLogger
         )
         let database = Database(client: client, timeout: .milliseconds(Int64(configuration.databaseTimeout * 1000)), logger: dbLogger)
-        let upstream = UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
+        let upstream = try UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
         let authenticator = try await Authenticator(database: database, configuration: configuration)
         let metering = MeteringStore(database: database, relaxed: configuration.databaseDurability == "relaxed")
         let billing = BillingStore(database: database)

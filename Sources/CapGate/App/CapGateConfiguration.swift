@@ -56,6 +56,12 @@ public struct CapGateConfiguration: Sendable {
     ]
     static let secretKeys: Set<String> = ["database.url", "upstream.apiKey", "operator.token", "jwt.secret"]
 
+    /// An absolute `http://` or `https://` URL with a host.
+    static func isHTTPURL(_ text: String) -> Bool {
+        guard let url = URL(string: text), let scheme = url.scheme?.lowercased(), let host = url.host else { return false }
+        return (scheme == "http" || scheme == "https") && !host.isEmpty
+    }
+
     /// Reads and validates every key. Throws ``ConfigurationError`` naming the key on a bad value.
     public init(reader: ConfigReader) throws {
         host = reader.string(forKey: "http.host", default: "127.0.0.1")
@@ -84,7 +90,7 @@ public struct CapGateConfiguration: Sendable {
         if !proxyPrefix.hasPrefix("/") || !proxyPrefix.hasSuffix("/") {
             throw ConfigurationError(key: "proxy.prefix", problem: "must start and end with '/', such as /v1/")
         }
-        if let url = upstreamURL, URL(string: url)?.host == nil {
+        if let url = upstreamURL, !Self.isHTTPURL(url) {
             throw ConfigurationError(key: "upstream.url", problem: "is not an absolute http(s) URL")
         }
         if let url = databaseURL, (try? DatabaseURL(url)) == nil {

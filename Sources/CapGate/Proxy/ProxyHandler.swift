@@ -1,4 +1,3 @@
-import AsyncHTTPClient
 import Foundation
 import HTTPTypes
 import Hummingbird
@@ -106,25 +105,24 @@ public struct ProxyHandler: Sendable {
         }
         let charge = admission.decision == .charged ? admission.ledgerID : nil
 
-        var outbound = HTTPClientRequest(url: upstream.baseURL + (request.head.path ?? path))
-        outbound.method = HTTPMethod(rawValue: request.method.rawValue)
-        outbound.headers.reserveCapacity(request.headers.count + 2)
+        var outboundHeaders = HTTPHeaders()
+        outboundHeaders.reserveCapacity(request.headers.count + 2)
         for field in request.headers where !Self.droppedRequestHeaders.contains(field.name.canonicalName) {
-            outbound.headers.add(name: field.name.rawName, value: field.value)
+            outboundHeaders.add(name: field.name.rawName, value: field.value)
         }
-        outbound.headers.add(name: "accept-encoding", value: "identity")
-        if let key = upstream.apiKey { outbound.headers.add(name: "x-api-key", value: key) }
-        if body.readableBytes > 0 || request.method == .post || request.method == .put || request.method == .patch {
-            outbound.body = .bytes(body)
-        }
+        outboundHeaders.add(name: "accept-encoding", value: "identity")
+        if let key = upstream.apiKey { outboundHeaders.add(name: "x-api-key", value: key) }
+        let sendsBody = body.readableBytes > 0 || request.method == .post || request.method == .put || request.method == .patch
 
         let upstreamStart = ContinuousClock.now
-        let response: HTTPClientResponse
+        let response: UpstreamResponse
         do {
-            response = try await upstream.http.execute(outbound, deadline: .now() + upstream.headTimeout, logger: logger)
+            response = try await upstream.execute(
+                method: HTTPMethod(rawValue: request.method.rawValue), target: request.head.path ?? path, headers: outboundHeaders,
+                body: sendsBody ? body : nil
+            )
         } catch {
-            let timedOut =
-                (error as? HTTPClientError).map { $0 == .deadlineExceeded || $0 == .readTimeout || $0 == .connectTimeout } ?? false
+            let timedOut = (error as? UpstreamError)?.isTimeout ?? false
             if let charge {
                 await refund(user: user, ledgerID: charge, status: nil, reason: timedOut ? "timeout" : "unreachable", logger: logger)
             }
@@ -135,7 +133,7 @@ public struct ProxyHandler: Sendable {
             }
             throw GatewayError.upstream("The AI provider could not be reached or broke the connection. You were not charged; try again.")
         }
-        let status = Int(response.status.code)
+        let status = Int(response.head.status.code)
         GatewayMetrics.upstream(ContinuousClock.now - upstreamStart, status: status)
         record.update {
             $0.upstreamStatus = status
@@ -143,21 +141,13 @@ public struct ProxyHandler: Sendable {
         }
 
         var headers = HTTPFields()
-        headers.reserveCapacity(response.headers.count + 3)
-        for (name, value) in response.headers where !Self.droppedResponseHeaders.contains(name.lowercased()) {
+        headers.reserveCapacity(response.head.headers.count + 3)
+        for (name, value) in response.head.headers where !Self.droppedResponseHeaders.contains(name.lowercased()) {
             if let fieldName = HTTPField.Name(name) { headers.append(HTTPField(name: fieldName, value: value)) }
         }
         headers.append(contentsOf: admission.state.rateLimitHeaders())
-        let contentLength = response.headers.first(name: "content-length").flatMap(Int.init)
-        let contentType = response.headers.first(name: "content-type")
-        // A small answer of known length is read whole and sent with the head in one write;
-        // anything else (streams, large or unknown length) streams through as it arrives. A
-        // HEAD answer keeps the provider's declared length, so it is never buffered.
-        let buffered =
-            request.method != .head
-            && contentLength.map { $0 <= Self.bufferedBodyLimit } ?? false
-            && !(contentType?.lowercased().hasPrefix("text/event-stream") ?? false)
-        let upstreamBody = response.body
+        let contentLength = response.head.headers.first(name: "content-length").flatMap(Int.init)
+        let contentType = response.head.headers.first(name: "content-type")
 
         guard (200..<300).contains(status) else {
             if let charge {
@@ -168,24 +158,26 @@ public struct ProxyHandler: Sendable {
             headers[.rateLimit] = nil
             headers[.rateLimitPolicy] = nil
             headers.append(contentsOf: refundedState.rateLimitHeaders())
-            if buffered {
-                let (whole, failure) = await Self.collect(upstreamBody)
+            switch response.body {
+            case .whole(let whole, let failure):
                 return Response(
                     status: .init(code: status), headers: headers, body: Self.body(whole, failure: failure, length: contentLength))
+            case .stream(let stream):
+                return Response(
+                    status: .init(code: status),
+                    headers: headers,
+                    body: ResponseBody(contentLength: contentLength) { writer in
+                        for try await chunk in stream { try await writer.write(chunk) }
+                        try await writer.finish(nil)
+                    }
+                )
             }
-            return Response(
-                status: .init(code: status),
-                headers: headers,
-                body: ResponseBody(contentLength: contentLength) { writer in
-                    for try await chunk in upstreamBody { try await writer.write(chunk) }
-                    try await writer.finish(nil)
-                }
-            )
         }
 
         let metering = self.metering
-        if buffered {
-            let (whole, failure) = await Self.collect(upstreamBody)
+        // A small answer of known length arrived whole and goes out with the head in one write;
+        // anything else (streams, large or unknown length) streams through as it arrives.
+        if case .whole(let whole, let failure) = response.body {
             var capture = UsageCapture(contentType: contentType)
             capture.read(whole: whole)
             // The charge stands once the provider answered 2xx.
@@ -197,6 +189,7 @@ public struct ProxyHandler: Sendable {
             }
             return Response(status: .init(code: status), headers: headers, body: Self.body(whole, failure: failure, length: contentLength))
         }
+        guard case .stream(let stream) = response.body else { preconditionFailure("a body is whole or a stream") }
         return Response(
             status: .init(code: status),
             headers: headers,
@@ -204,7 +197,7 @@ public struct ProxyHandler: Sendable {
                 var failure: (any Error)?
                 var capture = UsageCapture(contentType: contentType)
                 do {
-                    for try await chunk in upstreamBody {
+                    for try await chunk in stream {
                         capture.feed(chunk)
                         try await writer.write(chunk)
                     }
@@ -223,26 +216,6 @@ public struct ProxyHandler: Sendable {
                 if let failure { throw failure }
             }
         )
-    }
-
-    /// Answers up to this size with a declared length are read whole before they are passed on.
-    static let bufferedBodyLimit = 256 << 10
-
-    /// The whole body, or what arrived of it before the provider broke off (and why).
-    static func collect(_ body: HTTPClientResponse.Body) async -> (ByteBuffer, (any Error)?) {
-        var whole: ByteBuffer?
-        do {
-            for try await chunk in body {
-                if whole == nil {
-                    whole = chunk
-                } else {
-                    whole!.writeImmutableBuffer(chunk)
-                }
-            }
-            return (whole ?? ByteBuffer(), nil)
-        } catch {
-            return (whole ?? ByteBuffer(), error)
-        }
     }
 
     /// A collected body: head and body in one write; a body the provider broke off is passed on
