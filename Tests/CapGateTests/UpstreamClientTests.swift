@@ -108,6 +108,19 @@ struct UpstreamClientTests {
         }
     }
 
+    @Test("an answer that comes before the request body was sent: the connection is not reused")
+    func earlyAnswer() async throws {
+        try await Self.withClient { client, provider in
+            let body = ByteBuffer(repeating: UInt8(ascii: "x"), count: 32 << 20)
+            let early = try await client.execute(method: .POST, target: "/early", headers: HTTPHeaders(), body: body)
+            #expect(early.head.status == .payloadTooLarge)
+            let (text, failure) = await Self.text(early.body)
+            #expect(text == "too long" && failure == nil)
+            try await Self.expectText(client, "/keep", "ok")
+            #expect(provider.accepted.load(ordering: .relaxed) == 2)
+        }
+    }
+
     @Test("no head in time is headTimeout; a body gone silent fails its stream with idleTimeout and closes the connection")
     func timeouts() async throws {
         try await Self.withClient(timeout: "0.5", idleTimeout: "0.5") { client, provider in

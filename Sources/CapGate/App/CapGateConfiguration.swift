@@ -24,7 +24,7 @@ public struct CapGateConfiguration: Sendable {
     public var upstreamURL: String?
     /// `upstream.apiKey` / `UPSTREAM_API_KEY` (secret): sent upstream as `x-api-key`.
     public var upstreamAPIKey: String?
-    /// `upstream.timeout` / `UPSTREAM_TIMEOUT` (seconds, default `600`): time allowed for the response head.
+    /// `upstream.timeout` / `UPSTREAM_TIMEOUT` (seconds, default `600`): time allowed for the response head, connecting included.
     public var upstreamTimeout: Double
     /// `upstream.connectTimeout` / `UPSTREAM_CONNECT_TIMEOUT` (seconds, default `10`).
     public var upstreamConnectTimeout: Double

@@ -14,6 +14,11 @@ import NIOSSL
 /// (AsyncHTTPClient flushes the head before the body), its request state machines and a timer
 /// re-armed on every read. A gateway has one upstream host and needs none of the rest.
 ///
+/// Connections are opened as calls need them (no cap: one per call in flight, reused after) and
+/// speak HTTP/1.1 only, also over TLS. An idle connection the provider has closed is dropped from
+/// the pool when the close is seen; a call that races such a close fails as unreachable (502,
+/// refunded), as it did with AsyncHTTPClient: a call is never sent twice.
+///
 /// A caller is served on the event loop it runs on (CapGate's tasks run on the NIO loops), with
 /// that loop's idle connections, so nothing hops between threads.
 public final class UpstreamClient: Sendable {
@@ -58,7 +63,9 @@ public final class UpstreamClient: Sendable {
         let port = url.port ?? (secure ? 443 : 80)
         let hostLiteral = host.contains(":") ? "[\(host)]" : host
         let authority = url.port.map { "\(hostLiteral):\($0)" } ?? hostLiteral
-        self.endpoint = Endpoint(host: host, port: port, basePath: url.path, authority: authority)
+        // The base path as written (percent-encoding kept), like the request's own path.
+        let basePath = url.path(percentEncoded: true)
+        self.endpoint = Endpoint(host: host, port: port, basePath: basePath, authority: authority)
         if secure {
             var tlsConfiguration = TLSConfiguration.makeClientConfiguration()
             tlsConfiguration.applicationProtocols = ["http/1.1"]
@@ -96,7 +103,8 @@ public final class UpstreamClient: Sendable {
         if let body {
             head.headers.replaceOrAdd(name: "content-length", value: String(body.readableBytes))
         }
-        let request = UpstreamRequest(head: head, body: body, promise: loop.makePromise())
+        // The head timeout counts from here, so it includes making a connection.
+        let request = UpstreamRequest(head: head, body: body, deadline: .now() + settings.headTimeout, promise: loop.makePromise())
         if loop.inEventLoop {
             start(request, on: loop)
         } else {
@@ -218,6 +226,8 @@ typealias UpstreamStream = NIOThrowingAsyncSequenceProducer<
 struct UpstreamRequest: Sendable {
     var head: HTTPRequestHead
     var body: ByteBuffer?
+    /// When the response head must have arrived.
+    var deadline: NIODeadline
     var promise: EventLoopPromise<UpstreamResponse>
 }
 
@@ -302,6 +312,10 @@ final class UpstreamConnection: ChannelDuplexHandler {
     private var timer: Scheduled<Void>?
     private var lastRead = NIODeadline.now()
     private var keepAlive = true
+    /// The whole request has been handed to the kernel. A provider may answer early (a 413 or
+    /// 429 before reading the body): such a connection is closed, not reused, while it still
+    /// has request bytes to send.
+    private var requestSent = false
     /// Counts requests on this connection; a stream's delegate names the one it belongs to.
     private var exchange = 0
     /// The consumer of a stream has enough buffered: reads wait.
@@ -329,16 +343,23 @@ final class UpstreamConnection: ChannelDuplexHandler {
         }
         exchange += 1
         keepAlive = true
+        requestSent = false
         state = .waitingForHead(request)
         context.write(wrapOutboundOut(.head(request.head)), promise: nil)
         if let body = request.body, body.readableBytes > 0 {
             context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
         }
-        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
-        arm(at: .now() + settings.headTimeout)
+        let sent = context.eventLoop.makePromise(of: Void.self)
+        let current = exchange
+        sent.futureResult.assumeIsolated().whenSuccess { [self] in
+            if exchange == current { requestSent = true }
+        }
+        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: sent)
+        arm(at: request.deadline)
     }
 
     func close() {
+        if case .streaming(let source) = state { source.finish(UpstreamError.closed) }
         state = .closed
         context?.close(promise: nil)
     }
@@ -392,7 +413,7 @@ final class UpstreamConnection: ChannelDuplexHandler {
     private func answerEnded(context: ChannelHandlerContext) {
         timer?.cancel()
         timer = nil
-        guard keepAlive, context.channel.isActive else {
+        guard keepAlive, requestSent, context.channel.isActive else {
             close()
             return
         }

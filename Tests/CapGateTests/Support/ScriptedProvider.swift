@@ -14,6 +14,7 @@ import Synchronization
 /// - `/eof`: 200 without length or chunking; the body ends when the connection closes.
 /// - `/slow-head`: the head after 2 s.
 /// - `/stall`: a head declaring 1 MB, 10 bytes, then silence.
+/// - `POST /early`: 413 (keep-alive) as soon as the head arrived; the body is never read.
 /// - `/big`: 4 MB with `content-length`, written in 64 KiB pieces.
 final class ScriptedProvider: Sendable {
     let channel: any Channel
@@ -58,6 +59,8 @@ final class ScriptedProvider: Sendable {
         typealias OutboundOut = ByteBuffer
         let counters: Counters
         var received = ByteBuffer()
+        /// Answered early: the rest of the request is never read.
+        var stoppedReading = false
 
         init(counters: Counters) {
             self.counters = counters
@@ -78,7 +81,15 @@ final class ScriptedProvider: Sendable {
 
         func channelRead(context: ChannelHandlerContext, data: NIOAny) {
             var chunk = unwrapInboundIn(data)
+            if stoppedReading { return }
             received.writeBuffer(&chunk)
+            if String(buffer: received).hasPrefix("POST /early "), String(buffer: received).contains("\r\n\r\n") {
+                stoppedReading = true
+                context.channel.setOption(ChannelOptions.autoRead, value: false).whenComplete { _ in }
+                let answer = "HTTP/1.1 413 Payload Too Large\r\ncontent-length: 8\r\n\r\ntoo long"
+                context.writeAndFlush(wrapOutboundOut(ByteBuffer(string: answer)), promise: nil)
+                return
+            }
             while let (method, path) = takeRequest() {
                 answer(method: method, path: path, context: context)
             }
