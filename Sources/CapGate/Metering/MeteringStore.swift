@@ -4,9 +4,10 @@ import NIOCore
 import PostgresNIO
 
 /// The metering hot path in PostgreSQL: admit, refund and settle, plus the read-only usage
-/// state. The SQL functions live in `db/migrations/0002_admission.sql` and `0004_admission_batch.sql`, wrapped by
-/// `0005_period_locks.sql` (each admission locks its periods once instead of a foreign key check per
-/// ledger row).
+/// state. The SQL functions live in `db/migrations/`: single calls in `0002_admission.sql`, locking
+/// their period first since `0005_period_locks.sql` (instead of a foreign key check per ledger row)
+/// and charging in fewer statements since `0007_admission_fast_path.sql`; batches in
+/// `0008_admission_batch_one_function.sql` (first written in `0004_admission_batch.sql`).
 ///
 /// Admissions are batched (group commit): while one admission transaction is in flight, arriving
 /// calls queue, and the next transaction admits all of them with one `capgate_admit_batch` call,
