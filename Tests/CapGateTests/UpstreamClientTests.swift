@@ -126,7 +126,8 @@ struct UpstreamClientTests {
         try await Self.withClient(timeout: "0.5", idleTimeout: "0.5") { client, provider in
             let start = ContinuousClock.now
             await #expect(throws: UpstreamError.headTimeout) { _ = try await Self.get(client, "/slow-head") }
-            #expect(ContinuousClock.now - start < .seconds(1.5))
+            // Well before the head would come (5 s), with room for a loaded machine.
+            #expect(ContinuousClock.now - start < .seconds(3))
             let stalled = try await Self.get(client, "/stall")
             let (text, failure) = await Self.text(stalled.body)
             #expect(text == "0123456789")

@@ -12,7 +12,7 @@ import Synchronization
 /// - `/close`: 200 with `connection: close`, then the connection is closed.
 /// - `/chunked`: 200, three chunks.
 /// - `/eof`: 200 without length or chunking; the body ends when the connection closes.
-/// - `/slow-head`: the head after 2 s.
+/// - `/slow-head`: the head after 5 s.
 /// - `/stall`: a head declaring 1 MB, 10 bytes, then silence.
 /// - `POST /early`: 413 (keep-alive) as soon as the head arrived; the body is never read.
 /// - `/big`: 4 MB with `content-length`, written in 64 KiB pieces.
@@ -129,7 +129,7 @@ final class ScriptedProvider: Sendable {
                 send("HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the end")
                 context.close(promise: nil)
             case "/slow-head":
-                loop.scheduleTask(in: .seconds(2)) {
+                loop.scheduleTask(in: .seconds(5)) {
                     send("HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nlate")
                 }
             case "/stall":
