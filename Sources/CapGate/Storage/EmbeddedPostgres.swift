@@ -181,7 +181,8 @@ public final class EmbeddedPostgres: Sendable {
     /// It spawns with posix_spawn and waits with waitpid rather than using Foundation's
     /// `Process`: a server that `pg_ctl` starts inherits the descriptors its parent had, and
     /// `Process` would wait for a descriptor the server keeps open for as long as it runs.
-    /// Every descriptor of ours is marked close-on-exec first, so the server holds none of them.
+    /// Every descriptor of ours is marked close-on-exec first, and the child closes every
+    /// descriptor above 2 before it runs, so the server holds none of them.
     @discardableResult
     static func capture(_ executable: String, _ arguments: [String], name: String? = nil) throws -> String {
         let outputPath = NSTemporaryDirectory() + "capgate-cmd-" + UUID().uuidString
@@ -194,6 +195,7 @@ public final class EmbeddedPostgres: Sendable {
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
         posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        closeOtherDescriptors(&actions)
 
         let argv = ([executable] + arguments).map { strdup($0) } + [nil]
         defer { for arg in argv { free(arg) } }
@@ -212,6 +214,16 @@ public final class EmbeddedPostgres: Sendable {
             throw EmbeddedError.commandFailed(command, text.trimmingWhitespace())
         }
         return text
+    }
+
+    /// Closes every descriptor above 2 in the child (glibc's `posix_spawn_file_actions_addclosefrom_np`,
+    /// looked up at run time: Swift's Glibc module does not declare it). Marking descriptors
+    /// close-on-exec leaves a window: one another thread opens between the marking and the spawn
+    /// would still reach the server, and a connection it holds never sees its peer close.
+    static func closeOtherDescriptors(_ actions: inout posix_spawn_file_actions_t) {
+        typealias CloseFrom = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32
+        guard let symbol = dlsym(nil, "posix_spawn_file_actions_addclosefrom_np") else { return }
+        _ = unsafeBitCast(symbol, to: CloseFrom.self)(&actions, 3)
     }
 
     static func markDescriptorsCloseOnExec() {
