@@ -3,7 +3,7 @@ import Foundation
 import NIOHTTP1
 import Testing
 
-@Suite("Usage for admins and the operator")
+@Suite("Usage for admins and the operator", .timeLimit(.minutes(5)))
 struct AdminUsageTests {
     @Test("every admin route: own admin or operator may read; a member and another company's admin get 403 learning nothing")
     func authorizationMatrix() async throws {

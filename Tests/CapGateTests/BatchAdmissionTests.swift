@@ -6,7 +6,7 @@ import Testing
 
 @testable import CapGate
 
-@Suite("Batched admission (group commit)")
+@Suite("Batched admission (group commit)", .timeLimit(.minutes(5)))
 struct BatchAdmissionTests {
     /// Runs `body` with a ``MeteringStore`` on the harness's database, through its own pool.
     static func withMetering(

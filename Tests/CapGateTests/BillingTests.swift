@@ -2,7 +2,7 @@ import CapGate
 import Foundation
 import Testing
 
-@Suite("Billing lifecycle")
+@Suite("Billing lifecycle", .timeLimit(.minutes(5)))
 struct BillingTests {
     static func date(_ text: String) -> Date { Timestamp.parse(text)! }
 

@@ -4,7 +4,7 @@ import Foundation
 import NIOHTTP1
 import Testing
 
-@Suite("The capgate commands, as the real binary")
+@Suite("The capgate commands, as the real binary", .timeLimit(.minutes(5)))
 struct CommandTests {
     static var binary: String { SDKTests.root.appendingPathComponent(".build/debug/capgate").path }
 

@@ -2,7 +2,7 @@ import CapGate
 import Foundation
 import Testing
 
-@Suite("Exact admission under concurrency")
+@Suite("Exact admission under concurrency", .timeLimit(.minutes(5)))
 struct ConcurrencyTests {
     /// Fires `count` calls at once, spread over `keys` and `gateways`; returns status counts.
     static func burst(_ h: Harness, keys: [String], count: Int, gateways: [String]) async throws -> [Int: Int] {

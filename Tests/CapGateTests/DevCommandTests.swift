@@ -8,7 +8,7 @@ import Testing
     import Glibc
 #endif
 
-@Suite("capgate dev, the real binary")
+@Suite("capgate dev, the real binary", .timeLimit(.minutes(5)))
 struct DevCommandTests {
     @Test("serve without a required key stops with one line naming the key and its variable, exit code 2")
     func missingConfiguration() async throws {

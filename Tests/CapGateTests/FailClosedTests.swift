@@ -2,7 +2,7 @@ import CapGate
 import Foundation
 import Testing
 
-@Suite("Fail closed")
+@Suite("Fail closed", .timeLimit(.minutes(5)))
 struct FailClosedTests {
     @Test("database down during traffic: 503 and nothing forwarded, then recovery without a restart")
     func databaseDown() async throws {

@@ -3,7 +3,7 @@ import Foundation
 import NIOCore
 import Testing
 
-@Suite("Migrations, configuration and period math")
+@Suite("Migrations, configuration and period math", .timeLimit(.minutes(5)))
 struct FoundationTests {
     @Test("migrations apply once, in order; a second run does nothing; dry run lists; a changed file is an error")
     func migrations() async throws {
@@ -170,7 +170,7 @@ struct FoundationTests {
     }
 }
 
-@Suite("JSON")
+@Suite("JSON", .timeLimit(.minutes(5)))
 struct JSONTests {
     @Test("the parser reads what JSON allows and refuses what it does not")
     func parser() throws {

@@ -13,7 +13,7 @@ struct TestClaims: JWTPayload {
     func verify(using algorithm: some JWTAlgorithm) async throws {}
 }
 
-@Suite("JWT credentials")
+@Suite("JWT credentials", .timeLimit(.minutes(5)))
 struct JWTTests {
     static let secret = "test-secret-that-is-long-enough-0123456789"
 

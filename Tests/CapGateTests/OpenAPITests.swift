@@ -4,7 +4,7 @@ import Testing
 
 @testable import CapGate
 
-@Suite("OpenAPI document")
+@Suite("OpenAPI document", .timeLimit(.minutes(5)))
 struct OpenAPITests {
     /// (method, path) pairs of openapi.yaml, read with PyYAML.
     static func documentedRoutes() async throws -> Set<String> {

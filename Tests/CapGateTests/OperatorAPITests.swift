@@ -2,7 +2,7 @@ import CapGate
 import Foundation
 import Testing
 
-@Suite("Operator API")
+@Suite("Operator API", .timeLimit(.minutes(5)))
 struct OperatorAPITests {
     @Test("plans: create, read, list, update; validation, 404, duplicate and second default 409")
     func plans() async throws {

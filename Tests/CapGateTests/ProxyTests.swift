@@ -5,7 +5,7 @@ import NIOCore
 import NIOHTTP1
 import Testing
 
-@Suite("Metered proxy")
+@Suite("Metered proxy", .timeLimit(.minutes(5)))
 struct ProxyTests {
     @Test("a call is forwarded with the provider key, charged once, and carries usage headers")
     func forwardsAndCharges() async throws {

@@ -2,7 +2,7 @@ import CapGate
 import Foundation
 import Testing
 
-@Suite("Official SDK and tooling")
+@Suite("Official SDK and tooling", .timeLimit(.minutes(5)))
 struct SDKTests {
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
 

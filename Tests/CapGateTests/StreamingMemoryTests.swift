@@ -3,7 +3,7 @@ import CapGate
 import Foundation
 import Testing
 
-@Suite("Streaming without buffering")
+@Suite("Streaming without buffering", .timeLimit(.minutes(5)))
 struct StreamingMemoryTests {
     static func residentMiB() -> Double {
         guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8) else { return 0 }

@@ -8,6 +8,7 @@ import NIOHTTP1
 import NIOPosix
 import PostgresNIO
 import ServiceLifecycle
+import Synchronization
 
 /// A running gateway on a fresh database, with the mock provider, for one test.
 struct Harness: Sendable {
@@ -43,18 +44,26 @@ struct Harness: Sendable {
             mockPortContinuation.yield(channel.localAddress?.port ?? 0)
         }
         let operatorToken = "op-test-" + UUID().uuidString
-        let (mockPortStream, _) = (mockPort, mockPortContinuation)
-        var mockIterator = mockPortStream.makeAsyncIterator()
+        var mockIterator = mockPort.makeAsyncIterator()
         var flags: [String: String] = [:]
         let (gatewayPort, gatewayContinuation) = AsyncStream.makeStream(of: Int.self)
         let db = PostgresClient(configuration: url.clientConfiguration(maxConnections: 4), backgroundLogger: logger)
 
         // Everything runs in one service group and is shut down gracefully at the end, as
         // SIGTERM would: in-flight requests finish before the servers stop.
+        let lifecycle = LifecycleLog()
         try await withThrowingTaskGroup(of: Void.self) { group in
-            let mockGroup = ServiceGroup(services: [mockApp, db], logger: logger)
-            group.addTask { try await mockGroup.run() }
-            let mockURL = "http://127.0.0.1:\(await mockIterator.next()!)"
+            let mockGroup = Self.serviceGroup([mockApp, db], logger: lifecycle.logger("mock group"))
+            group.addTask {
+                // A group that ends before its server listens ends the wait for the port.
+                defer { mockPortContinuation.finish() }
+                try await mockGroup.run()
+            }
+            guard let mockPortNumber = await mockIterator.next() else {
+                try await group.waitForAll()
+                throw HarnessError.notStarted("the mock provider")
+            }
+            let mockURL = "http://127.0.0.1:\(mockPortNumber)"
 
             flags = [
                 "http.port": "0", "database.url": url.text, "upstream.url": upstreamURL ?? mockURL,
@@ -62,13 +71,23 @@ struct Harness: Sendable {
             ]
             flags.merge(settings) { _, new in new }
             let configuration = try await CapGateConfiguration.load(flags: flags, environment: [:], file: "/nonexistent/capgate.json")
-            let gateway = try await buildApplication(configuration: configuration, logger: logger) { channel in
+            // The gateway's own services (server, settlements, upstream client, pool) report to
+            // the lifecycle log too; critical messages still reach stderr.
+            let gateway = try await buildApplication(configuration: configuration, logger: lifecycle.logger("gateway")) { channel in
                 gatewayContinuation.yield(channel.localAddress?.port ?? 0)
             }
-            let gatewayGroup = ServiceGroup(services: [gateway], logger: logger)
-            group.addTask { try await gatewayGroup.run() }
+            let gatewayGroup = Self.serviceGroup([gateway], logger: lifecycle.logger("gateway group"))
+            group.addTask {
+                defer { gatewayContinuation.finish() }
+                try await gatewayGroup.run()
+            }
             var gatewayIterator = gatewayPort.makeAsyncIterator()
-            let gatewayURL = "http://127.0.0.1:\(await gatewayIterator.next()!)"
+            guard let gatewayPortNumber = await gatewayIterator.next() else {
+                await mockGroup.triggerGracefulShutdown()
+                try await group.waitForAll()
+                throw HarnessError.notStarted("the gateway")
+            }
+            let gatewayURL = "http://127.0.0.1:\(gatewayPortNumber)"
 
             let harness = Harness(
                 databaseURL: url, gatewayURL: gatewayURL, mockURL: mockURL, operatorToken: operatorToken, db: db, mock: mock
@@ -81,9 +100,29 @@ struct Harness: Sendable {
             }
             await gatewayGroup.triggerGracefulShutdown()
             await mockGroup.triggerGracefulShutdown()
+            // A shutdown that takes long says which services were asked to stop and did not.
+            let watchdog = Task {
+                try await Task.sleep(for: .seconds(20))
+                lifecycle.report("the harness's shutdown is still running after 20 s")
+            }
+            defer { watchdog.cancel() }
             try await group.waitForAll()
             if let failure { throw failure }
         }
+    }
+
+    /// A service group whose shutdown is bounded: a service still running 30 s after the
+    /// graceful shutdown began is cancelled, and one that ignores cancellation for another 30 s
+    /// stops the test process with a message naming the group, instead of a run that never ends.
+    static func serviceGroup(_ services: [any Service], logger: Logger) -> ServiceGroup {
+        var configuration = ServiceGroupConfiguration(services: services, logger: logger)
+        configuration.maximumGracefulShutdownDuration = .seconds(30)
+        configuration.maximumCancellationDuration = .seconds(30)
+        return ServiceGroup(configuration: configuration)
+    }
+
+    enum HarnessError: Error {
+        case notStarted(String)
     }
 
     // MARK: HTTP
@@ -218,4 +257,53 @@ struct Harness: Sendable {
 
 extension UUID {
     var text: String { uuidString.lowercased() }
+}
+
+/// The service groups' own messages (a service started, was asked to stop, finished), kept in
+/// memory and printed only when a shutdown does not finish.
+final class LifecycleLog: Sendable {
+    private let lines = Mutex<[String]>([])
+
+    func logger(_ group: String) -> Logger {
+        Logger(label: "lifecycle") { label in Handler(group: group, log: self, critical: StreamLogHandler.standardError(label: label)) }
+    }
+
+    func append(_ line: String) {
+        lines.withLock {
+            $0.append(line)
+            if $0.count > 400 { $0.removeFirst($0.count - 300) }
+        }
+    }
+
+    func report(_ title: String) {
+        let text = lines.withLock { $0.suffix(60).joined(separator: "\n") }
+        FileHandle.standardError.write(Data("\(title):\n\(text)\n".utf8))
+    }
+
+    struct Handler: LogHandler {
+        let group: String
+        let log: LifecycleLog
+        var critical: StreamLogHandler
+        var metadata: Logger.Metadata = [:]
+        var logLevel: Logger.Level = .debug
+
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+
+        func log(
+            level: Logger.Level, message: Logger.Message, metadata: Logger.Metadata?, source: String, file: String,
+            function: String, line: UInt
+        ) {
+            if level == .critical {
+                critical.log(level: level, message: message, metadata: metadata, source: source, file: file, function: function, line: line)
+            }
+            // Only ServiceLifecycle's messages: a service starting, asked to stop, finished.
+            let text = message.description
+            guard text.contains("ervice") || text.contains("hutdown") else { return }
+            let service = (metadata?["sl-service"] ?? self.metadata["sl-service"]).map { " \($0):" } ?? ""
+            log.append("\(Date()) \(group)\(service) \(text)")
+        }
+    }
 }
