@@ -1,6 +1,7 @@
 import CapGate
 import Foundation
 import NIOCore
+import Synchronization
 import Testing
 
 @Suite("Migrations, configuration and period math", .timeLimit(.minutes(5)))
@@ -41,7 +42,9 @@ struct FoundationTests {
         }
     }
 
-    @Test("withDeadline: a quick body's value or error passes through; a slow body is cancelled at the limit")
+    @Test(
+        "withDeadline: a quick body's value or error passes through; a slow body is cancelled at the limit; abandoning answers at the limit"
+    )
     func deadline() async throws {
         struct Refused: Error {}
         #expect(try await withDeadline(.seconds(5)) { 42 } == 42)
@@ -55,6 +58,42 @@ struct FoundationTests {
         }
         let waited = ContinuousClock.now - start
         #expect(waited >= .milliseconds(100) && waited < .seconds(5))
+
+        // A body that ignores cancellation (as a PostgresNIO query in progress does): withDeadline
+        // waits for it, withDeadlineAbandoning answers at the limit and leaves it running.
+        let gate = Gate()
+        let stubborn: @Sendable () async throws -> Int = {
+            await withCheckedContinuation { gate.wait($0) }
+            return 7
+        }
+        let abandoned = ContinuousClock.now
+        await #expect(throws: DeadlineExceeded.self) { try await withDeadlineAbandoning(.milliseconds(100), stubborn) }
+        #expect(ContinuousClock.now - abandoned < .seconds(5))
+        gate.open()
+        #expect(try await withDeadlineAbandoning(.seconds(5)) { 42 } == 42)
+        await #expect(throws: Refused.self) { try await withDeadlineAbandoning(.seconds(5)) { () async throws -> Int in throw Refused() } }
+    }
+
+    /// A wait that cancellation does not end: only ``open()`` does.
+    final class Gate: Sendable {
+        private let state = Mutex<(open: Bool, waiter: CheckedContinuation<Void, Never>?)>((false, nil))
+
+        func wait(_ continuation: CheckedContinuation<Void, Never>) {
+            let open = state.withLock { state -> Bool in
+                if !state.open { state.waiter = continuation }
+                return state.open
+            }
+            if open { continuation.resume() }
+        }
+
+        func open() {
+            let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                state.open = true
+                defer { state.waiter = nil }
+                return state.waiter
+            }
+            waiter?.resume()
+        }
     }
 
     @Test("a cluster folder the postgres user cannot reach (a mode-700 checkout run as root) still gets a working cluster")

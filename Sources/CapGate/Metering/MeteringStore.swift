@@ -172,7 +172,9 @@ public struct MeteringStore: Sendable {
 
     static func settleBatch(_ items: [Settlement], database: Database) async -> [Result<Void, any Error>] {
         do {
-            _ = try await database.run { client in
+            // Nobody waits on token counts; a batch stuck on a dead connection must not hold the
+            // queue (and the flush at shutdown) forever.
+            _ = try await database.run(abandonAtDeadline: true) { client in
                 try await client.execute(SettleBatchStatement(items: items), logger: database.logger).collect()
             }
             return items.map { _ in .success(()) }

@@ -19,8 +19,19 @@ public struct Database: Sendable {
     }
 
     /// Runs `body` with the pool, mapping failures to domain errors.
-    public func run<T: Sendable>(_ body: @escaping @Sendable (PostgresClient) async throws -> T) async throws -> T {
+    ///
+    /// - Parameter abandonAtDeadline: answer at the deadline even if `body` has not ended (it
+    ///   goes on in the background). Only for writes nobody waits on and that may land late
+    ///   (token counts): a PostgresNIO call in progress does not react to cancellation, and one
+    ///   stuck on a connection that died would otherwise hold its caller forever. Admissions and
+    ///   refunds keep waiting, so a late commit is never answered as a failure.
+    public func run<T: Sendable>(
+        abandonAtDeadline: Bool = false, _ body: @escaping @Sendable (PostgresClient) async throws -> T
+    ) async throws -> T {
         do {
+            if abandonAtDeadline {
+                return try await withDeadlineAbandoning(timeout) { try await body(client) }
+            }
             return try await withDeadline(timeout) { try await body(client) }
         } catch let error as PSQLError {
             throw DatabaseError.map(error, logger: logger)
@@ -113,6 +124,44 @@ public func withDeadline<T: Sendable>(_ limit: Duration, _ body: @escaping @Send
         }
     } catch  where expired.isSet {
         throw DeadlineExceeded()
+    }
+}
+
+/// Runs `body` and returns its result, or throws ``DeadlineExceeded`` at `limit` without waiting
+/// for `body` to end: it is cancelled and left to finish in the background. For work whose late
+/// completion is harmless and which nobody should wait on forever (see ``Database/run(abandonAtDeadline:_:)``).
+public func withDeadlineAbandoning<T: Sendable>(_ limit: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
+    let task = Task { try await body() }
+    let loop = MultiThreadedEventLoopGroup.currentEventLoop ?? MultiThreadedEventLoopGroup.singleton.any()
+    let (seconds, attoseconds) = limit.components
+    return try await withCheckedThrowingContinuation { continuation in
+        let answer = AnswerOnce(continuation)
+        let timer = loop.scheduleTask(in: .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)) {
+            task.cancel()
+            answer.resume(with: .failure(DeadlineExceeded()))
+        }
+        Task {
+            let result = await task.result
+            timer.cancel()
+            answer.resume(with: result)
+        }
+    }
+}
+
+/// Resumes a continuation with whichever result comes first.
+final class AnswerOnce<T: Sendable>: Sendable {
+    private let continuation: Mutex<CheckedContinuation<T, any Error>?>
+
+    init(_ continuation: CheckedContinuation<T, any Error>) {
+        self.continuation = Mutex(continuation)
+    }
+
+    func resume(with result: Result<T, any Error>) {
+        let first = continuation.withLock { stored -> CheckedContinuation<T, any Error>? in
+            defer { stored = nil }
+            return stored
+        }
+        first?.resume(with: result)
     }
 }
 
