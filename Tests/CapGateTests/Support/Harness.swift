@@ -71,9 +71,10 @@ struct Harness: Sendable {
             ]
             flags.merge(settings) { _, new in new }
             let configuration = try await CapGateConfiguration.load(flags: flags, environment: [:], file: "/nonexistent/capgate.json")
-            // The gateway's own services (server, settlements, upstream client, pool) report to
-            // the lifecycle log too; critical messages still reach stderr.
-            let gateway = try await buildApplication(configuration: configuration, logger: lifecycle.logger("gateway")) { channel in
+            // To see which of the gateway's own services (server, settlements, upstream client,
+            // pool) a stuck shutdown waits on, pass `lifecycle.logger("gateway")` here: it found
+            // the settlement flush once, but it turns on debug logging in the whole gateway.
+            let gateway = try await buildApplication(configuration: configuration, logger: logger) { channel in
                 gatewayContinuation.yield(channel.localAddress?.port ?? 0)
             }
             let gatewayGroup = Self.serviceGroup([gateway], logger: lifecycle.logger("gateway group"))
