@@ -109,9 +109,7 @@ public struct DeadlineExceeded: Error {}
 public func withDeadline<T: Sendable>(_ limit: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
     let task = Task { try await body() }
     let expired = DeadlineFlag()
-    let loop = MultiThreadedEventLoopGroup.currentEventLoop ?? MultiThreadedEventLoopGroup.singleton.any()
-    let (seconds, attoseconds) = limit.components
-    let timer = loop.scheduleTask(in: .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)) {
+    let timer = scheduleDeadline(limit) {
         expired.set()
         task.cancel()
     }
@@ -132,11 +130,9 @@ public func withDeadline<T: Sendable>(_ limit: Duration, _ body: @escaping @Send
 /// completion is harmless and which nobody should wait on forever (see ``Database/run(abandonAtDeadline:_:)``).
 public func withDeadlineAbandoning<T: Sendable>(_ limit: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
     let task = Task { try await body() }
-    let loop = MultiThreadedEventLoopGroup.currentEventLoop ?? MultiThreadedEventLoopGroup.singleton.any()
-    let (seconds, attoseconds) = limit.components
     return try await withCheckedThrowingContinuation { continuation in
         let answer = AnswerOnce(continuation)
-        let timer = loop.scheduleTask(in: .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)) {
+        let timer = scheduleDeadline(limit) {
             task.cancel()
             answer.resume(with: .failure(DeadlineExceeded()))
         }
@@ -146,6 +142,13 @@ public func withDeadlineAbandoning<T: Sendable>(_ limit: Duration, _ body: @esca
             answer.resume(with: result)
         }
     }
+}
+
+/// Arms `fire` after `limit` on the calling task's event loop (or any loop of the shared group).
+private func scheduleDeadline(_ limit: Duration, _ fire: @escaping @Sendable () -> Void) -> Scheduled<Void> {
+    let loop = MultiThreadedEventLoopGroup.currentEventLoop ?? MultiThreadedEventLoopGroup.singleton.any()
+    let (seconds, attoseconds) = limit.components
+    return loop.scheduleTask(in: .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000), fire)
 }
 
 /// Resumes a continuation with whichever result comes first.
@@ -174,8 +177,6 @@ final class DeadlineFlag: Sendable {
 
 extension AsyncSequence {
     /// Every element, in order (for small, bounded results).
-
-    /// Every element, in order.
     public func collect() async throws -> [Element] {
         var out: [Element] = []
         for try await element in self { out.append(element) }
