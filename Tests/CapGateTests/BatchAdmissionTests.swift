@@ -105,6 +105,34 @@ struct BatchAdmissionTests {
         }
     }
 
+    @Test("an admission whose answer was lost after a 503: what it charged is found by request id and time and given back")
+    func lateFailureGivesBack() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: 100, user: 100)
+            let (company, users) = try await h.createCompany(plan: "p", users: 2)
+            let (a, b) = (users[0], users[1])
+            try await Self.withMetering(h) { _, database in
+                let kept = [Self.call(key: a.key)]
+                let late = [
+                    Self.call(key: a.key), Self.call(company: company, user: b.id), Self.call(key: b.key),
+                    Self.call(key: b.key, idempotencyKey: "late-1"),
+                ]
+                let results = await MeteringStore.admitBatch(kept + late, database: database, relaxed: false)
+                #expect(Self.decisions(results) == Array(repeating: "charged", count: 5))
+                // The transaction committed, but as if its answer had been lost: the gateway only
+                // knows the calls (plus one that never reached PostgreSQL).
+                await LateAdmissions(items: late + [Self.call(key: a.key)], database: database)
+                    .giveBack(.failure(DatabaseError.unavailable))
+            }
+            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
+            #expect(try await h.scalar("SELECT used FROM user_usage WHERE user_id = '\(a.id.text)'") == 1)
+            #expect(try await h.scalar("SELECT used FROM user_usage WHERE user_id = '\(b.id.text)'") == 0)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'refunded'") == 4)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'") == 1)
+            #expect(try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger).isEmpty)
+        }
+    }
+
     @Test("300 concurrent admissions queue into few transactions and stay exact (durable and relaxed)", arguments: [false, true])
     func concurrentCallsBatch(relaxed: Bool) async throws {
         try await Harness.with { h in

@@ -43,7 +43,7 @@ struct FoundationTests {
     }
 
     @Test(
-        "withDeadline: a quick body's value or error passes through; a slow body is cancelled at the limit; abandoning answers at the limit"
+        "withDeadline: a quick body's value or error passes through; a slow body is answered at the limit, even one that ignores cancellation, and its late outcome is reported"
     )
     func deadline() async throws {
         struct Refused: Error {}
@@ -59,19 +59,29 @@ struct FoundationTests {
         let waited = ContinuousClock.now - start
         #expect(waited >= .milliseconds(100) && waited < .seconds(5))
 
-        // A body that ignores cancellation (as a PostgresNIO query in progress does): withDeadline
-        // waits for it, withDeadlineAbandoning answers at the limit and leaves it running.
+        // A body that ignores cancellation (as a PostgresNIO query in progress does): the caller
+        // is answered at the limit, the body runs on, and its outcome reaches lateResult.
         let gate = Gate()
         let stubborn: @Sendable () async throws -> Int = {
             await withCheckedContinuation { gate.wait($0) }
             return 7
         }
+        let (lateResults, late) = AsyncStream.makeStream(of: Result<Int, any Error>.self)
         let abandoned = ContinuousClock.now
-        await #expect(throws: DeadlineExceeded.self) { try await withDeadlineAbandoning(.milliseconds(100), stubborn) }
+        await #expect(throws: DeadlineExceeded.self) {
+            try await withDeadline(.milliseconds(100), lateResult: { late.yield($0) }, stubborn)
+        }
         #expect(ContinuousClock.now - abandoned < .seconds(5))
         gate.open()
-        #expect(try await withDeadlineAbandoning(.seconds(5)) { 42 } == 42)
-        await #expect(throws: Refused.self) { try await withDeadlineAbandoning(.seconds(5)) { () async throws -> Int in throw Refused() } }
+        var lateIterator = lateResults.makeAsyncIterator()
+        #expect(try await lateIterator.next()?.get() == 7)
+
+        // In time, lateResult is not called.
+        let (onTimeResults, onTime) = AsyncStream.makeStream(of: Result<Int, any Error>.self)
+        #expect(try await withDeadline(.seconds(5), lateResult: { onTime.yield($0) }) { 42 } == 42)
+        onTime.finish()
+        var onTimeIterator = onTimeResults.makeAsyncIterator()
+        #expect(await onTimeIterator.next() == nil)
     }
 
     /// A wait that cancellation does not end: only ``open()`` does.

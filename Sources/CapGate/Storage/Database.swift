@@ -20,19 +20,20 @@ public struct Database: Sendable {
 
     /// Runs `body` with the pool, mapping failures to domain errors.
     ///
-    /// - Parameter abandonAtDeadline: answer at the deadline even if `body` has not ended (it
-    ///   goes on in the background). Only for writes nobody waits on and that may land late
-    ///   (token counts): a PostgresNIO call in progress does not react to cancellation, and one
-    ///   stuck on a connection that died would otherwise hold its caller forever. Admissions and
-    ///   refunds keep waiting, so a late commit is never answered as a failure.
+    /// The caller is answered by `database.timeout` at the latest, with ``DatabaseError/unavailable``
+    /// (503, fail closed) if `body` has not ended by then. `body` is cancelled, but a PostgresNIO
+    /// call in progress does not react to cancellation, and a PostgreSQL that stops answering (a
+    /// stalled server, a network partition) would otherwise hold every caller forever; so `body`
+    /// is left to finish in the background, and a write in it may still commit after its caller
+    /// was told it failed. Where that matters (an admission: a charge for a call that was never
+    /// forwarded) the caller passes `lateResult`, which receives `body`'s outcome when it ends
+    /// after the caller was answered.
     public func run<T: Sendable>(
-        abandonAtDeadline: Bool = false, _ body: @escaping @Sendable (PostgresClient) async throws -> T
+        lateResult: (@Sendable (Result<T, any Error>) -> Void)? = nil,
+        _ body: @escaping @Sendable (PostgresClient) async throws -> T
     ) async throws -> T {
         do {
-            if abandonAtDeadline {
-                return try await withDeadlineAbandoning(timeout) { try await body(client) }
-            }
-            return try await withDeadline(timeout) { try await body(client) }
+            return try await withDeadline(timeout, lateResult: lateResult) { try await body(client) }
         } catch let error as PSQLError {
             throw DatabaseError.map(error, logger: logger)
         } catch let error as PostgresTransactionError {
@@ -97,50 +98,37 @@ public enum DatabaseError: Error, Sendable {
     }
 }
 
-/// Thrown by ``withDeadline(_:_:)`` when the time ran out.
+/// Thrown by ``withDeadline(_:lateResult:_:)`` when the time ran out.
 public struct DeadlineExceeded: Error {}
 
-/// Runs `body`, cancelling it and throwing ``DeadlineExceeded`` if it takes longer than `limit`.
+/// Runs `body` and returns its result, or throws ``DeadlineExceeded`` at `limit` without waiting
+/// for `body` to end: it is then cancelled and left to finish in the background, and
+/// `lateResult` (if any) receives its outcome when it ends.
 ///
 /// The deadline is a timer on the calling task's event loop (Swift Concurrency runs on the NIO
 /// event loops), not a sleeping task: arming and disarming it costs no system call and wakes no
 /// other thread, which a `Task.sleep` (Dispatch's timer thread) did twice per database call.
-/// Like a task group, it waits for `body` to end after cancelling it.
-public func withDeadline<T: Sendable>(_ limit: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
-    let task = Task { try await body() }
-    let expired = DeadlineFlag()
+public func withDeadline<T: Sendable>(
+    _ limit: Duration, lateResult: (@Sendable (Result<T, any Error>) -> Void)? = nil,
+    _ body: @escaping @Sendable () async throws -> T
+) async throws -> T {
+    let race = DeadlineRace<T>()
+    let work = Task {
+        let result: Result<T, any Error>
+        do { result = .success(try await body()) } catch { result = .failure(error) }
+        if !race.answer(result) { lateResult?(result) }
+    }
     let timer = scheduleDeadline(limit) {
-        expired.set()
-        task.cancel()
+        // Answer first: cancelling can make `body` fail at once (a pool's lease wait ends with
+        // its own error), and the caller must see the deadline.
+        race.answer(.failure(DeadlineExceeded()))
+        work.cancel()
     }
     defer { timer.cancel() }
-    do {
-        return try await withTaskCancellationHandler {
-            try await task.value
-        } onCancel: {
-            task.cancel()
-        }
-    } catch  where expired.isSet {
-        throw DeadlineExceeded()
-    }
-}
-
-/// Runs `body` and returns its result, or throws ``DeadlineExceeded`` at `limit` without waiting
-/// for `body` to end: it is cancelled and left to finish in the background. For work whose late
-/// completion is harmless and which nobody should wait on forever (see ``Database/run(abandonAtDeadline:_:)``).
-public func withDeadlineAbandoning<T: Sendable>(_ limit: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
-    let task = Task { try await body() }
-    return try await withCheckedThrowingContinuation { continuation in
-        let answer = AnswerOnce(continuation)
-        let timer = scheduleDeadline(limit) {
-            task.cancel()
-            answer.resume(with: .failure(DeadlineExceeded()))
-        }
-        Task {
-            let result = await task.result
-            timer.cancel()
-            answer.resume(with: result)
-        }
+    return try await withTaskCancellationHandler {
+        try await withCheckedThrowingContinuation { race.install($0) }
+    } onCancel: {
+        work.cancel()
     }
 }
 
@@ -151,28 +139,48 @@ private func scheduleDeadline(_ limit: Duration, _ fire: @escaping @Sendable () 
     return loop.scheduleTask(in: .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000), fire)
 }
 
-/// Resumes a continuation with whichever result comes first.
-final class AnswerOnce<T: Sendable>: Sendable {
-    private let continuation: Mutex<CheckedContinuation<T, any Error>?>
-
-    init(_ continuation: CheckedContinuation<T, any Error>) {
-        self.continuation = Mutex(continuation)
+/// Whichever of ``withDeadline(_:lateResult:_:)``'s body and timer answers first resumes the
+/// caller; the result may arrive before the caller's continuation is installed.
+final class DeadlineRace<T: Sendable>: Sendable {
+    private enum State {
+        case waiting
+        case installed(CheckedContinuation<T, any Error>)
+        case early(Result<T, any Error>)
+        case answered
     }
 
-    func resume(with result: Result<T, any Error>) {
-        let first = continuation.withLock { stored -> CheckedContinuation<T, any Error>? in
-            defer { stored = nil }
-            return stored
+    private let state = Mutex(State.waiting)
+
+    func install(_ continuation: CheckedContinuation<T, any Error>) {
+        let early = state.withLock { state -> Result<T, any Error>? in
+            guard case .early(let result) = state else {
+                state = .installed(continuation)
+                return nil
+            }
+            state = .answered
+            return result
         }
-        first?.resume(with: result)
+        if let early { continuation.resume(with: early) }
     }
-}
 
-/// Set once by ``withDeadline(_:_:)``'s timer.
-final class DeadlineFlag: Sendable {
-    private let value = Atomic(false)
-    func set() { value.store(true, ordering: .relaxed) }
-    var isSet: Bool { value.load(ordering: .relaxed) }
+    /// Returns false when the caller had already been answered (`result` came too late).
+    @discardableResult
+    func answer(_ result: Result<T, any Error>) -> Bool {
+        let (first, continuation) = state.withLock { state -> (Bool, CheckedContinuation<T, any Error>?) in
+            switch state {
+            case .waiting:
+                state = .early(result)
+                return (true, nil)
+            case .installed(let continuation):
+                state = .answered
+                return (true, continuation)
+            case .early, .answered:
+                return (false, nil)
+            }
+        }
+        continuation?.resume(with: result)
+        return first
+    }
 }
 
 extension AsyncSequence {
