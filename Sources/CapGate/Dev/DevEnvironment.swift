@@ -24,8 +24,17 @@ public enum DevEnvironment {
         defer { embedded?.stop() }
 
         let url = try DatabaseURL(configuration.databaseURL!)
-        for line in try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) {
-            logger.info("migrate", metadata: ["result": "\(line)"])
+        do {
+            for line in try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) {
+                logger.info("migrate", metadata: ["result": "\(line)"])
+            }
+        } catch let error as Migrator.MigrationError where embedded != nil {
+            switch error {
+            case .changedAfterApplied, .unknownApplied:
+                throw StaleDevDatabase(folder: folder, reason: error.description)
+            default:
+                throw error
+            }
         }
         let operatorToken = configuration.operatorToken
         let seed = try await CapGateRunner.withClient(url: url, logger: logger) { client in
@@ -97,5 +106,17 @@ public enum DevEnvironment {
             Ctrl-C stops the gateway\(mock ? ", the mock provider" : "") and the embedded database.
 
             """
+    }
+}
+
+/// The embedded dev database was made with migrations this build does not have (a checkout
+/// from before a migration changed, or from a newer build).
+struct StaleDevDatabase: Error, CustomStringConvertible {
+    let folder: String
+    let reason: String
+
+    var description: String {
+        "the demo database in \(folder) does not match this build (\(reason)); "
+            + "delete that folder to start a fresh demo database, or set DATABASE_URL"
     }
 }
