@@ -18,7 +18,12 @@ public enum CapGateRunner {
     public static func withClient<T: Sendable>(
         url: DatabaseURL, logger: Logger, _ body: @escaping @Sendable (PostgresClient) async throws -> T
     ) async throws -> T {
-        let client = PostgresClient(configuration: url.clientConfiguration(maxConnections: 4), backgroundLogger: logger)
+        // The body may lease a connection before the child task has entered `run()`; the pool
+        // then waits for it, but warns on its background logger at every start of `serve`.
+        // Connection failures reach the body as errors, so that logger only needs errors.
+        var poolLogger = logger
+        poolLogger.logLevel = max(logger.logLevel, .error)
+        let client = PostgresClient(configuration: url.clientConfiguration(maxConnections: 4), backgroundLogger: poolLogger)
         return try await withThrowingTaskGroup(of: T?.self) { group in
             group.addTask {
                 await client.run()
