@@ -4,9 +4,8 @@ import Testing
 
 @Suite("Fail closed", .timeLimit(.minutes(5)))
 struct FailClosedTests {
-    @Test("database down during traffic: 503 and nothing forwarded, then recovery without a restart")
-    func databaseDown() async throws {
-        // A cluster of its own: this test stops it.
+    /// A migrated cluster of the test's own (the shared one must not be stopped or frozen).
+    static func withOwnCluster(_ body: (EmbeddedPostgres) async throws -> Void) async throws {
         let folder = NSTemporaryDirectory() + "capgate-failclosed-\(UUID().uuidString)"
         let cluster = try await offPool {
             try EmbeddedPostgres.start(directory: folder, settings: ["fsync": "off"], logger: TestCluster.logger)
@@ -15,9 +14,18 @@ struct FailClosedTests {
             cluster.stop()
             try? FileManager.default.removeItem(atPath: folder)
         }
-        let url = cluster.url
-        _ = try await CapGateRunner.migrate(url: url, dryRun: false, logger: TestCluster.logger)
-        try await Harness.with(database: url, settings: ["database.timeout": "2"]) { h in
+        _ = try await CapGateRunner.migrate(url: cluster.url, dryRun: false, logger: TestCluster.logger)
+        try await body(cluster)
+    }
+
+    @Test("database down during traffic: 503 and nothing forwarded, then recovery without a restart")
+    func databaseDown() async throws {
+        // A cluster of its own: this test stops it.
+        try await Self.withOwnCluster { cluster in try await self.databaseDown(cluster) }
+    }
+
+    func databaseDown(_ cluster: EmbeddedPostgres) async throws {
+        try await Harness.with(database: cluster.url, settings: ["database.timeout": "2"]) { h in
             try await h.createPlan("low", company: 1000, user: 1000)
             let (_, users) = try await h.createCompany(plan: "low", users: 1)
             #expect(try await h.message(key: users[0].key).status == 200)
@@ -51,15 +59,10 @@ struct FailClosedTests {
     func databaseStalls() async throws {
         // A cluster of its own: this test freezes it (SIGSTOP), as a stalled server or a network
         // partition would look to the gateway: connections stay open and nothing answers.
-        let folder = NSTemporaryDirectory() + "capgate-failclosed-\(UUID().uuidString)"
-        let cluster = try await offPool {
-            try EmbeddedPostgres.start(directory: folder, settings: ["fsync": "off"], logger: TestCluster.logger)
-        }
-        defer {
-            cluster.stop()
-            try? FileManager.default.removeItem(atPath: folder)
-        }
-        _ = try await CapGateRunner.migrate(url: cluster.url, dryRun: false, logger: TestCluster.logger)
+        try await Self.withOwnCluster { cluster in try await self.databaseStalls(cluster) }
+    }
+
+    func databaseStalls(_ cluster: EmbeddedPostgres) async throws {
         try await Harness.with(database: cluster.url, settings: ["database.timeout": "1"]) { h in
             try await h.createPlan("low", company: 1000, user: 1000)
             let (company, users) = try await h.createCompany(plan: "low", users: 2)
