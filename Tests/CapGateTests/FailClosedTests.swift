@@ -1,5 +1,6 @@
 import CapGate
 import Foundation
+import Synchronization
 import Testing
 
 @Suite("Fail closed", .timeLimit(.minutes(5)))
@@ -18,18 +19,58 @@ struct FailClosedTests {
         try await body(cluster)
     }
 
-    @Test("database down during traffic: 503 and nothing forwarded, then recovery without a restart")
+    typealias Company = (company: UUID, users: [(id: UUID, key: String)])
+
+    /// A plan and a company with `users` API keys, made through a gateway with the harness's
+    /// generous database timeout: a loaded machine can exceed a test's short one while setting up.
+    static func company(on url: DatabaseURL, users: Int) async throws -> Company {
+        let made = Mutex<Company?>(nil)
+        try await Harness.with(database: url) { h in
+            try await h.createPlan("low", company: 1000, user: 1000)
+            let company = try await h.createCompany(plan: "low", users: users)
+            made.withLock { $0 = company }
+        }
+        return try #require(made.withLock { $0 })
+    }
+
+    /// Calls until one is answered 200, at most `attempts` times, half a second apart. A call
+    /// answered 503 was not forwarded; if its admission committed after the deadline, its
+    /// charge was given back.
+    static func firstSuccess(_ h: Harness, key: String, attempts: Int) async throws -> Bool {
+        for _ in 0..<attempts {
+            if try await h.message(key: key).status == 200 { return true }
+            try await Task.sleep(for: .milliseconds(500))
+        }
+        return false
+    }
+
+    /// `SELECT count(*)` of the ledger rows of these replies' request ids with this outcome.
+    static func rows(_ replies: [Harness.Reply], outcome: String) -> String {
+        let ids = replies.compactMap { $0.headers.first(name: "request-id") }.map { "'\($0)'" }.joined(separator: ",")
+        return "SELECT count(*) FROM usage_ledger WHERE request_id IN (\(ids.isEmpty ? "''" : ids)) AND outcome = '\(outcome)'"
+    }
+
+    @Test("database down during traffic: 503 and nothing forwarded, a refund it blocked lands later, recovery without a restart")
     func databaseDown() async throws {
         // A cluster of its own: this test stops it.
         try await Self.withOwnCluster { cluster in try await self.databaseDown(cluster) }
     }
 
     func databaseDown(_ cluster: EmbeddedPostgres) async throws {
+        let (company, users) = try await Self.company(on: cluster.url, users: 1)
         try await Harness.with(database: cluster.url, settings: ["database.timeout": "2"]) { h in
-            try await h.createPlan("low", company: 1000, user: 1000)
-            let (_, users) = try await h.createCompany(plan: "low", users: 1)
-            #expect(try await h.message(key: users[0].key).status == 200)
+            #expect(try await Self.firstSuccess(h, key: users[0].key, attempts: 10))
+
+            // A call the provider fails after 1.5 s, while the database goes down under it: its
+            // refund cannot be written then, and must land once the database is back.
+            let before = h.mock.counter.count
+            let failing = Task {
+                try await h.message(key: users[0].key, headers: [("x-mock-status", "500"), ("x-mock-delay-ms", "1500")])
+            }
+            // Charged and forwarded: the provider has it.
+            for _ in 0..<200 where h.mock.counter.count == before { try await Task.sleep(for: .milliseconds(10)) }
             let forwarded = h.mock.counter.count
+            #expect(forwarded == before + 1)
 
             try await offPool { cluster.kill() }
             for _ in 0..<3 {
@@ -40,18 +81,20 @@ struct FailClosedTests {
             #expect(h.mock.counter.count == forwarded)
             let ready = try await h.request(.GET, "/readyz")
             #expect(ready.status == 503)
+            let failed = try await failing.value
+            #expect(failed.status == 500)
 
             try await offPool { try cluster.restart() }
-            var recovered = false
-            for _ in 0..<40 {
-                if try await h.message(key: users[0].key).status == 200 {
-                    recovered = true
-                    break
-                }
-                try await Task.sleep(for: .milliseconds(500))
-            }
-            #expect(recovered)
+            #expect(try await Self.firstSuccess(h, key: users[0].key, attempts: 40))
             #expect(try await h.request(.GET, "/readyz").status == 200)
+
+            // The failed call's refund is written once the database is back; only the two
+            // answered calls stay charged.
+            #expect(try await h.eventually(Self.rows([failed], outcome: "refunded"), equals: 1, within: .seconds(20)) == 1)
+            let charged = "SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)' AND outcome = 'charged'"
+            #expect(try await h.eventually(charged, equals: 2) == 2)
+            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 2)
+            #expect(try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger).isEmpty)
         }
     }
 
@@ -63,10 +106,9 @@ struct FailClosedTests {
     }
 
     func databaseStalls(_ cluster: EmbeddedPostgres) async throws {
+        let (company, users) = try await Self.company(on: cluster.url, users: 2)
         try await Harness.with(database: cluster.url, settings: ["database.timeout": "1"]) { h in
-            try await h.createPlan("low", company: 1000, user: 1000)
-            let (company, users) = try await h.createCompany(plan: "low", users: 2)
-            #expect(try await h.message(key: users[0].key).status == 200)
+            #expect(try await Self.firstSuccess(h, key: users[0].key, attempts: 10))
             let forwarded = h.mock.counter.count
 
             let frozen = try ClusterFreeze(cluster)
@@ -93,17 +135,14 @@ struct FailClosedTests {
             // PostgreSQL commits the stalled admissions once it runs again (their statements
             // were sent before it froze); the gateway gives every one of their charges back, so
             // only the one forwarded call stays charged.
-            let refunded = try await h.eventually(
-                "SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)' AND outcome = 'refunded'", equals: 20,
-                within: .seconds(20))
-            #expect(refunded == 20)
-            #expect(
-                try await h.scalar("SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)' AND outcome = 'charged'") == 1)
+            #expect(try await h.eventually(Self.rows(replies, outcome: "refunded"), equals: 20, within: .seconds(20)) == 20)
+            let charged = "SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)' AND outcome = 'charged'"
+            #expect(try await h.eventually(charged, equals: 1) == 1)
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
             #expect(try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger).isEmpty)
 
-            #expect(try await h.message(key: users[0].key).status == 200)
-            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 2)
+            #expect(try await Self.firstSuccess(h, key: users[0].key, attempts: 10))
+            #expect(try await h.eventually(charged, equals: 2) == 2)
         }
     }
 }

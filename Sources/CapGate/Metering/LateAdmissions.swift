@@ -17,9 +17,6 @@ struct LateAdmissions: Sendable {
     let items: [AdmissionItem]
     let database: Database
 
-    static let retryInterval = Duration.seconds(2)
-    static let attempts = 300
-
     /// The `lateResult` of the admission call.
     @Sendable func settle(_ result: Result<[AdmissionRow], any Error>) {
         Task { await giveBack(result) }
@@ -77,20 +74,16 @@ struct LateAdmissions: Sendable {
         }
     }
 
-    /// `body`'s result; while the database is unavailable, tried again every ``retryInterval``.
+    /// `body`'s result, tried again while the database is unavailable; nil (and the calls
+    /// logged) when it could not be done.
     func retrying<T: Sendable>(_ what: String, _ body: () async throws -> T) async -> T? {
-        for attempt in 1...Self.attempts {
-            do {
-                return try await body()
-            } catch DatabaseError.unavailable where attempt < Self.attempts {
-                try? await Task.sleep(for: Self.retryInterval)
-            } catch {
-                database.logger.error(
-                    "could not \(what); these calls may stay charged without having been forwarded",
-                    metadata: ["request_ids": "\(items.map(\.request.requestID).joined(separator: ","))"])
-                return nil
-            }
+        do {
+            return try await database.untilAvailable(body)
+        } catch {
+            database.logger.error(
+                "could not \(what); these calls may stay charged without having been forwarded",
+                metadata: ["request_ids": "\(items.map(\.request.requestID).joined(separator: ","))"])
+            return nil
         }
-        return nil
     }
 }

@@ -242,13 +242,33 @@ public struct ProxyHandler: Sendable {
         }
     }
 
+    /// Gives a charge back before the caller is answered. If the database is unavailable the
+    /// caller is answered anyway and the refund is retried in the background (it is idempotent),
+    /// so a call that failed upstream while PostgreSQL was down does not stay charged.
     func refund(user: UserIdentity, ledgerID: Int64, status: Int?, reason: String, logger: Logger) async {
-        do {
+        let metering = self.metering
+        let refund = { @Sendable in
             try await metering.refund(companyID: user.companyID, ledgerID: ledgerID, upstreamStatus: status)
-            GatewayMetrics.refund(reason: reason)
-        } catch {
+        }
+        let failed = { @Sendable in
             // The ledger row stays charged; `capgate verify` and the operator see it.
             logger.error("refund failed", metadata: ["ledger_id": "\(ledgerID)", "reason": "\(reason)"])
+        }
+        do {
+            try await refund()
+            GatewayMetrics.refund(reason: reason)
+        } catch DatabaseError.unavailable {
+            logger.warning("refund delayed: the database is unavailable; retrying", metadata: ["ledger_id": "\(ledgerID)"])
+            Task {
+                do {
+                    try await metering.database.untilAvailable(refund)
+                    GatewayMetrics.refund(reason: reason)
+                } catch {
+                    failed()
+                }
+            }
+        } catch {
+            failed()
         }
     }
 

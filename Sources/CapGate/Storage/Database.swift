@@ -46,6 +46,25 @@ public struct Database: Sendable {
         }
     }
 
+    /// How often, and for how long, ``untilAvailable(_:)`` tries.
+    static let retryInterval = Duration.seconds(2)
+    static let retryAttempts = 300
+
+    /// Runs `body` (which calls ``run(lateResult:_:)``) again every 2 seconds while it fails
+    /// with ``DatabaseError/unavailable``, for up to 10 minutes: for idempotent writes that must
+    /// land eventually, such as giving a charge back. Any other error, or the last one, is thrown.
+    public func untilAvailable<T: Sendable>(_ body: () async throws -> T) async throws -> T {
+        var attempt = 1
+        while true {
+            do {
+                return try await body()
+            } catch DatabaseError.unavailable where attempt < Self.retryAttempts {
+                attempt += 1
+                try await Task.sleep(for: Self.retryInterval)
+            }
+        }
+    }
+
     /// Runs `body` in one transaction.
     public func transaction<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         try await run { client in

@@ -68,6 +68,9 @@ struct Harness: Sendable {
             flags = [
                 "http.port": "0", "database.url": url.text, "upstream.url": upstreamURL ?? mockURL,
                 "operator.token": operatorToken, "upstream.apiKey": "provider-secret-key", "database.maxConnections": "12",
+                // The whole suite shares two cores: a database call can take seconds while the
+                // concurrency tests run. Tests of the timeout itself set their own.
+                "database.timeout": "30",
             ]
             flags.merge(settings) { _, new in new }
             let configuration = try await CapGateConfiguration.load(flags: flags, environment: [:], file: "/nonexistent/capgate.json")
