@@ -203,6 +203,14 @@ def main():
                      ("one hot company, relaxed durability", 64, hot_keys, False)]
             scenarios += extra
             gateways.update({name: relaxed for name, _, _, _ in extra})
+            # The rows above run the gateway at LOG_LEVEL=warning; a real deployment keeps the
+            # default `info` (one log line per request, written to a file here).
+            info_port = free_port()
+            start("gateway-info", [BIN, "serve"], env={**gateway_env, "HTTP_PORT": str(info_port), "LOG_LEVEL": "info"})
+            wait_http(f"http://127.0.0.1:{info_port}/readyz")
+            logged = [("many companies, LOG_LEVEL=info", 64, many_keys, False)]
+            scenarios += logged
+            gateways.update({name: f"http://127.0.0.1:{info_port}" for name, _, _, _ in logged})
         # Warm-up, then a settled database: plans made, statistics current (the first scenario
         # measured right after seeding ran slower than the same scenario later in the run).
         for target in sorted(set(gateways.values())):
@@ -291,7 +299,7 @@ def write_report(args, results, settings):
     lines = ["# CapGate benchmarks", "",
              f"Measured by `bench/run` on {time.strftime('%Y-%m-%d')}: {machine()}.",
              "PostgreSQL 15 (embedded launcher), " + ", ".join(f"`{k}={v}`" for k, v in settings.items()) + ".",
-             f"Admission durability: `{args.durability}` (rows marked relaxed: a second gateway with `database.durability = relaxed`). Gateway: release build, `LOG_LEVEL=warning`, pool of 16 connections.",
+             f"Admission durability: `{args.durability}` (rows marked relaxed: a second gateway with `database.durability = relaxed`). Gateway: release build, `LOG_LEVEL=warning` (except the row marked info: one log line per request to a file), pool of 16 connections.",
              "Load: wrk from a separate process on the same 2 cores (wrk, the mock provider, CapGate and PostgreSQL share them),",
              f"{args.seconds} s per run, non-streaming `POST /v1/messages` unless noted, keys rotated per request. After {args.warmup} s of warm-up load on each",
              f"gateway and a `VACUUM ANALYZE`, each scenario runs {args.repeats} times, direct and through CapGate alternating; the run with the median",
