@@ -121,8 +121,8 @@ struct BatchAdmissionTests {
                 #expect(Self.decisions(results) == Array(repeating: "charged", count: 5))
                 // The transaction committed, but as if its answer had been lost: the gateway only
                 // knows the calls (plus one that never reached PostgreSQL).
-                await LateAdmissions(items: late + [Self.call(key: a.key)], database: database)
-                    .giveBack(.failure(DatabaseError.unavailable))
+                let lost = LateAdmissions(items: late + [Self.call(key: a.key)], database: database)
+                await lost.giveBack(try await lost.findCharges())
             }
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
             #expect(try await h.scalar("SELECT used FROM user_usage WHERE user_id = '\(a.id.text)'") == 1)

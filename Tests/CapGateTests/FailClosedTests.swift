@@ -1,5 +1,6 @@
 import CapGate
 import Foundation
+import PostgresNIO
 import Synchronization
 import Testing
 
@@ -143,6 +144,25 @@ struct FailClosedTests {
 
             #expect(try await Self.firstSuccess(h, key: users[0].key, attempts: 10))
             #expect(try await h.eventually(charged, equals: 2) == 2)
+        }
+    }
+
+    @Test("the gateway's connections carry database.timeout as statement_timeout: the server ends what it stopped waiting for")
+    func statementTimeout() async throws {
+        let url = try await TestCluster.freshDatabase()
+        let client = PostgresClient(
+            configuration: url.clientConfiguration(maxConnections: 1, statementTimeout: .milliseconds(1500)),
+            backgroundLogger: TestCluster.logger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            defer { group.cancelAll() }
+            let setting = try await client.query("SHOW statement_timeout", logger: TestCluster.logger).decode(String.self).collect()
+            #expect(setting == ["1500ms"])
+            let started = ContinuousClock.now
+            await #expect(throws: PSQLError.self) {
+                try await client.query("SELECT pg_sleep(10)", logger: TestCluster.logger).collect()
+            }
+            #expect(ContinuousClock.now - started < .seconds(5))
         }
     }
 }

@@ -39,11 +39,12 @@ struct GatewayParts {
 
         var dbLogger = logger
         dbLogger[metadataKey: "component"] = "database"
+        let timeout = Duration.milliseconds(Int64(configuration.databaseTimeout * 1000))
         let client = PostgresClient(
-            configuration: databaseURL.clientConfiguration(maxConnections: configuration.databaseMaxConnections),
+            configuration: databaseURL.clientConfiguration(maxConnections: configuration.databaseMaxConnections, statementTimeout: timeout),
             backgroundLogger: dbLogger
         )
-        let database = Database(client: client, timeout: .milliseconds(Int64(configuration.databaseTimeout * 1000)), logger: dbLogger)
+        let database = Database(client: client, timeout: timeout, logger: dbLogger)
         let upstream = try UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
         let authenticator = try await Authenticator(database: database, configuration: configuration)
         let metering = MeteringStore(database: database, relaxed: configuration.databaseDurability == "relaxed")

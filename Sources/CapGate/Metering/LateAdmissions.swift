@@ -1,70 +1,107 @@
 import Foundation
 import Logging
+import NIOCore
 import PostgresNIO
 
-/// Gives back the charges of an admission transaction that ended after its callers had been
-/// answered 503 at `database.timeout` (see ``Database/run(lateResult:_:)``). None of its calls
-/// was forwarded, so none of them may stay charged:
+/// Gives back the charges of an admission transaction whose callers were answered 503 although
+/// it may have committed. None of its calls was forwarded, so none of them may stay charged:
 ///
-/// - it committed late (PostgreSQL answered after the deadline): every call it charged is
-///   refunded;
-/// - it failed late (the connection broke): whether it committed first is unknown, so the ledger
-///   is searched for its calls (request id and time) and what it charged is refunded.
+/// - it committed after its callers were answered at `database.timeout` (see
+///   ``Database/run(lateResult:_:)``): every call it charged is refunded;
+/// - its connection broke after the statement was sent (the server went away, the connection
+///   was reset), or the call was cancelled at the deadline while its rows were arriving: whether
+///   it committed is unknown, so the ledger is searched for its calls (request id, time,
+///   company) and what it charged is refunded. The
+///   search waits until `database.timeout` has passed since the statement was sent: the gateway's
+///   connections carry it as `statement_timeout`, so by then the statement has ended either way.
 ///
-/// The database may still be unreachable then: each step is retried every 2 seconds for up to
-/// 10 minutes, after which the request ids are logged for the operator.
+/// A call with an `Idempotency-Key` retried while its first attempt's charge is being given back
+/// replays that charge and is forwarded uncharged (see the README's note on Idempotency-Key).
 struct LateAdmissions: Sendable {
     let items: [AdmissionItem]
     let database: Database
+    let sent = ContinuousClock.now
 
-    /// The `lateResult` of the admission call.
-    @Sendable func settle(_ result: Result<[AdmissionRow], any Error>) {
-        Task { await giveBack(result) }
+    /// The admission's `lateResult`: only a commit matters; an error after the deadline either
+    /// rolled the transaction back (the server answered it) or was already reported through
+    /// ``interrupted(by:)``.
+    @Sendable func committedLate(_ result: Result<[AdmissionRow], any Error>) {
+        guard case .success(let rows) = result else { return }
+        let charges = zip(items, rows).compactMap { item, row -> (company: UUID, ledger: Int64)? in
+            guard row.decision == Admission.Decision.charged.rawValue, let ledger = row.ledgerID else { return nil }
+            return (row.companyID ?? item.request.companyID, ledger)
+        }
+        guard !charges.isEmpty else { return }
+        database.logger.warning(
+            "an admission committed after its callers were answered 503; giving its charges back",
+            metadata: ["request_ids": "\(requestIDs)"])
+        Task { await giveBack(charges) }
     }
 
-    func giveBack(_ result: Result<[AdmissionRow], any Error>) async {
-        let charges: [(company: UUID, ledger: Int64)]
-        switch result {
-        case .success(let rows):
-            charges = zip(items, rows).compactMap { item, row in
-                guard row.decision == Admission.Decision.charged.rawValue, let ledger = row.ledgerID else { return nil }
-                return (row.companyID ?? item.request.companyID, ledger)
-            }
-        case .failure:
-            guard let found = await retrying("find the charges of an admission that failed late", { try await findCharges() }) else {
+    /// Called with the admission statement's error: when the statement may have run (the
+    /// connection broke, or the call was cancelled), the ledger is searched for its charges.
+    func interrupted(by error: any Error) {
+        guard Self.outcomeUnknown(error) else { return }
+        database.logger.warning(
+            "an admission ended without a known outcome (connection broken, or abandoned at database.timeout); looking for its charges to give them back",
+            metadata: ["request_ids": "\(requestIDs)"])
+        Task {
+            try? await Task.sleep(until: sent + database.timeout + .seconds(1))
+            guard let charges = await retrying("find the charges of an interrupted admission", { try await findCharges() }) else {
                 return
             }
-            charges = found
-        }
-        for charge in charges {
-            let refunded = await retrying("refund an admission that committed late") {
-                try await MeteringStore.refund(companyID: charge.company, ledgerID: charge.ledger, upstreamStatus: nil, database: database)
-            }
-            if refunded == true { GatewayMetrics.refund(reason: "late_admission") }
-        }
-        if !charges.isEmpty {
-            database.logger.warning(
-                "an admission committed after its callers were answered 503; its charges were given back",
-                metadata: ["calls": "\(charges.count)"])
+            await giveBack(charges)
         }
     }
 
-    /// The charged ledger rows of these calls, if the transaction committed: matched by request id
-    /// and time (the ledger row's `created_at` is the call's time) within the calls' companies
-    /// (a key's company, or a token's).
+    /// True for a failure that leaves the outcome unknown: the connection closed or broke with no
+    /// answer from the server, or the call was cancelled at the deadline (PostgresNIO may then
+    /// stop reading the rows of a statement that ran and committed; a lease that was still
+    /// waiting sent nothing, and the search finds nothing). An error the server sent rolled the
+    /// transaction back; a lease that failed (the database down) sent nothing.
+    static func outcomeUnknown(_ error: any Error) -> Bool {
+        if error is CancellationError { return true }
+        guard let psql = error as? PSQLError, psql.serverInfo == nil else { return false }
+        switch psql.code {
+        case .serverClosedConnection, .connectionError, .uncleanShutdown, .queryCancelled: return true
+        default: return false
+        }
+    }
+
+    var requestIDs: String { items.map(\.request.requestID).joined(separator: ",") }
+
+    func giveBack(_ charges: [(company: UUID, ledger: Int64)]) async {
+        var refunded = 0
+        for charge in charges {
+            let done = await retrying("give back a charge of an admission answered 503") {
+                try await MeteringStore.refund(companyID: charge.company, ledgerID: charge.ledger, upstreamStatus: nil, database: database)
+            }
+            if done == true {
+                refunded += 1
+                GatewayMetrics.refund(reason: "late_admission")
+            }
+        }
+        if refunded > 0 {
+            database.logger.warning(
+                "charges of calls answered 503 were given back", metadata: ["calls": "\(refunded)", "request_ids": "\(requestIDs)"])
+        }
+    }
+
+    /// The charged ledger rows of these calls, if the transaction committed: the calls' request
+    /// ids, within their companies (a key's company, or a token's), from the earliest call's time
+    /// on (a ledger row's `created_at` is its call's time).
     func findCharges() async throws -> [(company: UUID, ledger: Int64)] {
         let hashes = items.compactMap(\.keyHash)
         let companies = items.compactMap { $0.keyHash == nil ? $0.request.companyID : nil }
-        let requestIDs = items.map(\.request.requestID)
-        let times = items.map(\.request.at)
+        let ids = items.map(\.request.requestID)
+        let since = items.map(\.request.at).min() ?? Date()
         return try await database.run { client in
             let rows = try await client.query(
                 """
                 SELECT l.company_id, l.id FROM usage_ledger l
                  WHERE l.company_id IN (SELECT k.company_id FROM api_keys k WHERE k.key_hash = ANY(\(hashes))
-                                        UNION SELECT unnest(\(companies)::uuid[]))
-                   AND (l.request_id, l.created_at) IN (SELECT * FROM unnest(\(requestIDs)::text[], \(times)::timestamptz[]))
-                   AND l.outcome = 'charged'
+                                        UNION SELECT unnest(\(companies)))
+                   AND l.created_at >= \(since) AND l.request_id = ANY(\(ids)) AND l.outcome = 'charged'
                 """,
                 logger: database.logger
             )
@@ -82,7 +119,7 @@ struct LateAdmissions: Sendable {
         } catch {
             database.logger.error(
                 "could not \(what); these calls may stay charged without having been forwarded",
-                metadata: ["request_ids": "\(items.map(\.request.requestID).joined(separator: ","))"])
+                metadata: ["request_ids": "\(requestIDs)"])
             return nil
         }
     }

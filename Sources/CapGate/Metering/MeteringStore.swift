@@ -72,14 +72,14 @@ public struct MeteringStore: Sendable {
     /// Runs one admission transaction for `items`. One call that PostgreSQL rejects (say, a NUL
     /// byte in a text) never fails the others: the batch is then retried call by call. When the
     /// database is unreachable or does not answer within `database.timeout` every call fails (503:
-    /// fail closed); a transaction that commits after that has its charges given back
-    /// (``LateAdmissions``), since none of its calls was forwarded.
+    /// fail closed); a transaction that commits after that, or whose connection broke with the
+    /// outcome unknown, has its charges given back (``LateAdmissions``): none of its calls was
+    /// forwarded.
     static func admitBatch(_ items: [AdmissionItem], database: Database, relaxed: Bool) async -> [Result<AdmissionRow, any Error>] {
         GatewayMetrics.admissionBatch(size: items.count)
         do {
             let started = ContinuousClock.now
-            let late = LateAdmissions(items: items, database: database)
-            let rows = try await runAdmitBatch(items, database: database, relaxed: relaxed, lateResult: late.settle)
+            let rows = try await runAdmitBatch(items, database: database, relaxed: relaxed)
             GatewayMetrics.admissionBatch(duration: ContinuousClock.now - started)
             guard rows.count == items.count else {
                 throw DatabaseError.other("capgate_admit_batch returned \(rows.count) rows for \(items.count) calls")
@@ -98,15 +98,28 @@ public struct MeteringStore: Sendable {
         }
     }
 
-    static func runAdmitBatch(
-        _ items: [AdmissionItem], database: Database, relaxed: Bool,
-        lateResult: (@Sendable (Result<[AdmissionRow], any Error>) -> Void)? = nil
-    ) async throws -> [AdmissionRow] {
+    static func runAdmitBatch(_ items: [AdmissionItem], database: Database, relaxed: Bool) async throws -> [AdmissionRow] {
         if items.count == 1 {
-            return try await runAdmitOne(items[0], database: database, relaxed: relaxed, lateResult: lateResult)
+            return try await runAdmitOne(items[0], database: database, relaxed: relaxed)
         }
-        return try await database.run(lateResult: lateResult) { client in
+        return try await runAdmission(items, database: database) { client in
             try await client.execute(AdmitBatchStatement(items: items, relaxed: relaxed), logger: database.logger).collect()
+        }
+    }
+
+    /// Runs an admission statement for `items`; a commit after the deadline, or a connection
+    /// that broke with the outcome unknown, has its charges given back (``LateAdmissions``).
+    static func runAdmission(
+        _ items: [AdmissionItem], database: Database, _ body: @escaping @Sendable (PostgresClient) async throws -> [AdmissionRow]
+    ) async throws -> [AdmissionRow] {
+        let late = LateAdmissions(items: items, database: database)
+        return try await database.run(lateResult: late.committedLate) { client in
+            do {
+                return try await body(client)
+            } catch {
+                late.interrupted(by: error)
+                throw error
+            }
         }
     }
 
@@ -114,12 +127,9 @@ public struct MeteringStore: Sendable {
     /// same decision, same lock order (period, company counter, then user counter), a quarter
     /// of the work of the array version (measured: 0.3 ms against 1.1 ms), which is what a lone
     /// call on an idle gateway waits for.
-    static func runAdmitOne(
-        _ item: AdmissionItem, database: Database, relaxed: Bool,
-        lateResult: (@Sendable (Result<[AdmissionRow], any Error>) -> Void)?
-    ) async throws -> [AdmissionRow] {
+    static func runAdmitOne(_ item: AdmissionItem, database: Database, relaxed: Bool) async throws -> [AdmissionRow] {
         let r = item.request
-        let rows = try await database.run(lateResult: lateResult) { client -> [AdmissionRow] in
+        let rows = try await runAdmission([item], database: database) { client -> [AdmissionRow] in
             if let hash = item.keyHash {
                 return try await client.execute(AdmitKeyStatement(keyHash: hash, request: r, relaxed: relaxed), logger: database.logger)
                     .collect()

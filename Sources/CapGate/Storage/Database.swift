@@ -50,9 +50,10 @@ public struct Database: Sendable {
     static let retryInterval = Duration.seconds(2)
     static let retryAttempts = 300
 
-    /// Runs `body` (which calls ``run(lateResult:_:)``) again every 2 seconds while it fails
-    /// with ``DatabaseError/unavailable``, for up to 10 minutes: for idempotent writes that must
-    /// land eventually, such as giving a charge back. Any other error, or the last one, is thrown.
+    /// Runs `body` (which calls ``run(lateResult:_:)``) again, 2 seconds after each failure with
+    /// ``DatabaseError/unavailable``, up to 300 times (10 minutes or more): for idempotent writes
+    /// that must land eventually, such as giving a charge back. Any other error, or the last one,
+    /// is thrown.
     public func untilAvailable<T: Sendable>(_ body: () async throws -> T) async throws -> T {
         var attempt = 1
         while true {

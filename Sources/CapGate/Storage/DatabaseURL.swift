@@ -43,7 +43,10 @@ public struct DatabaseURL: Sendable {
     }
 
     /// A PostgresNIO client configuration with a bounded pool.
-    public func clientConfiguration(maxConnections: Int) -> PostgresClient.Configuration {
+    /// - Parameter statementTimeout: sent as the connections' `statement_timeout`, so that a
+    ///   statement the gateway stopped waiting for (``Database/run(lateResult:_:)``) also ends on
+    ///   the server.
+    public func clientConfiguration(maxConnections: Int, statementTimeout: Duration? = nil) -> PostgresClient.Configuration {
         let tls: PostgresClient.Configuration.TLS
         switch sslMode {
         case "disable": tls = .disable
@@ -63,6 +66,11 @@ public struct DatabaseURL: Sendable {
         config.options.minimumConnections = min(maxConnections, 8)
         config.options.keepAliveBehavior = nil
         config.options.connectTimeout = .seconds(3)
+        if let statementTimeout {
+            let (seconds, attoseconds) = statementTimeout.components
+            let milliseconds = max(1, seconds * 1000 + attoseconds / 1_000_000_000_000_000)
+            config.options.additionalStartupParameters = [("statement_timeout", "\(milliseconds)")]
+        }
         return config
     }
 }

@@ -3,6 +3,10 @@ import Logging
 
 #if canImport(Glibc)
     import Glibc
+    private let systemWrite = Glibc.write
+#elseif canImport(Darwin)
+    import Darwin
+    private let systemWrite = Darwin.write
 #endif
 
 /// One structured line per event, logfmt style: `time=… level=info msg=request request_id=…`.
@@ -78,11 +82,12 @@ public struct LogfmtHandler: LogHandler {
     }
 }
 
-/// Where log lines go. Warnings and errors are written at once (after anything gathered before
-/// them, so lines never reorder); info and debug lines are gathered and written by a background
-/// thread about every 5 ms, one `write` for all of them instead of one per line. The gathered
-/// lines are also written at exit; a crash can lose the last few milliseconds of info lines,
-/// never a warning or an error.
+/// Where log lines go. Warnings and more severe lines are written at once (after anything
+/// gathered before them, so lines never reorder); lines below warning (info, notice, debug,
+/// trace) are gathered and written by a background thread about every 5 ms, one `write` for all
+/// of them instead of one per line. The standard error's gathered lines are also written when
+/// the process exits normally; a crash can lose the last few milliseconds of lines below
+/// warning, never a warning or an error.
 public final class LogOutput: @unchecked Sendable {
     public static let standardError = LogOutput(descriptor: 2)
 
@@ -161,9 +166,15 @@ public final class LogOutput: @unchecked Sendable {
         bytes.withUnsafeBytes { buffer in
             var offset = 0
             while offset < buffer.count {
-                let written = Glibc.write(descriptor, buffer.baseAddress! + offset, buffer.count - offset)
+                let written = systemWrite(descriptor, buffer.baseAddress! + offset, buffer.count - offset)
                 if written < 0 {
                     if errno == EINTR { continue }
+                    if errno == EAGAIN || errno == EWOULDBLOCK {
+                        // A non-blocking output that is full: wait for room rather than drop lines.
+                        var ready = pollfd(fd: descriptor, events: Int16(POLLOUT), revents: 0)
+                        _ = poll(&ready, 1, 100)
+                        continue
+                    }
                     return
                 }
                 offset += written
