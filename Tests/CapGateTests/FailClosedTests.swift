@@ -51,17 +51,25 @@ struct FailClosedTests {
         return "SELECT count(*) FROM usage_ledger WHERE request_id IN (\(ids.isEmpty ? "''" : ids)) AND outcome = '\(outcome)'"
     }
 
-    @Test("database down during traffic: 503 and nothing forwarded, a refund it blocked lands later, recovery without a restart")
-    func databaseDown() async throws {
-        // A cluster of its own: this test stops it.
-        try await Self.withOwnCluster { cluster in try await self.databaseDown(cluster) }
+    /// A gateway with `database.timeout` set to `timeout` seconds on a cluster of the test's own,
+    /// and a company with `users` members, after one call answered 200.
+    static func withOwnGateway(
+        users: Int, timeout: String, _ body: @Sendable (EmbeddedPostgres, Company, Harness) async throws -> Void
+    ) async throws {
+        try await withOwnCluster { cluster in
+            let made = try await company(on: cluster.url, users: users)
+            try await Harness.with(database: cluster.url, settings: ["database.timeout": timeout]) { h in
+                #expect(try await firstSuccess(h, key: made.users[0].key, attempts: 10))
+                try await body(cluster, made, h)
+            }
+        }
     }
 
-    func databaseDown(_ cluster: EmbeddedPostgres) async throws {
-        let (company, users) = try await Self.company(on: cluster.url, users: 1)
-        try await Harness.with(database: cluster.url, settings: ["database.timeout": "2"]) { h in
-            #expect(try await Self.firstSuccess(h, key: users[0].key, attempts: 10))
-
+    @Test("database down during traffic: 503 and nothing forwarded, a refund it blocked lands later, recovery without a restart")
+    func databaseDown() async throws {
+        // This test stops the cluster and starts it again.
+        try await Self.withOwnGateway(users: 1, timeout: "2") { cluster, made, h in
+            let (company, users) = made
             // A call the provider fails after 1.5 s, while the database goes down under it: its
             // refund cannot be written then, and must land once the database is back.
             let before = h.mock.counter.count
@@ -101,15 +109,10 @@ struct FailClosedTests {
 
     @Test("database that stops answering: 503 by database.timeout, nothing forwarded, late commits given back")
     func databaseStalls() async throws {
-        // A cluster of its own: this test freezes it (SIGSTOP), as a stalled server or a network
-        // partition would look to the gateway: connections stay open and nothing answers.
-        try await Self.withOwnCluster { cluster in try await self.databaseStalls(cluster) }
-    }
-
-    func databaseStalls(_ cluster: EmbeddedPostgres) async throws {
-        let (company, users) = try await Self.company(on: cluster.url, users: 2)
-        try await Harness.with(database: cluster.url, settings: ["database.timeout": "1"]) { h in
-            #expect(try await Self.firstSuccess(h, key: users[0].key, attempts: 10))
+        // This test freezes the cluster (SIGSTOP), as a stalled server or a network partition
+        // would look to the gateway: connections stay open and nothing answers.
+        try await Self.withOwnGateway(users: 2, timeout: "1") { cluster, made, h in
+            let (company, users) = made
             let forwarded = h.mock.counter.count
 
             let frozen = try ClusterFreeze(cluster)
