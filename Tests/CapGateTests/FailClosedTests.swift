@@ -129,9 +129,12 @@ struct FailClosedTests {
             let waited = ContinuousClock.now - started
             frozen.thaw()
 
-            // The first call's batch and the batch of the calls queued behind it each wait
-            // database.timeout: every caller is answered within two of them.
-            #expect(waited < .seconds(4))
+            // Each admission batch waits database.timeout (1 s); a call waits for the batch in
+            // flight when it arrives and for its own: about 2 s when the 20 arrive together, a
+            // batch or two more when a loaded machine spreads their arrival (4.4 s seen once in
+            // a full-suite run). Without the deadline they would wait until the thaw, which
+            // comes only after every reply.
+            #expect(waited < .seconds(8))
             #expect(replies.allSatisfy { $0.status == 503 })
             #expect(replies.allSatisfy { $0.json["error"]?["type"]?.stringValue == "overloaded_error" })
             #expect(h.mock.counter.count == forwarded)
