@@ -92,4 +92,30 @@ struct DevCommandTests {
         #expect(!process.isRunning, "dev did not stop on SIGINT")
         #expect(!FileManager.default.fileExists(atPath: folder + "/.capgate/postgres/data/postmaster.pid"), "PostgreSQL still running")
     }
+
+    @Test("dev refuses a demo database made with other migrations and says to delete the folder; its PostgreSQL is stopped")
+    func staleDemoDatabase() async throws {
+        let folder = NSTemporaryDirectory() + "capgate-dev-\(UUID().uuidString)"
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        // A demo database from a build whose first migration read differently.
+        let cluster = try await offPool { try EmbeddedPostgres.start(directory: folder + "/postgres", logger: TestCluster.logger) }
+        _ = try await CapGateRunner.migrate(url: cluster.url, dryRun: false, logger: TestCluster.logger)
+        try await CapGateRunner.withClient(url: cluster.url, logger: TestCluster.logger) { client in
+            _ = try await client.query(
+                "UPDATE capgate_migrations SET checksum = 'older' WHERE version = '0001_schema'", logger: TestCluster.logger
+            )
+            .collect()
+        }
+        cluster.stop()
+
+        let configuration = try await CapGateConfiguration.load(flags: [:], environment: [:], file: "/nonexistent/capgate.json")
+        do {
+            try await DevEnvironment.run(configuration: configuration, directory: folder, logger: TestCluster.logger)
+            Issue.record("dev started on a stale demo database")
+        } catch {
+            let text = String(describing: error)
+            #expect(text.contains("0001_schema") && text.contains("delete that folder"), "\(text)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: cluster.dataDirectory + "/postmaster.pid"), "PostgreSQL still running")
+    }
 }
