@@ -78,6 +78,10 @@ struct BatchAdmissionTests {
                 #expect(rows.map(\.companyUsed) == [1, 2, nil, 3, 3, 4, 4, 5, 5, nil])
                 #expect(rows[6].ledgerID == rows[5].ledgerID)
                 #expect(Set(rows.compactMap(\.ledgerID)).count == 5)
+                // The replay is recorded as an attempt at the charge it replayed.
+                let attempts = try await h.text(
+                    "SELECT ledger_id || ':' || request_id FROM usage_ledger_attempts WHERE NOT failed")
+                #expect(attempts == "\(rows[5].ledgerID ?? 0):\(batch[6].request.requestID)")
             }
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 5)
             #expect(try await h.scalar("SELECT used FROM user_usage WHERE user_id = '\(a.id.text)'") == 3)
@@ -112,22 +116,34 @@ struct BatchAdmissionTests {
             let (company, users) = try await h.createCompany(plan: "p", users: 2)
             let (a, b) = (users[0], users[1])
             try await Self.withMetering(h) { _, database in
-                let kept = [Self.call(key: a.key)]
+                let kept = [Self.call(key: a.key), Self.call(key: a.key, idempotencyKey: "kept-1")]
                 let late = [
                     Self.call(key: a.key), Self.call(company: company, user: b.id), Self.call(key: b.key),
                     Self.call(key: b.key, idempotencyKey: "late-1"),
+                    Self.call(key: a.key, idempotencyKey: "kept-1"),  // a retry of a kept charge: replayed
                 ]
                 let results = await MeteringStore.admitBatch(kept + late, database: database, relaxed: false)
-                #expect(Self.decisions(results) == Array(repeating: "charged", count: 5))
+                #expect(Self.decisions(results) == Array(repeating: "charged", count: 6) + ["replayed"])
                 // The transaction committed, but as if its answer had been lost: the gateway only
                 // knows the calls (plus one that never reached PostgreSQL).
                 let lost = LateAdmissions(items: late + [Self.call(key: a.key)], database: database)
-                await lost.giveBack(try await lost.findCharges())
+                let found = try await lost.findCharges()
+                #expect(found.count == 5)
+                await lost.giveBack(found)
+                // The replay's failure was recorded; the kept charge stands while its first attempt
+                // has not failed, and is given back once it has.
+                #expect(try await h.scalar("SELECT count(*) FROM usage_ledger_attempts WHERE failed") == 1)
+                #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 2)
+                let keptCharge = try results[1].get()
+                #expect(
+                    try await MeteringStore.refund(
+                        companyID: company, ledgerID: keptCharge.ledgerID ?? 0, requestID: kept[1].request.requestID,
+                        upstreamStatus: 500, database: database))
             }
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
             #expect(try await h.scalar("SELECT used FROM user_usage WHERE user_id = '\(a.id.text)'") == 1)
             #expect(try await h.scalar("SELECT used FROM user_usage WHERE user_id = '\(b.id.text)'") == 0)
-            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'refunded'") == 4)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'refunded'") == 5)
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'") == 1)
             #expect(try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger).isEmpty)
         }

@@ -347,6 +347,101 @@ struct ProxyTests {
         }
     }
 
+    @Test("a replayed charge stands until every attempt at it failed; a failure reported twice counts once")
+    func replayAttemptsSQL() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            let user = users[0].id
+            func admit(_ requestID: String, key: String) async throws -> String {
+                try await h.text(
+                    """
+                    SELECT (a).decision || ':' || (a).ledger_id FROM (SELECT capgate_admit('\(company.text)', '\(user.text)', 1, 'POST',
+                           '/v1/messages', NULL, NULL, '\(requestID)', '\(key)', now()) AS a) s
+                    """) ?? ""
+            }
+            func refund(_ ledger: String, _ requestID: String?) async throws -> String? {
+                let id = requestID.map { "'\($0)'" } ?? "NULL"
+                return try await h.text("SELECT capgate_refund('\(company.text)', \(ledger), 502, \(id))::text")
+            }
+            func used() async throws -> Int64 {
+                try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'")
+            }
+            // First attempt a, replay b: b fails (twice reported), the charge stands; then a fails: given back.
+            let charged = try await admit("a", key: "k1")
+            let ledger = String(charged.dropFirst("charged:".count))
+            #expect(charged.hasPrefix("charged:"))
+            #expect(try await admit("b", key: "k1") == "replayed:\(ledger)")
+            #expect(try await used() == 1)
+            #expect(try await refund(ledger, "b") == "false")
+            #expect(try await refund(ledger, "b") == "false")
+            #expect(try await used() == 1)
+            #expect(try await refund(ledger, "a") == "true")
+            #expect(try await used() == 0)
+            #expect(try await refund(ledger, "a") == "false")
+            #expect(try await h.text("SELECT outcome FROM usage_ledger WHERE id = \(ledger)") == "refunded")
+
+            // First attempt c fails while its replay d is in flight: the charge stands, and d's
+            // success (which reports nothing) keeps it.
+            let second = String(try await admit("c", key: "k2").dropFirst("charged:".count))
+            #expect(try await admit("d", key: "k2") == "replayed:\(second)")
+            #expect(try await refund(second, nil) == "false")  // NULL: the first attempt
+            #expect(try await used() == 1)
+            #expect(try await h.text("SELECT outcome FROM usage_ledger WHERE id = \(second)") == "charged")
+            // A later retry still replays it, and its failure alone does not give it back.
+            #expect(try await admit("e", key: "k2") == "replayed:\(second)")
+            #expect(try await refund(second, "e") == "false")
+            #expect(try await used() == 1)
+
+            // Without replays a refund is what it always was.
+            let plain = String(try await admit("f", key: "k3").dropFirst("charged:".count))
+            #expect(try await refund(plain, "f") == "true")
+            #expect(try await used() == 1)
+            #expect(try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger).isEmpty)
+        }
+    }
+
+    @Test("the same Idempotency-Key at once: the first attempt failing upstream does not refund the retry that succeeded")
+    func concurrentRetryKeepsCharge() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            let key = users[0].key
+            func used() async throws -> Int64 {
+                try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'")
+            }
+            func outcome(_ idempotencyKey: String) async throws -> String? {
+                try await h.text("SELECT string_agg(outcome, ',') FROM usage_ledger WHERE idempotency_key = '\(idempotencyKey)'")
+            }
+            // 1. The first attempt is slow and fails (500); the retry, sent while it is in flight, succeeds.
+            async let first = h.message(
+                key: key, headers: [("idempotency-key", "k-1"), ("x-mock-delay-ms", "800"), ("x-mock-status", "500")])
+            try await Task.sleep(for: .milliseconds(250))
+            let retry = try await h.message(key: key, headers: [("idempotency-key", "k-1")])
+            #expect(retry.status == 200)
+            #expect(try await first.status == 500)
+            #expect(try await used() == 1)
+            #expect(try await outcome("k-1") == "charged")
+
+            // 2. Both fail: given back once the last of them failed.
+            async let slow = h.message(
+                key: key, headers: [("idempotency-key", "k-2"), ("x-mock-delay-ms", "800"), ("x-mock-status", "503")])
+            try await Task.sleep(for: .milliseconds(250))
+            let fast = try await h.message(key: key, headers: [("idempotency-key", "k-2"), ("x-mock-status", "500")])
+            #expect(fast.status == 500)
+            #expect(try await used() == 2)  // the slow attempt is still in flight
+            #expect(try await slow.status == 503)
+            #expect(try await used() == 1)
+            #expect(try await outcome("k-2") == "refunded")
+
+            // 3. A retry after the failure is charged anew.
+            #expect(try await h.message(key: key, headers: [("idempotency-key", "k-2")]).status == 200)
+            #expect(try await used() == 2)
+            #expect(h.mock.counter.count == 5)
+            #expect(try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger).isEmpty)
+        }
+    }
+
     @Test("credentials: none, unknown, revoked and operator-token calls are refused; a client company header is ignored")
     func credentials() async throws {
         try await Harness.with { h in

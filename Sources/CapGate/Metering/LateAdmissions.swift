@@ -15,9 +15,13 @@ import PostgresNIO
 ///   search waits until `database.timeout` has passed since the statement was sent: the gateway's
 ///   connections carry it as `statement_timeout`, so by then the statement has ended either way.
 ///
-/// A call with an `Idempotency-Key` retried while its first attempt's charge is being given back
-/// replays that charge and is forwarded uncharged (see the README's note on Idempotency-Key).
+/// A call of such an admission that replayed a charge (a retry with the same `Idempotency-Key`)
+/// is an attempt at that charge that failed: it is reported as such, so the charge is given back
+/// only if every other attempt at it fails too (`capgate_refund`, migration 0009).
 struct LateAdmissions: Sendable {
+    /// A charge one of these calls made or replayed, and that call's request id.
+    typealias Charge = (company: UUID, ledger: Int64, requestID: String)
+
     let items: [AdmissionItem]
     let database: Database
     let sent = ContinuousClock.now
@@ -27,9 +31,11 @@ struct LateAdmissions: Sendable {
     /// ``interrupted(by:)``.
     @Sendable func committedLate(_ result: Result<[AdmissionRow], any Error>) {
         guard case .success(let rows) = result else { return }
-        let charges = zip(items, rows).compactMap { item, row -> (company: UUID, ledger: Int64)? in
-            guard row.decision == Admission.Decision.charged.rawValue, let ledger = row.ledgerID else { return nil }
-            return (row.companyID ?? item.request.companyID, ledger)
+        let charges = zip(items, rows).compactMap { item, row -> Charge? in
+            guard row.decision.flatMap(Admission.Decision.init(rawValue:))?.admitted == true, let ledger = row.ledgerID else {
+                return nil
+            }
+            return (row.companyID ?? item.request.companyID, ledger, item.request.requestID)
         }
         guard !charges.isEmpty else { return }
         database.logger.warning(
@@ -70,11 +76,13 @@ struct LateAdmissions: Sendable {
 
     var requestIDs: String { items.map(\.request.requestID).joined(separator: ",") }
 
-    func giveBack(_ charges: [(company: UUID, ledger: Int64)]) async {
+    func giveBack(_ charges: [Charge]) async {
         var refunded = 0
         for charge in charges {
             let done = await retrying("give back a charge of an admission answered 503") {
-                try await MeteringStore.refund(companyID: charge.company, ledgerID: charge.ledger, upstreamStatus: nil, database: database)
+                try await MeteringStore.refund(
+                    companyID: charge.company, ledgerID: charge.ledger, requestID: charge.requestID, upstreamStatus: nil,
+                    database: database)
             }
             if done == true {
                 refunded += 1
@@ -87,10 +95,11 @@ struct LateAdmissions: Sendable {
         }
     }
 
-    /// The charged ledger rows of these calls, if the transaction committed: the calls' request
-    /// ids, within their companies (a key's company, or a token's), from the earliest call's time
-    /// on (a ledger row's `created_at` is its call's time).
-    func findCharges() async throws -> [(company: UUID, ledger: Int64)] {
+    /// The charges these calls made or replayed, if the transaction committed: ledger rows with
+    /// the calls' request ids, and replays recorded under them, within their companies (a key's
+    /// company, or a token's), from the earliest call's time on (a ledger row's `created_at` is
+    /// its call's time).
+    func findCharges() async throws -> [Charge] {
         let hashes = items.compactMap(\.keyHash)
         let companies = items.compactMap { $0.keyHash == nil ? $0.request.companyID : nil }
         let ids = items.map(\.request.requestID)
@@ -98,15 +107,22 @@ struct LateAdmissions: Sendable {
         return try await database.run { client in
             let rows = try await client.query(
                 """
-                SELECT l.company_id, l.id FROM usage_ledger l
-                 WHERE l.company_id IN (SELECT k.company_id FROM api_keys k WHERE k.key_hash = ANY(\(hashes))
-                                        UNION SELECT unnest(\(companies)))
+                WITH c AS (SELECT k.company_id FROM api_keys k WHERE k.key_hash = ANY(\(hashes))
+                           UNION SELECT unnest(\(companies)))
+                SELECT l.company_id, l.id, l.request_id FROM usage_ledger l
+                 WHERE l.company_id IN (SELECT company_id FROM c)
                    AND l.created_at >= \(since) AND l.request_id = ANY(\(ids)) AND l.outcome = 'charged'
+                UNION ALL
+                SELECT a.company_id, a.ledger_id, a.request_id FROM usage_ledger_attempts a
+                 WHERE a.company_id IN (SELECT company_id FROM c)
+                   AND a.request_id = ANY(\(ids)) AND NOT a.failed
                 """,
                 logger: database.logger
             )
-            var found: [(company: UUID, ledger: Int64)] = []
-            for try await (company, ledger) in rows.decode((UUID, Int64).self) { found.append((company, ledger)) }
+            var found: [Charge] = []
+            for try await (company, ledger, requestID) in rows.decode((UUID, Int64, String).self) {
+                found.append((company, ledger, requestID))
+            }
             return found
         }
     }

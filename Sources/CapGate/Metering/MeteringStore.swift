@@ -160,17 +160,21 @@ public struct MeteringStore: Sendable {
         return Admission(decision: decision, ledgerID: row.ledgerID, periodID: row.periodID, state: state)
     }
 
-    /// Gives back a charge (`capgate_refund`). Returns false when it was already refunded.
+    /// Reports that the attempt `requestID` at a charge failed (`capgate_refund`): the charge is
+    /// given back unless another attempt at it (a retry with the same Idempotency-Key) is still
+    /// in flight or succeeded. Returns true when it was given back now; false when it stands, or
+    /// was already given back. Reporting the same attempt twice changes nothing.
     @discardableResult
-    public func refund(companyID: UUID, ledgerID: Int64, upstreamStatus: Int?) async throws -> Bool {
-        try await Self.refund(companyID: companyID, ledgerID: ledgerID, upstreamStatus: upstreamStatus, database: database)
+    public func refund(companyID: UUID, ledgerID: Int64, requestID: String, upstreamStatus: Int?) async throws -> Bool {
+        try await Self.refund(
+            companyID: companyID, ledgerID: ledgerID, requestID: requestID, upstreamStatus: upstreamStatus, database: database)
     }
 
-    static func refund(companyID: UUID, ledgerID: Int64, upstreamStatus: Int?, database: Database) async throws -> Bool {
+    static func refund(companyID: UUID, ledgerID: Int64, requestID: String, upstreamStatus: Int?, database: Database) async throws -> Bool {
         let status = upstreamStatus.map(Int32.init)
         return try await database.run { client in
             let rows = try await client.query(
-                "SELECT capgate_refund(\(companyID), \(ledgerID), \(status))",
+                "SELECT capgate_refund(\(companyID), \(ledgerID), \(status), \(requestID))",
                 logger: database.logger
             )
             for try await value in rows.decode(Bool.self) { return value }

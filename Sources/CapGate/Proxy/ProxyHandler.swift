@@ -103,7 +103,10 @@ public struct ProxyHandler: Sendable {
         case .unknownUser:
             throw GatewayError.authentication("This user is unknown or disabled in its company.")
         }
-        let charge = admission.decision == .charged ? admission.ledgerID : nil
+        // The charge this attempt answers for: its own, or the one it replays (a retry with the same
+        // Idempotency-Key). A failure gives it back only once every attempt at it failed.
+        let charge = admission.ledgerID
+        let requestID = record.snapshot.requestID
 
         var outboundHeaders = HTTPHeaders()
         outboundHeaders.reserveCapacity(request.headers.count + 2)
@@ -124,7 +127,9 @@ public struct ProxyHandler: Sendable {
         } catch {
             let timedOut = (error as? UpstreamError)?.isTimeout ?? false
             if let charge {
-                await refund(user: user, ledgerID: charge, status: nil, reason: timedOut ? "timeout" : "unreachable", logger: logger)
+                await refund(
+                    user: user, ledgerID: charge, requestID: requestID, status: nil, reason: timedOut ? "timeout" : "unreachable",
+                    logger: logger)
             }
             record.update { $0.upstreamMillis = (ContinuousClock.now - upstreamStart).milliseconds }
             logger.warning("upstream failed", metadata: ["error": "\(String(describing: error))"])
@@ -150,11 +155,14 @@ public struct ProxyHandler: Sendable {
         let contentType = response.head.headers.first(name: "content-type")
 
         guard (200..<300).contains(status) else {
+            var refunded = false
             if let charge {
-                await refund(user: user, ledgerID: charge, status: status, reason: "upstream_status", logger: logger)
+                refunded = await refund(
+                    user: user, ledgerID: charge, requestID: requestID, status: status, reason: "upstream_status", logger: logger)
             }
-            // The provider's own error passes through, so SDKs show it; the charge is gone.
-            let refundedState = charge == nil ? admission.state : Self.refunded(admission.state)
+            // The provider's own error passes through, so SDKs show it; the charge is gone (unless
+            // another attempt at it with the same Idempotency-Key is in flight or succeeded).
+            let refundedState = refunded ? Self.refunded(admission.state) : admission.state
             headers[.rateLimit] = nil
             headers[.rateLimitPolicy] = nil
             headers.append(contentsOf: refundedState.rateLimitHeaders())
@@ -242,33 +250,38 @@ public struct ProxyHandler: Sendable {
         }
     }
 
-    /// Gives a charge back before the caller is answered. If the database is unavailable the
-    /// caller is answered anyway and the refund is retried in the background (it is idempotent),
-    /// so a call that failed upstream while PostgreSQL was down does not stay charged.
-    func refund(user: UserIdentity, ledgerID: Int64, status: Int?, reason: String, logger: Logger) async {
+    /// Reports this attempt's failure before the caller is answered: the charge is given back
+    /// unless another attempt at it (the same Idempotency-Key) is in flight or succeeded. Returns
+    /// whether it was given back (or will be: if the database is unavailable the caller is
+    /// answered anyway and the refund is retried in the background, since it is idempotent, so a
+    /// call that failed upstream while PostgreSQL was down does not stay charged).
+    @discardableResult
+    func refund(user: UserIdentity, ledgerID: Int64, requestID: String, status: Int?, reason: String, logger: Logger) async -> Bool {
         let metering = self.metering
         let refund = { @Sendable in
-            try await metering.refund(companyID: user.companyID, ledgerID: ledgerID, upstreamStatus: status)
+            try await metering.refund(companyID: user.companyID, ledgerID: ledgerID, requestID: requestID, upstreamStatus: status)
         }
         let failed = { @Sendable in
             // The ledger row stays charged; `capgate verify` and the operator see it.
             logger.error("refund failed", metadata: ["ledger_id": "\(ledgerID)", "reason": "\(reason)"])
         }
         do {
-            try await refund()
+            guard try await refund() else { return false }
             GatewayMetrics.refund(reason: reason)
+            return true
         } catch DatabaseError.unavailable {
             logger.warning("refund delayed: the database is unavailable; retrying", metadata: ["ledger_id": "\(ledgerID)"])
             Task {
                 do {
-                    try await metering.database.untilAvailable(refund)
-                    GatewayMetrics.refund(reason: reason)
+                    if try await metering.database.untilAvailable(refund) { GatewayMetrics.refund(reason: reason) }
                 } catch {
                     failed()
                 }
             }
+            return true
         } catch {
             failed()
+            return false
         }
     }
 
