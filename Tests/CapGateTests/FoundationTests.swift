@@ -222,6 +222,21 @@ struct FoundationTests {
 
 @Suite("JSON", .timeLimit(.minutes(5)))
 struct JSONTests {
+    @Test("times: RFC 3339 offsets up to ±23:59, fractions, a date alone; anything else is nil")
+    func timestamps() {
+        let utc = FoundationTests.date("2026-11-01T12:00:00Z")
+        #expect(Timestamp.parse("2026-11-01T14:30:00+02:30") == utc)
+        #expect(Timestamp.parse("2026-11-01T07:28:00-04:32") == utc)
+        #expect(Timestamp.parse("2026-11-02T07:32:00+19:32") == utc)
+        #expect(Timestamp.parse("2026-10-31T12:01:00-23:59") == utc)
+        #expect(Timestamp.parse("2026-11-01T12:00:00.250Z") == utc.addingTimeInterval(0.25))
+        #expect(Timestamp.parse("2026-11-01T17:30:00.5+05:30") == utc.addingTimeInterval(0.5))
+        #expect(Timestamp.parse("2026-11-01") == FoundationTests.date("2026-11-01T00:00:00Z"))
+        for bad in ["2026-11-01T12:00:00+24:00", "2026-11-01T12:00:00+02:60", "2026-11-01T12:00:00+2:300", "yesterday", "", "+01:00"] {
+            #expect(Timestamp.parse(bad) == nil, "\(bad)")
+        }
+    }
+
     @Test("the parser reads what JSON allows and refuses what it does not")
     func parser() throws {
         let text = #"{"a":[1,-2.5e3,true,false,null,"x\"\u00e9\ud83d\ude00\n"],"b":{},"c":[],"d":0,"e":-0.5}"#

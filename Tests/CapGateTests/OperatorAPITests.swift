@@ -1,5 +1,6 @@
 import CapGate
 import Foundation
+import NIOHTTP1
 import Testing
 
 @Suite("Operator API", .timeLimit(.minutes(5)))
@@ -37,7 +38,8 @@ struct OperatorAPITests {
             for bad: JSON in [
                 .obj(["name": "No id"]), .obj(["id": "Bad Id!", "name": "x"]), .obj(["id": "x", "name": "x", "monthly_company_cap": -1]),
                 .obj(["id": "x", "name": "x", "monthly_user_cap": "ten"]), .obj(["id": "x", "name": "x", "is_active": "yes"]),
-                .array([]),
+                .obj(["id": "x", "name": "x", "monthly_user_cap": 1_000_000_000_000_001]), .obj(["id": "x", "name": "x\u{0}"]),
+                .obj(["id": "x", "name": "x", "monthly_user_cap": 2.5]), .array([]),
             ] {
                 let reply = try await h.op(.POST, "/admin/v1/plans", bad)
                 #expect(reply.status == 400, "\(bad.serialized()) → \(reply.body)")
@@ -47,8 +49,12 @@ struct OperatorAPITests {
                 .POST, "/admin/v1/plans", headers: h.asOperator + [("content-type", "application/json")], body: "{nope")
             #expect(notJSON.status == 400)
 
-            let updated = try await h.op(.PUT, "/admin/v1/plans/low", .obj(["monthly_company_cap": 200, "name": "Low Use 2"]))
-            #expect(updated.status == 200)
+            // A whole number written with a fraction is a whole number; a NUL in a field CapGate
+            // does not read changes nothing.
+            let updated = try await h.op(
+                .PUT, "/admin/v1/plans/low",
+                .obj(["monthly_company_cap": .double(200.0), "name": "Low Use 2", "note": .array([.string("a\u{0}b")])]))
+            #expect(updated.status == 200, "\(updated.body)")
             #expect(updated.json["monthly_company_cap"]?.intValue == 200)
             #expect(updated.json["monthly_user_cap"]?.intValue == 25)
             #expect(try await h.op(.PUT, "/admin/v1/plans/nope", .obj(["name": "x"])).status == 404)
@@ -137,6 +143,28 @@ struct OperatorAPITests {
             #expect(try await h.scalar("SELECT count(*) FROM plan_periods WHERE company_id = '\(id)'") == 2)
             #expect(try await h.op(.PUT, "/admin/v1/companies/\(id)/plan", .obj(["plan": "nope"])).status == 404)
             #expect(try await h.op(.PUT, "/admin/v1/companies/\(id)/plan", .obj(["plan": "low", "started_at": "yesterday"])).status == 400)
+        }
+    }
+
+    @Test("a known path asked with another method is 405 with Allow; an unknown path is 404; nothing is forwarded")
+    func methodNotAllowed() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            let cases: [(HTTPMethod, String, String)] = [
+                (.DELETE, "/admin/v1/plans/low", "GET, PUT"), (.POST, "/healthz", "GET"),
+                (.PATCH, "/admin/v1/companies/\(company.text)", "GET"), (.POST, "/v1/usage", "GET"), (.PUT, "/v1/usage/check", "GET"),
+            ]
+            for (method, path, allow) in cases {
+                let reply = try await h.request(method, path, headers: [("x-api-key", users[0].key)] + h.asOperator)
+                #expect(reply.status == 405, "\(method) \(path) → \(reply.status)")
+                #expect(reply.headers.first(name: "allow") == allow)
+                #expect(reply.json["error"]?["type"]?.stringValue == "invalid_request_error")
+            }
+            #expect(try await h.op(.GET, "/admin/v1/nothing").status == 404)
+            #expect(try await h.op(.DELETE, "/admin/v1/nothing/here").status == 404)
+            #expect(h.mock.counter.count == 0)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0)
         }
     }
 

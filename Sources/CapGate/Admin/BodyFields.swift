@@ -4,6 +4,10 @@ import Hummingbird
 /// A JSON object body read field by field, with a clear 400 naming the field on bad input.
 struct BodyFields {
     let fields: [String: JSON]
+    /// Whether the body holds a NUL character (`\u0000`) anywhere, read or not. PostgreSQL
+    /// text and jsonb cannot hold it: a field that is read refuses it (``string(_:required:maxLength:)``),
+    /// and a route that stores the whole body checks this.
+    let containsNUL: Bool
 
     static func read(_ request: Request, context: some RequestContext) async throws -> BodyFields {
         let buffer: ByteBuffer
@@ -13,17 +17,15 @@ struct BodyFields {
             throw GatewayError(.contentTooLarge, "request_too_large", "The request body is larger than \(context.maxUploadSize) bytes.")
         }
         guard buffer.readableBytes > 0 else { throw GatewayError.invalidRequest("The request needs a JSON object body.") }
-        // PostgreSQL text cannot hold NUL: refuse it here rather than fail in the database.
-        if buffer.readableBytesView.containsSequence(Array("\\u0000".utf8)) {
-            throw GatewayError.invalidRequest("Text fields must not contain NUL (\\u0000) characters.")
-        }
+        let containsNUL = buffer.readableBytesView.containsSequence(Array("\\u0000".utf8))
         guard let json = try? JSON.parse(buffer) else {
             throw GatewayError.invalidRequest("The request body is not valid JSON.")
         }
         guard let object = json.objectFields else {
             throw GatewayError.invalidRequest("The request body must be a JSON object.")
         }
-        return BodyFields(fields: Dictionary(object.map { ($0.key, $0.value) }, uniquingKeysWith: { _, b in b }))
+        return BodyFields(
+            fields: Dictionary(object.map { ($0.key, $0.value) }, uniquingKeysWith: { _, b in b }), containsNUL: containsNUL)
     }
 
     func has(_ key: String) -> Bool { fields[key] != nil }
@@ -37,6 +39,10 @@ struct BodyFields {
         guard !s.isEmpty, s.unicodeScalars.count <= maxLength else {
             throw GatewayError.invalidRequest("'\(key)' must be 1 to \(maxLength) characters.")
         }
+        // PostgreSQL text cannot hold NUL: refuse it here rather than fail in the database.
+        if containsNUL, s.unicodeScalars.contains("\u{0}") {
+            throw GatewayError.invalidRequest("'\(key)' must not contain NUL (\\u0000) characters.")
+        }
         return s
     }
 
@@ -47,11 +53,15 @@ struct BodyFields {
     /// A non-negative integer or `null`; `.absent` when the key is missing.
     enum Cap { case absent, null, value(Int64) }
 
+    /// The largest cap (10^15 units); `null` is unlimited.
+    static let maxCap: Int64 = 1_000_000_000_000_000
+
     func cap(_ key: String) throws -> Cap {
         guard let value = fields[key] else { return .absent }
         if value.isNull { return .null }
-        guard case .int(let i) = value, i >= 0 else {
-            throw GatewayError.invalidRequest("'\(key)' must be a whole number of at least 0, or null for unlimited.")
+        // A whole number written with a fraction (`5.0`) is an integer in JSON Schema too.
+        guard let i = value.intValue, (0...Self.maxCap).contains(i) else {
+            throw GatewayError.invalidRequest("'\(key)' must be a whole number from 0 to \(Self.maxCap), or null for unlimited.")
         }
         return .value(i)
     }
@@ -64,7 +74,7 @@ struct BodyFields {
 
     func int(_ key: String, range: ClosedRange<Int64>) throws -> Int64? {
         guard let value = fields[key], !value.isNull else { return nil }
-        guard case .int(let i) = value, range.contains(i) else {
+        guard let i = value.intValue, range.contains(i) else {
             throw GatewayError.invalidRequest("'\(key)' must be a whole number from \(range.lowerBound) to \(range.upperBound).")
         }
         return i

@@ -81,7 +81,8 @@ func buildRouter(
 ) -> Router<GatewayContext> {
     let router = Router(context: GatewayContext.self)
     let ownPaths: Set<String> = ["/v1/usage", "/v1/usage/check"]
-    router.add(middleware: GatewayMiddleware(proxy: proxy, prefix: prefix, ownPaths: ownPaths))
+    let methods = RouteMethods()
+    router.add(middleware: GatewayMiddleware(proxy: proxy, prefix: prefix, ownPaths: ownPaths, methods: methods))
 
     router.get("/healthz") { _, _ in
         jsonResponse(.obj(["status": "ok"]))
@@ -124,6 +125,7 @@ func buildRouter(
     OperatorRoutes(tenants: tenants, periods: periods).register(on: admin)
     usageRoutes.registerAdmin(on: admin)
     BillingRoutes(billing: billing).register(on: admin)
+    methods.record(router)
     return router
 }
 

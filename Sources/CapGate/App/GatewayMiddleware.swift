@@ -13,6 +13,8 @@ struct GatewayMiddleware: RouterMiddleware {
     let prefix: String
     /// Paths under the prefix that CapGate answers itself.
     let ownPaths: Set<String>
+    /// The methods of the router's routes: a known path asked with another method is 405.
+    let methods: RouteMethods
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         let started = ContinuousClock.now
@@ -32,6 +34,19 @@ struct GatewayMiddleware: RouterMiddleware {
                 response = try await proxy.handle(request, context: context)
             } else {
                 response = try await next(request, context)
+            }
+        } catch let error as HTTPError where error.status == .notFound && !proxied {
+            let allowed = methods.allowed(for: path)
+            if allowed.isEmpty {
+                response = Self.errorResponse(error, logger: context.logger)
+            } else {
+                let list = allowed.joined(separator: ", ")
+                var headers = HTTPFields()
+                headers[.allow] = list
+                response = GatewayError(
+                    .methodNotAllowed, "invalid_request_error", "\(path) answers \(list) only, not \(request.method.rawValue).",
+                    headers: headers
+                ).makeResponse()
             }
         } catch {
             response = Self.errorResponse(error, logger: context.logger)

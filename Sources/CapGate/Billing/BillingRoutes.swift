@@ -24,7 +24,10 @@ struct BillingRoutes {
                 originalTransactionID: try fields.string("original_transaction_id"),
                 purchaseDate: try fields.date("purchase_date"),
                 expirationDate: try fields.date("expiration_date"),
+                // Kept whole as jsonb, which cannot hold NUL: in fields CapGate does not read (those
+                // it reads refuse it) a NUL is kept as U+FFFD.
                 payload: .object(fields.fields.sorted { $0.key < $1.key }.map { JSON.Field($0.key, $0.value) })
+                    .replacingNUL(when: fields.containsNUL)
             )
             let text = try await billing.apply(event)
             var headers = HTTPFields()

@@ -35,6 +35,22 @@ public enum JSON: Sendable, Equatable {
         return fields.first { $0.key == key }?.value
     }
 
+    /// This value with every NUL (U+0000) in its strings and keys replaced by U+FFFD, for jsonb
+    /// (which cannot hold NUL); itself when `needed` is false.
+    func replacingNUL(when needed: Bool = true) -> JSON {
+        guard needed else { return self }
+        func clean(_ s: String) -> String {
+            s.unicodeScalars.contains("\u{0}")
+                ? String(String.UnicodeScalarView(s.unicodeScalars.map { $0 == "\u{0}" ? "\u{FFFD}" : $0 })) : s
+        }
+        switch self {
+        case .string(let s): return .string(clean(s))
+        case .array(let a): return .array(a.map { $0.replacingNUL() })
+        case .object(let fields): return .object(fields.map { Field(clean($0.key), $0.value.replacingNUL()) })
+        default: return self
+        }
+    }
+
     public var isNull: Bool { if case .null = self { true } else { false } }
 
     public var stringValue: String? {

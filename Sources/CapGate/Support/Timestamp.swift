@@ -61,6 +61,30 @@ public enum Timestamp {
 
     /// Parses `2026-11-01T00:00:00Z`, with or without fractional seconds or a numeric offset.
     public static func parse(_ text: String) -> Date? {
+        // A numeric offset is read here: Foundation refuses offsets beyond ±18:00, which RFC 3339
+        // allows (up to ±23:59), and reads malformed ones such as +02:60 leniently.
+        let bytes = Array(text.utf8)
+        guard let t = bytes.firstIndex(where: { $0 == UInt8(ascii: "T") || $0 == UInt8(ascii: "t") }),
+            let sign = bytes[t...].firstIndex(where: { $0 == UInt8(ascii: "+") || $0 == UInt8(ascii: "-") })
+        else {
+            return parseUTC(text)
+        }
+        let offset = bytes[sign...]
+        func digits(_ range: Range<Int>) -> Int? {
+            let part = offset.dropFirst(range.lowerBound).prefix(range.count)
+            guard part.count == range.count, part.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }) else { return nil }
+            return Int(String(decoding: part, as: UTF8.self))
+        }
+        guard offset.count == 6, offset[sign + 3] == UInt8(ascii: ":"), let hours = digits(1..<3), let minutes = digits(4..<6),
+            hours <= 23, minutes <= 59, let utc = parseUTC(String(decoding: bytes[..<sign], as: UTF8.self) + "Z")
+        else {
+            return nil
+        }
+        let seconds = TimeInterval((hours * 60 + minutes) * 60)
+        return bytes[sign] == UInt8(ascii: "+") ? utc - seconds : utc + seconds
+    }
+
+    private static func parseUTC(_ text: String) -> Date? {
         if let date = try? Date(text, strategy: .iso8601) { return date }
         let withFraction = Date.ISO8601FormatStyle(includingFractionalSeconds: true)
         if let date = try? withFraction.parse(text) { return date }
