@@ -28,6 +28,7 @@ public struct Database: Sendable {
     /// was told it failed. Where that matters (an admission: a charge for a call that was never
     /// forwarded) the caller passes `lateResult`, which receives `body`'s outcome when it ends
     /// after the caller was answered.
+    @discardableResult
     public func run<T: Sendable>(
         lateResult: (@Sendable (Result<T, any Error>) -> Void)? = nil,
         _ body: @escaping @Sendable (PostgresClient) async throws -> T

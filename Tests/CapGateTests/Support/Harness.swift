@@ -296,17 +296,12 @@ final class LifecycleLog: Sendable {
             set { metadata[key] = newValue }
         }
 
-        func log(
-            level: Logger.Level, message: Logger.Message, metadata: Logger.Metadata?, source: String, file: String,
-            function: String, line: UInt
-        ) {
-            if level == .critical {
-                critical.log(level: level, message: message, metadata: metadata, source: source, file: file, function: function, line: line)
-            }
+        func log(event: LogEvent) {
+            if event.level == .critical { critical.log(event: event) }
             // Only ServiceLifecycle's messages: a service starting, asked to stop, finished.
-            let text = message.description
+            let text = event.message.description
             guard text.contains("ervice") || text.contains("hutdown") else { return }
-            let service = (metadata?["sl-service"] ?? self.metadata["sl-service"]).map { " \($0):" } ?? ""
+            let service = (event.metadata?["sl-service"] ?? self.metadata["sl-service"]).map { " \($0):" } ?? ""
             log.append("\(Date()) \(group)\(service) \(text)")
         }
     }
