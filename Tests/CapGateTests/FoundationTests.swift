@@ -232,7 +232,12 @@ struct JSONTests {
         #expect(Timestamp.parse("2026-11-01T12:00:00.250Z") == utc.addingTimeInterval(0.25))
         #expect(Timestamp.parse("2026-11-01T17:30:00.5+05:30") == utc.addingTimeInterval(0.5))
         #expect(Timestamp.parse("2026-11-01") == FoundationTests.date("2026-11-01T00:00:00Z"))
-        for bad in ["2026-11-01T12:00:00+24:00", "2026-11-01T12:00:00+02:60", "2026-11-01T12:00:00+2:300", "yesterday", "", "+01:00"] {
+        #expect(Timestamp.parse("2026-11-01t12:00:00z") == utc)
+        #expect(Timestamp.parse("2026-11-01t14:00:00+02:00") == utc)
+        for bad in [
+            "2026-11-01T12:00:00+24:00", "2026-11-01T12:00:00+02:60", "2026-11-01T12:00:00+2:300", "2026-11-01T12:00:00Z+02:00",
+            "yesterday", "", "+01:00",
+        ] {
             #expect(Timestamp.parse(bad) == nil, "\(bad)")
         }
     }

@@ -422,6 +422,11 @@ struct ProxyTests {
             #expect(try await first.status == 500)
             #expect(try await used() == 1)
             #expect(try await outcome("k-1") == "charged")
+            // The retry's success is what the ledger row records (the first attempt's failure did not).
+            #expect(
+                try await h.eventually(
+                    "SELECT count(*) FROM usage_ledger WHERE idempotency_key = 'k-1' AND upstream_status = 200 AND settled_at IS NOT NULL",
+                    equals: 1) == 1)
 
             // 2. Both fail: given back once the last of them failed.
             async let slow = h.message(

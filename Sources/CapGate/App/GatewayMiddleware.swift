@@ -44,7 +44,7 @@ struct GatewayMiddleware: RouterMiddleware {
                 var headers = HTTPFields()
                 headers[.allow] = list
                 response = GatewayError(
-                    .methodNotAllowed, "invalid_request_error", "\(path) answers \(list) only, not \(request.method.rawValue).",
+                    .methodNotAllowed, "invalid_request_error", "This path answers \(list) only, not \(request.method.rawValue).",
                     headers: headers
                 ).makeResponse()
             }

@@ -20,6 +20,11 @@ public struct MeteringStore: Sendable {
     let relaxed: Bool
     let admissions: BatchQueue<AdmissionItem, AdmissionRow>
     let settlements: BatchQueue<Settlement, Void>
+    /// Settlements of replays (a retry with the same Idempotency-Key that succeeded), one per
+    /// transaction: the charge may also be settled by its first attempt in another gateway's
+    /// batch, and a transaction that locks a single ledger row can never wait in a cycle with
+    /// one (every other ledger row is settled by exactly one call).
+    let replaySettlements: BatchQueue<Settlement, Void>
 
     /// The most calls one admission transaction takes; more wait for the next one.
     public static let maxBatch = 256
@@ -36,6 +41,9 @@ public struct MeteringStore: Sendable {
             await Self.admitBatch(items, database: database, relaxed: relaxed)
         }
         self.settlements = BatchQueue(maxBatch: Self.maxBatch * 4, gather: Self.settlementGather) { items in
+            await Self.settleBatch(items, database: database)
+        }
+        self.replaySettlements = BatchQueue(maxBatch: 1) { items in
             await Self.settleBatch(items, database: database)
         }
     }
@@ -185,16 +193,21 @@ public struct MeteringStore: Sendable {
     /// Records the upstream status and token counts on a charge that stands. Queued, not
     /// awaited: the charge itself was committed by the admission; these informational columns
     /// are written in batches (`capgate_settle_batch`) while the caller moves on.
-    public func settle(companyID: UUID, ledgerID: Int64, upstreamStatus: Int, inputTokens: Int64?, outputTokens: Int64?) {
-        settlements.enqueue(
-            Settlement(
-                companyID: companyID, ledgerID: ledgerID, status: Int32(clamping: upstreamStatus), inputTokens: inputTokens,
-                outputTokens: outputTokens))
+    /// A `replay` (the charge was made by an earlier attempt with the same Idempotency-Key) is
+    /// written in a transaction of its own.
+    public func settle(
+        companyID: UUID, ledgerID: Int64, upstreamStatus: Int, inputTokens: Int64?, outputTokens: Int64?, replay: Bool = false
+    ) {
+        let settlement = Settlement(
+            companyID: companyID, ledgerID: ledgerID, status: Int32(clamping: upstreamStatus), inputTokens: inputTokens,
+            outputTokens: outputTokens)
+        (replay ? replaySettlements : settlements).enqueue(settlement)
     }
 
     /// Waits until every queued settlement is written (graceful shutdown, tests).
     public func flush() async {
         await settlements.flush()
+        await replaySettlements.flush()
     }
 
     static func settleBatch(_ items: [Settlement], database: Database) async -> [Result<Void, any Error>] {

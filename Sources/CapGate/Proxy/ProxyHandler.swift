@@ -106,6 +106,7 @@ public struct ProxyHandler: Sendable {
         // The charge this attempt answers for: its own, or the one it replays (a retry with the same
         // Idempotency-Key). A failure gives it back only once every attempt at it failed.
         let charge = admission.ledgerID
+        let replay = admission.decision == .replayed
         let requestID = record.snapshot.requestID
 
         var outboundHeaders = HTTPHeaders()
@@ -192,7 +193,7 @@ public struct ProxyHandler: Sendable {
             if let charge {
                 metering.settle(
                     companyID: user.companyID, ledgerID: charge, upstreamStatus: status,
-                    inputTokens: capture.inputTokens, outputTokens: capture.outputTokens
+                    inputTokens: capture.inputTokens, outputTokens: capture.outputTokens, replay: replay
                 )
             }
             return Response(status: .init(code: status), headers: headers, body: Self.body(whole, failure: failure, length: contentLength))
@@ -218,7 +219,7 @@ public struct ProxyHandler: Sendable {
                 if let charge {
                     metering.settle(
                         companyID: user.companyID, ledgerID: charge, upstreamStatus: status,
-                        inputTokens: capture.inputTokens, outputTokens: capture.outputTokens
+                        inputTokens: capture.inputTokens, outputTokens: capture.outputTokens, replay: replay
                     )
                 }
                 if let failure { throw failure }
@@ -252,9 +253,10 @@ public struct ProxyHandler: Sendable {
 
     /// Reports this attempt's failure before the caller is answered: the charge is given back
     /// unless another attempt at it (the same Idempotency-Key) is in flight or succeeded. Returns
-    /// whether it was given back (or will be: if the database is unavailable the caller is
-    /// answered anyway and the refund is retried in the background, since it is idempotent, so a
-    /// call that failed upstream while PostgreSQL was down does not stay charged).
+    /// whether it was given back now. If the database is unavailable the caller is answered
+    /// anyway (false: the outcome is not known yet) and the report is retried in the background
+    /// (it is idempotent), so a call that failed upstream while PostgreSQL was down does not stay
+    /// charged.
     @discardableResult
     func refund(user: UserIdentity, ledgerID: Int64, requestID: String, status: Int?, reason: String, logger: Logger) async -> Bool {
         let metering = self.metering
@@ -278,7 +280,7 @@ public struct ProxyHandler: Sendable {
                     failed()
                 }
             }
-            return true
+            return false
         } catch {
             failed()
             return false

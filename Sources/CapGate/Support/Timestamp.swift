@@ -63,11 +63,13 @@ public enum Timestamp {
     public static func parse(_ text: String) -> Date? {
         // A numeric offset is read here: Foundation refuses offsets beyond ±18:00, which RFC 3339
         // allows (up to ±23:59), and reads malformed ones such as +02:60 leniently.
-        let bytes = Array(text.utf8)
-        guard let t = bytes.firstIndex(where: { $0 == UInt8(ascii: "T") || $0 == UInt8(ascii: "t") }),
-            let sign = bytes[t...].firstIndex(where: { $0 == UInt8(ascii: "+") || $0 == UInt8(ascii: "-") })
-        else {
+        var bytes = Array(text.utf8)
+        guard let t = bytes.firstIndex(where: { $0 == UInt8(ascii: "T") || $0 == UInt8(ascii: "t") }) else {
             return parseUTC(text)
+        }
+        bytes[t] = UInt8(ascii: "T")  // RFC 3339 allows a lowercase t; Foundation does not
+        guard let sign = bytes[t...].firstIndex(where: { $0 == UInt8(ascii: "+") || $0 == UInt8(ascii: "-") }) else {
+            return parseUTC(String(decoding: bytes, as: UTF8.self))
         }
         let offset = bytes[sign...]
         func digits(_ range: Range<Int>) -> Int? {
@@ -76,6 +78,7 @@ public enum Timestamp {
             return Int(String(decoding: part, as: UTF8.self))
         }
         guard offset.count == 6, offset[sign + 3] == UInt8(ascii: ":"), let hours = digits(1..<3), let minutes = digits(4..<6),
+            bytes[sign - 1] | 0x20 != UInt8(ascii: "z"),  // Z and an offset
             hours <= 23, minutes <= 59, let utc = parseUTC(String(decoding: bytes[..<sign], as: UTF8.self) + "Z")
         else {
             return nil
