@@ -1,6 +1,7 @@
 import AsyncHTTPClient
 import CapGate
 import Foundation
+import NIOCore
 import NIOHTTP1
 import Testing
 
@@ -80,5 +81,69 @@ struct CommandTests {
             if status == nil { try await Task.sleep(for: .milliseconds(250)) }
         }
         #expect(status == .ok)
+    }
+
+    @Test("capgate serve on SIGTERM stops taking calls, finishes a stream in flight, settles its charge and exits 0")
+    func serveDrainsOnSIGTERM() async throws {
+        try #require(FileManager.default.isExecutableFile(atPath: Self.binary), "build the binary first: swift build")
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            let port = try EmbeddedPostgres.freePort()
+            let serve = Process()
+            serve.executableURL = URL(fileURLWithPath: Self.binary)
+            serve.arguments = ["serve"]
+            serve.environment = [
+                "DATABASE_URL": h.databaseURL.text, "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port), "OPERATOR_TOKEN": "op_drain",
+                "LOG_LEVEL": "warning", "PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin",
+            ]
+            serve.standardOutput = FileHandle.nullDevice
+            serve.standardError = FileHandle.nullDevice
+            try serve.run()
+            defer { if serve.isRunning { serve.terminate() } }
+            let base = "http://127.0.0.1:\(port)"
+            var ready = false
+            for _ in 0..<120 where !ready {
+                ready = (try? await Harness.http.execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(2)).status) == .ok
+                if !ready { try await Task.sleep(for: .milliseconds(250)) }
+            }
+            try #require(ready)
+
+            // A stream of ~10 events 150 ms apart; SIGTERM once its first bytes arrived.
+            var request = HTTPClientRequest(url: base + "/v1/messages")
+            request.method = .POST
+            request.headers.add(name: "x-api-key", value: users[0].key)
+            request.headers.add(name: "content-type", value: "application/json")
+            request.headers.add(name: "x-mock-chunk-delay-ms", value: "150")
+            request.body = .bytes(
+                ByteBuffer(string: #"{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Hi"}]}"#))
+            let response = try await Harness.http.execute(request, timeout: .seconds(30))
+            #expect(response.status == .ok)
+            var text = ""
+            var signalled = false
+            for try await chunk in response.body {
+                text += String(buffer: chunk)
+                if !signalled {
+                    serve.terminate()
+                    signalled = true
+                    try await Task.sleep(for: .milliseconds(300))
+                    // Draining: no new call is taken.
+                    let late = try? await Harness.http.execute(HTTPClientRequest(url: base + "/healthz"), timeout: .seconds(2))
+                    #expect(late?.status != .ok)
+                }
+            }
+            #expect(signalled)
+            #expect(text.contains("event: message_stop"))
+            for _ in 0..<120 where serve.isRunning { try await Task.sleep(for: .milliseconds(250)) }
+            #expect(!serve.isRunning)
+            #expect(serve.terminationStatus == 0)
+            #expect(
+                try await h.scalar(
+                    """
+                    SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)' AND outcome = 'charged'
+                       AND upstream_status = 200 AND output_tokens IS NOT NULL AND settled_at IS NOT NULL
+                    """) == 1)
+            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
+        }
     }
 }
