@@ -138,6 +138,8 @@ def main():
     parser.add_argument("--ledger-rows", default="10000,100000,1000000")
     parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
     parser.add_argument("--only-http", action="store_true", help="skip the pgbench and ledger-size parts")
+    parser.add_argument("--provider", choices=["lean", "full"], default="lean",
+                        help="the mock provider: lean (plain SwiftNIO, `capgate mock --lean`) or full (the Hummingbird mock the tests use)")
     parser.add_argument("--pause", type=int, default=0, help="keep the stack up this many seconds after seeding (for profiling)")
     args = parser.parse_args()
 
@@ -172,7 +174,7 @@ def main():
             f.writelines(f"cg_bench_hot_u{j}\n" for j in range(1, 641))
 
         mock_port, gateway_port = free_port(), free_port()
-        start("mock", [BIN, "mock", "--port", str(mock_port)])
+        start("mock", [BIN, "mock", "--port", str(mock_port)] + (["--lean"] if args.provider == "lean" else []))
         wait_http(f"http://127.0.0.1:{mock_port}/v1/models")
         gateway_env = {"DATABASE_URL": url, "UPSTREAM_URL": f"http://127.0.0.1:{mock_port}", "OPERATOR_TOKEN": OPERATOR,
                        "HTTP_PORT": str(gateway_port), "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "warning"), "DATABASE_MAX_CONNECTIONS": "16",
@@ -300,6 +302,7 @@ def write_report(args, results, settings):
              f"Measured by `bench/run` on {time.strftime('%Y-%m-%d')}: {machine()}.",
              "PostgreSQL 15 (embedded launcher), " + ", ".join(f"`{k}={v}`" for k, v in settings.items()) + ".",
              f"Admission durability: `{args.durability}` (rows marked relaxed: a second gateway with `database.durability = relaxed`). Gateway: release build, `LOG_LEVEL=warning` (except the row marked info: one log line per request to a file), pool of 16 connections.",
+             f"Provider: `capgate mock{' --lean' if args.provider == 'lean' else ''}` ({'the Messages API on plain SwiftNIO handlers' if args.provider == 'lean' else 'the Hummingbird mock the tests use'}).",
              "Load: wrk from a separate process on the same 2 cores (wrk, the mock provider, CapGate and PostgreSQL share them),",
              f"{args.seconds} s per run, non-streaming `POST /v1/messages` unless noted, keys rotated per request. After {args.warmup} s of warm-up load on each",
              f"gateway and a `VACUUM ANALYZE`, each scenario runs {args.repeats} times, direct and through CapGate alternating; the run with the median",

@@ -178,11 +178,13 @@ struct Mock: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Run only the mock provider (Anthropic Messages API stand-in).")
     @Option(help: "Listen host.") var host: String = "127.0.0.1"
     @Option(help: "Listen port.") var port: Int = 8081
+    @Flag(help: "Only the Messages API and the model list, on plain SwiftNIO handlers (the benchmark's provider).")
+    var lean = false
 
     func run() async throws {
         try await runCommand {
             let logger = bootstrapLogging("warning")
-            try await StandaloneServices.runMock(host: host, port: port, logger: logger)
+            try await StandaloneServices.runMock(host: host, port: port, lean: lean, logger: logger)
         }
     }
 }

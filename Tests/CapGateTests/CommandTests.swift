@@ -83,6 +83,47 @@ struct CommandTests {
         #expect(status == .ok)
     }
 
+    @Test("capgate mock --lean answers a message, a stream (chunked SSE) and the model list, and stops on SIGTERM")
+    func leanMock() async throws {
+        try #require(FileManager.default.isExecutableFile(atPath: Self.binary), "build the binary first: swift build")
+        let port = try EmbeddedPostgres.freePort()
+        let mock = Process()
+        mock.executableURL = URL(fileURLWithPath: Self.binary)
+        mock.arguments = ["mock", "--lean", "--port", String(port)]
+        mock.standardOutput = FileHandle.nullDevice
+        mock.standardError = FileHandle.nullDevice
+        try mock.run()
+        defer { if mock.isRunning { mock.terminate() } }
+        let base = "http://127.0.0.1:\(port)"
+        var models: HTTPClientResponse?
+        for _ in 0..<80 where models == nil {
+            models = try? await Harness.http.execute(HTTPClientRequest(url: base + "/v1/models"), timeout: .seconds(2))
+            if models == nil { try await Task.sleep(for: .milliseconds(250)) }
+        }
+        #expect(models?.status == .ok)
+        func post(_ body: String) async throws -> (HTTPClientResponse, String) {
+            var request = HTTPClientRequest(url: base + "/v1/messages")
+            request.method = .POST
+            request.headers.add(name: "content-type", value: "application/json")
+            request.body = .bytes(ByteBuffer(string: body))
+            let response = try await Harness.http.execute(request, timeout: .seconds(10))
+            return (response, String(buffer: try await response.body.collect(upTo: 1 << 20)))
+        }
+        let (message, messageText) = try await post(#"{"model":"claude-x","max_tokens":8,"messages":[]}"#)
+        #expect(message.status == .ok)
+        let json = try JSON.parse(Array(messageText.utf8))
+        #expect(json["model"]?.stringValue == "claude-x")
+        #expect(json["usage"]?["output_tokens"]?.intValue == 7)
+        let (stream, streamText) = try await post(#"{"model":"claude-x","stream":true,"messages":[]}"#)
+        #expect(stream.headers.first(name: "transfer-encoding") == "chunked")
+        #expect(stream.headers.first(name: "content-type") == "text/event-stream")
+        #expect(streamText.hasPrefix("event: message_start"))
+        #expect(streamText.contains("event: message_stop"))
+        mock.terminate()
+        for _ in 0..<40 where mock.isRunning { try await Task.sleep(for: .milliseconds(250)) }
+        #expect(!mock.isRunning)
+    }
+
     @Test("capgate serve on SIGTERM stops taking calls, finishes a stream in flight, settles its charge and exits 0")
     func serveDrainsOnSIGTERM() async throws {
         try #require(FileManager.default.isExecutableFile(atPath: Self.binary), "build the binary first: swift build")

@@ -44,8 +44,7 @@ public struct MockProvider: Sendable {
         let counter = self.counter
         router.get("/v1/models") { _, _ -> Response in
             counter.increment()
-            return Self.json(
-                .obj(["data": .array([.obj(["type": "model", "id": "claude-mock-1", "display_name": "Mock"])]), "has_more": false]))
+            return Self.json(Self.models)
         }
         router.get("/__mock/requests") { _, _ -> Response in
             Self.json(.obj(["count": .int(Int64(counter.count))]))
@@ -69,23 +68,14 @@ public struct MockProvider: Sendable {
                 )
             }
             let inputTokens = Int64(max(1, body.readableBytes / 4))
-            let text = "Hello from the mock provider."
-            let outputTokens: Int64 = 7
             if let bytes = headers[Self.bytesField].flatMap(Int.init) {
                 return Self.bulk(bytes: bytes)
             }
             if json["stream"]?.boolValue == true {
                 let chunkDelay = headers[Self.chunkDelayField].flatMap(Int.init) ?? 0
-                return Self.stream(model: model, text: text, inputTokens: inputTokens, outputTokens: outputTokens, chunkDelay: chunkDelay)
+                return Self.stream(Self.streamEvents(model: model, inputTokens: inputTokens), chunkDelay: chunkDelay)
             }
-            return Self.json(
-                .obj([
-                    "id": .string("msg_mock_" + String(number, radix: 16)), "type": "message", "role": "assistant",
-                    "model": .string(model), "content": .array([.obj(["type": "text", "text": .string(text)])]),
-                    "stop_reason": "end_turn", "stop_sequence": .null,
-                    "usage": .obj(["input_tokens": .int(inputTokens), "output_tokens": .int(outputTokens)]),
-                ])
-            )
+            return Self.json(Self.message(id: "msg_mock_" + String(number, radix: 16), model: model, inputTokens: inputTokens))
         }
         // Everything else: an echo.
         // (The router does not backtrack from /v1/… to a root wildcard, so both are registered.)
@@ -129,47 +119,76 @@ public struct MockProvider: Sendable {
     static let bytesField = HTTPField.Name("x-mock-bytes")!
     static let chunkDelayField = HTTPField.Name("x-mock-chunk-delay-ms")!
 
-    static func stream(model: String, text: String, inputTokens: Int64, outputTokens: Int64, chunkDelay: Int) -> Response {
+    /// The answer text, and its token count.
+    static let text = "Hello from the mock provider."
+    static let outputTokens: Int64 = 7
+
+    static let models = JSON.obj([
+        "data": .array([.obj(["type": "model", "id": "claude-mock-1", "display_name": "Mock"])]), "has_more": false,
+    ])
+
+    /// A Messages API answer.
+    static func message(id: String, model: String, inputTokens: Int64) -> JSON {
+        .obj([
+            "id": .string(id), "type": "message", "role": "assistant",
+            "model": .string(model), "content": .array([.obj(["type": "text", "text": .string(text)])]),
+            "stop_reason": "end_turn", "stop_sequence": .null,
+            "usage": .obj(["input_tokens": .int(inputTokens), "output_tokens": .int(outputTokens)]),
+        ])
+    }
+
+    /// The same answer as server-sent events: name and data of each.
+    static func streamEvents(model: String, inputTokens: Int64) -> [(event: String, data: JSON)] {
+        var events: [(event: String, data: JSON)] = [
+            (
+                "message_start",
+                .obj([
+                    "type": "message_start",
+                    "message": .obj([
+                        "id": "msg_mock_stream", "type": "message", "role": "assistant", "model": .string(model),
+                        "content": .array([]), "stop_reason": .null, "stop_sequence": .null,
+                        "usage": .obj(["input_tokens": .int(inputTokens), "output_tokens": 1]),
+                    ]),
+                ])
+            ),
+            (
+                "content_block_start",
+                .obj(["type": "content_block_start", "index": 0, "content_block": .obj(["type": "text", "text": ""])])
+            ),
+        ]
+        for word in text.split(separator: " ") {
+            events.append(
+                (
+                    "content_block_delta",
+                    .obj([
+                        "type": "content_block_delta", "index": 0, "delta": .obj(["type": "text_delta", "text": .string(word + " ")]),
+                    ])
+                ))
+        }
+        events.append(("content_block_stop", .obj(["type": "content_block_stop", "index": 0])))
+        events.append(
+            (
+                "message_delta",
+                .obj([
+                    "type": "message_delta", "delta": .obj(["stop_reason": "end_turn", "stop_sequence": .null]),
+                    "usage": .obj(["output_tokens": .int(outputTokens)]),
+                ])
+            ))
+        events.append(("message_stop", .obj(["type": "message_stop"])))
+        return events
+    }
+
+    static func stream(_ events: [(event: String, data: JSON)], chunkDelay: Int) -> Response {
         var headers = HTTPFields()
         headers[.contentType] = "text/event-stream"
         headers[.cacheControl] = "no-cache"
-        let words = text.split(separator: " ").map { String($0) + " " }
         return Response(
             status: .ok, headers: headers,
             body: ResponseBody { writer in
-                func send(_ event: String, _ data: JSON) async throws {
+                for (event, data) in events {
                     try await writer.write(ByteBuffer(string: "event: \(event)\ndata: \(data.serialized())\n\n"))
                     if chunkDelay > 0 { try await Task.sleep(for: .milliseconds(chunkDelay)) }
                 }
-                try await send(
-                    "message_start",
-                    .obj([
-                        "type": "message_start",
-                        "message": .obj([
-                            "id": "msg_mock_stream", "type": "message", "role": "assistant", "model": .string(model),
-                            "content": .array([]), "stop_reason": .null, "stop_sequence": .null,
-                            "usage": .obj(["input_tokens": .int(inputTokens), "output_tokens": 1]),
-                        ]),
-                    ])
-                )
-                try await send(
-                    "content_block_start",
-                    .obj(["type": "content_block_start", "index": 0, "content_block": .obj(["type": "text", "text": ""])]))
-                for word in words {
-                    try await send(
-                        "content_block_delta",
-                        .obj(["type": "content_block_delta", "index": 0, "delta": .obj(["type": "text_delta", "text": .string(word)])])
-                    )
-                }
-                try await send("content_block_stop", .obj(["type": "content_block_stop", "index": 0]))
-                try await send(
-                    "message_delta",
-                    .obj([
-                        "type": "message_delta", "delta": .obj(["stop_reason": "end_turn", "stop_sequence": .null]),
-                        "usage": .obj(["output_tokens": .int(outputTokens)]),
-                    ])
-                )
-                try await send("message_stop", .obj(["type": "message_stop"]))
                 try await writer.finish(nil)
             }
         )

@@ -23,8 +23,12 @@ public enum StandaloneServices {
         try await group.run()
     }
 
-    /// Runs the mock provider on `host:port` until SIGINT/SIGTERM.
-    public static func runMock(host: String, port: Int, logger: Logger) async throws {
+    /// Runs the mock provider on `host:port` until SIGINT/SIGTERM (`lean`: ``LeanMockProvider``).
+    public static func runMock(host: String, port: Int, lean: Bool = false, logger: Logger) async throws {
+        if lean {
+            try await LeanMockProvider.run(host: host, port: port, logger: logger)
+            return
+        }
         let app = MockProvider().buildApplication(host: host, port: port, logger: logger)
         try await app.runService()
     }
