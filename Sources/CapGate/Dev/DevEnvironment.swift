@@ -82,11 +82,11 @@ public enum DevEnvironment {
             A call through the gateway:
               curl -s \(base)/v1/messages -H 'x-api-key: \(seed.memberKey)' -H 'anthropic-version: 2023-06-01' \\
                 -H 'content-type: application/json' \\
-                -d '{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"Hello"}]}'
+                -d '{"model":"claude-sonnet-4-6","max_tokens":64,"messages":[{"role":"user","content":"Hello"}]}'
 
             A streamed call:
               curl -sN \(base)/v1/messages -H 'x-api-key: \(seed.memberKey)' -H 'content-type: application/json' \\
-                -d '{"model":"claude-sonnet-4-5","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Hello"}]}'
+                -d '{"model":"claude-sonnet-4-6","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Hello"}]}'
 
             Your usage:
               curl -s \(base)/v1/usage -H 'x-api-key: \(seed.memberKey)'
@@ -100,7 +100,7 @@ public enum DevEnvironment {
             Python (pip install anthropic):
               import anthropic
               client = anthropic.Anthropic(base_url="\(base)", api_key="\(seed.memberKey)")
-              print(client.messages.create(model="claude-sonnet-4-5", max_tokens=64,
+              print(client.messages.create(model="claude-sonnet-4-6", max_tokens=64,
                     messages=[{"role": "user", "content": "Hello"}]).content[0].text)
 
             Ctrl-C stops the gateway\(mock ? ", the mock provider" : "") and the embedded database.
