@@ -22,7 +22,7 @@ final class RouteMethods: Sendable {
         }
         let recorded = byPath.map { path, methods in
             Template(
-                segments: path.split(separator: "/").map { $0.hasPrefix("{") || $0.hasPrefix(":") ? nil : $0 },
+                segments: path.split(separator: "/").map { $0.hasPrefix("{") ? nil : $0 },
                 methods: methods.sorted())
         }
         templates.withLock { $0 = recorded }
