@@ -107,7 +107,7 @@ public struct ProxyHandler: Sendable {
         // Idempotency-Key). A failure gives it back only once every attempt at it failed.
         let charge = admission.ledgerID
         let replay = admission.decision == .replayed
-        let requestID = record.snapshot.requestID
+        let requestID = admissionRequest.requestID
 
         var outboundHeaders = HTTPHeaders()
         outboundHeaders.reserveCapacity(request.headers.count + 2)
