@@ -225,6 +225,19 @@ struct BillingTests {
                     .obj(["type": "cancel", "company_id": .string(UUID().text), "transaction_id": "t10"])
                 ).status == 404)
             #expect(try await h.scalar("SELECT count(*) FROM billing_events WHERE transaction_id LIKE 't%' AND payload ? 'type'") == 7)
+
+            // A NUL in a field CapGate does not read is kept as U+FFFD in the stored event (jsonb
+            // cannot hold it); in a field it reads it is refused, and nothing is stored.
+            let odd = try await h.op(
+                .POST, "/admin/v1/billing/events",
+                .obj(["type": "cancel", "company_id": .string(c), "transaction_id": "n1", "store_note": "a\u{0}b"]))
+            #expect(odd.status == 201, "\(odd.body)")
+            #expect(try await h.text("SELECT payload->>'store_note' FROM billing_events WHERE transaction_id = 'n1'") == "a\u{FFFD}b")
+            let refused = try await h.op(
+                .POST, "/admin/v1/billing/events", .obj(["type": "cancel", "company_id": .string(c), "transaction_id": "n2\u{0}"]))
+            #expect(refused.status == 400)
+            #expect(refused.json["error"]?["message"]?.stringValue?.contains("transaction_id") == true)
+            #expect(try await h.scalar("SELECT count(*) FROM billing_events WHERE transaction_id LIKE 'n2%'") == 0)
         }
     }
 
