@@ -1,3 +1,5 @@
+import Foundation
+import Logging
 import NIOCore
 import NIOHTTP1
 import NIOPosix
@@ -12,8 +14,7 @@ import NIOPosix
 /// 4,000 calls/s; the provider the performance issue was measured against answered ≈ 117,000
 /// requests/s on this machine. A real provider runs elsewhere.
 public enum LeanMockProvider {
-    /// Serves on `host:port` until the returned channel is closed (``StandaloneServices/runMock(host:port:lean:logger:)``
-    /// closes it on SIGINT/SIGTERM).
+    /// Serves on `host:port` until the returned channel is closed.
     public static func bind(host: String, port: Int, group: any EventLoopGroup) async throws -> any Channel {
         try await ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1024)
@@ -27,6 +28,22 @@ public enum LeanMockProvider {
             }
             .bind(host: host, port: port)
             .get()
+    }
+
+    /// Runs on `host:port` until SIGINT or SIGTERM.
+    public static func run(host: String, port: Int, logger: Logger) async throws {
+        let group = MultiThreadedEventLoopGroup.singleton
+        let channel = try await bind(host: host, port: port, group: group)
+        logger.info("lean mock provider", metadata: ["address": "\(channel.localAddress.map(String.init(describing:)) ?? "")"])
+        let signals = [SIGINT, SIGTERM].map { signalNumber -> any DispatchSourceSignal in
+            signal(signalNumber, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: signalNumber)
+            source.setEventHandler { channel.close(promise: nil) }
+            source.resume()
+            return source
+        }
+        try await channel.closeFuture.get()
+        signals.forEach { $0.cancel() }
     }
 
     final class Handler: ChannelInboundHandler {

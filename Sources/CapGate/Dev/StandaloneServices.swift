@@ -1,6 +1,5 @@
 import Foundation
 import Logging
-import NIOPosix
 import ServiceLifecycle
 
 /// `capgate db` and `capgate mock`: the embedded PostgreSQL or the mock provider on their
@@ -27,15 +26,7 @@ public enum StandaloneServices {
     /// Runs the mock provider on `host:port` until SIGINT/SIGTERM (`lean`: ``LeanMockProvider``).
     public static func runMock(host: String, port: Int, lean: Bool = false, logger: Logger) async throws {
         if lean {
-            let channel = try await LeanMockProvider.bind(host: host, port: port, group: MultiThreadedEventLoopGroup.singleton)
-            let group = ServiceGroup(
-                configuration: .init(
-                    services: [.init(service: ClosingService(name: "lean-mock") { try await channel.close() })],
-                    gracefulShutdownSignals: [.sigterm, .sigint],
-                    logger: logger
-                )
-            )
-            try await group.run()
+            try await LeanMockProvider.run(host: host, port: port, logger: logger)
             return
         }
         let app = MockProvider().buildApplication(host: host, port: port, logger: logger)
