@@ -401,6 +401,10 @@ struct ProxyTests {
         }
     }
 
+    static func charged(_ idempotencyKey: String) -> String {
+        "SELECT count(*) FROM usage_ledger WHERE idempotency_key = '\(idempotencyKey)' AND outcome = 'charged'"
+    }
+
     @Test("the same Idempotency-Key at once: the first attempt failing upstream does not refund the retry that succeeded")
     func concurrentRetryKeepsCharge() async throws {
         try await Harness.with { h in
@@ -415,8 +419,8 @@ struct ProxyTests {
             }
             // 1. The first attempt is slow and fails (500); the retry, sent while it is in flight, succeeds.
             async let first = h.message(
-                key: key, headers: [("idempotency-key", "k-1"), ("x-mock-delay-ms", "800"), ("x-mock-status", "500")])
-            try await Task.sleep(for: .milliseconds(250))
+                key: key, headers: [("idempotency-key", "k-1"), ("x-mock-delay-ms", "1500"), ("x-mock-status", "500")])
+            #expect(try await h.eventually(Self.charged("k-1"), equals: 1) == 1)  // admitted, now at the provider
             let retry = try await h.message(key: key, headers: [("idempotency-key", "k-1")])
             #expect(retry.status == 200)
             #expect(try await first.status == 500)
@@ -430,8 +434,8 @@ struct ProxyTests {
 
             // 2. Both fail: given back once the last of them failed.
             async let slow = h.message(
-                key: key, headers: [("idempotency-key", "k-2"), ("x-mock-delay-ms", "800"), ("x-mock-status", "503")])
-            try await Task.sleep(for: .milliseconds(250))
+                key: key, headers: [("idempotency-key", "k-2"), ("x-mock-delay-ms", "1500"), ("x-mock-status", "503")])
+            #expect(try await h.eventually(Self.charged("k-2"), equals: 1) == 1)
             let fast = try await h.message(key: key, headers: [("idempotency-key", "k-2"), ("x-mock-status", "500")])
             #expect(fast.status == 500)
             #expect(try await used() == 2)  // the slow attempt is still in flight
