@@ -30,20 +30,44 @@ public enum LeanMockProvider {
             .get()
     }
 
-    /// Runs on `host:port` until SIGINT or SIGTERM.
+    /// Runs on `host:port` until SIGINT or SIGTERM. The signals are caught before the port is
+    /// open: a child inherits an ignored SIGTERM from a parent that ignores it (as ServiceLifecycle
+    /// does), so one sent as soon as the port answers would otherwise be lost.
     public static func run(host: String, port: Int, logger: Logger) async throws {
         let group = MultiThreadedEventLoopGroup.singleton
-        let channel = try await bind(host: host, port: port, group: group)
-        logger.info("lean mock provider", metadata: ["address": "\(channel.localAddress.map(String.init(describing:)) ?? "")"])
+        let stop = group.next().makePromise(of: Void.self)
+        // Both signals' handlers run on one serial queue, so the promise is fulfilled once.
+        let queue = DispatchQueue(label: "lean-mock-signals")
+        let stopped = Flag()
         let signals = [SIGINT, SIGTERM].map { signalNumber -> any DispatchSourceSignal in
             signal(signalNumber, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: signalNumber)
-            source.setEventHandler { channel.close(promise: nil) }
+            let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: queue)
+            source.setEventHandler {
+                if !stopped.done { stop.succeed() }
+                stopped.done = true
+            }
             source.resume()
             return source
         }
-        try await channel.closeFuture.get()
+        let channel: any Channel
+        do {
+            channel = try await bind(host: host, port: port, group: group)
+        } catch {
+            queue.sync {
+                if !stopped.done { stop.succeed() }  // an unfulfilled promise must not be dropped
+                stopped.done = true
+            }
+            throw error
+        }
+        logger.info("lean mock provider", metadata: ["address": "\(channel.localAddress.map(String.init(describing:)) ?? "")"])
+        try await stop.futureResult.get()
+        try await channel.close()
         signals.forEach { $0.cancel() }
+    }
+
+    /// Set once, only on the signal queue.
+    final class Flag: @unchecked Sendable {
+        var done = false
     }
 
     final class Handler: ChannelInboundHandler {
