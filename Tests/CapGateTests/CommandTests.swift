@@ -83,27 +83,40 @@ struct CommandTests {
         #expect(status == .ok)
     }
 
-    // Not asserted here: that it stops on SIGTERM. Under the full suite it stayed running after
-    // SIGTERM about one run in four, with three different ways of catching the signal; cause not
-    // found yet (bench.py kills it after 30 s). Noted on the performance issue.
-    @Test("capgate mock --lean answers a message, a stream (chunked SSE) and the model list")
+    @Test("capgate mock --lean answers a message, a stream (chunked SSE) and the model list, and SIGTERM ends it every time")
     func leanMock() async throws {
         try #require(FileManager.default.isExecutableFile(atPath: Self.binary), "build the binary first: swift build")
-        let port = try EmbeddedPostgres.freePort()
-        let mock = Process()
-        mock.executableURL = URL(fileURLWithPath: Self.binary)
-        mock.arguments = ["mock", "--lean", "--port", String(port)]
-        mock.standardOutput = FileHandle.nullDevice
-        mock.standardError = FileHandle.nullDevice
-        try mock.run()
-        defer { if mock.isRunning { kill(mock.processIdentifier, SIGKILL) } }
-        let base = "http://127.0.0.1:\(port)"
-        var models: HTTPClientResponse?
-        for _ in 0..<80 where models == nil {
-            models = try? await Harness.http.execute(HTTPClientRequest(url: base + "/v1/models"), timeout: .seconds(2))
-            if models == nil { try await Task.sleep(for: .milliseconds(250)) }
+        // Several starts: a SIGTERM it missed (as it did, about one run in four under this suite,
+        // while it caught the signal with Dispatch sources) has that many chances to show.
+        for round in 0..<4 {
+            let port = try EmbeddedPostgres.freePort()
+            let mock = Process()
+            mock.executableURL = URL(fileURLWithPath: Self.binary)
+            mock.arguments = ["mock", "--lean", "--port", String(port)]
+            mock.standardOutput = FileHandle.nullDevice
+            mock.standardError = FileHandle.nullDevice
+            try mock.run()
+            defer { if mock.isRunning { kill(mock.processIdentifier, SIGKILL) } }
+            let base = "http://127.0.0.1:\(port)"
+            var models: HTTPClientResponse?
+            for _ in 0..<80 where models == nil {
+                models = try? await Harness.http.execute(HTTPClientRequest(url: base + "/v1/models"), timeout: .seconds(2))
+                if models == nil { try await Task.sleep(for: .milliseconds(250)) }
+            }
+            #expect(models?.status == .ok)
+            if round == 0 {
+                try await checkLeanMockAnswers(base)
+            }
+            mock.terminate()
+            for _ in 0..<40 where mock.isRunning { try await Task.sleep(for: .milliseconds(250)) }
+            #expect(!mock.isRunning, "round \(round): still running 10 s after SIGTERM")
+            if !mock.isRunning {
+                #expect(mock.terminationReason == .uncaughtSignal && mock.terminationStatus == SIGTERM)
+            }
         }
-        #expect(models?.status == .ok)
+    }
+
+    private func checkLeanMockAnswers(_ base: String) async throws {
         func post(_ body: String) async throws -> (HTTPClientResponse, String) {
             var request = HTTPClientRequest(url: base + "/v1/messages")
             request.method = .POST

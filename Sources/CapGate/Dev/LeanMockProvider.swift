@@ -30,44 +30,36 @@ public enum LeanMockProvider {
             .get()
     }
 
-    /// Runs on `host:port` until SIGINT or SIGTERM. The signals are caught before the port is
-    /// open: a child inherits an ignored SIGTERM from a parent that ignores it (as ServiceLifecycle
-    /// does), so one sent as soon as the port answers would otherwise be lost.
+    /// Runs on `host:port` until SIGINT or SIGTERM ends the process (a mock has nothing to drain).
+    ///
+    /// The signals keep their default action, restored here: a child inherits an ignored SIGTERM
+    /// from a parent that ignores it (as ServiceLifecycle does), and a signal mask from the thread
+    /// that spawned it (a Dispatch worker blocks nearly every signal). The main thread unblocks
+    /// them, so a SIGTERM sent to the process always finds a thread that takes it. Catching them
+    /// with Dispatch signal sources instead left the mock running after a SIGTERM about one run in
+    /// four under the test suite.
     public static func run(host: String, port: Int, logger: Logger) async throws {
-        let group = MultiThreadedEventLoopGroup.singleton
-        let stop = group.next().makePromise(of: Void.self)
-        // Both signals' handlers run on one serial queue, so the promise is fulfilled once.
-        let queue = DispatchQueue(label: "lean-mock-signals")
-        let stopped = Flag()
-        let signals = [SIGINT, SIGTERM].map { signalNumber -> any DispatchSourceSignal in
-            signal(signalNumber, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: queue)
-            source.setEventHandler {
-                if !stopped.done { stop.succeed() }
-                stopped.done = true
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            DispatchQueue.main.async {
+                restoreStopSignals()
+                done.resume()
             }
-            source.resume()
-            return source
         }
-        let channel: any Channel
-        do {
-            channel = try await bind(host: host, port: port, group: group)
-        } catch {
-            queue.sync {
-                if !stopped.done { stop.succeed() }  // an unfulfilled promise must not be dropped
-                stopped.done = true
-            }
-            throw error
-        }
+        restoreStopSignals()
+        let channel = try await bind(host: host, port: port, group: MultiThreadedEventLoopGroup.singleton)
         logger.info("lean mock provider", metadata: ["address": "\(channel.localAddress.map(String.init(describing:)) ?? "")"])
-        try await stop.futureResult.get()
-        try await channel.close()
-        signals.forEach { $0.cancel() }
+        try await channel.closeFuture.get()
     }
 
-    /// Set once, only on the signal queue.
-    final class Flag: @unchecked Sendable {
-        var done = false
+    /// SIGINT and SIGTERM: default action, unblocked on the calling thread.
+    static func restoreStopSignals() {
+        var stops = sigset_t()
+        sigemptyset(&stops)
+        for signalNumber in [SIGINT, SIGTERM] {
+            signal(signalNumber, SIG_DFL)
+            sigaddset(&stops, signalNumber)
+        }
+        pthread_sigmask(SIG_UNBLOCK, &stops, nil)
     }
 
     final class Handler: ChannelInboundHandler {
