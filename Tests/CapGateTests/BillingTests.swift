@@ -216,7 +216,8 @@ struct BillingTests {
             #expect(expire.json["company"]?["plan"]?.stringValue == "free")
 
             let unknown = try await event("purchase", "t8", product: "app.nope")
-            #expect(unknown.status == 422)
+            #expect(unknown.status == 404)
+            #expect(unknown.json["error"]?["type"]?.stringValue == "not_found_error")
             #expect(unknown.json["error"]?["message"]?.stringValue?.contains("app.nope") == true)
             #expect(try await event("upgrade", "t9").status == 400)
             #expect(
@@ -238,6 +239,55 @@ struct BillingTests {
             #expect(refused.status == 400)
             #expect(refused.json["error"]?["message"]?.stringValue?.contains("transaction_id") == true)
             #expect(try await h.scalar("SELECT count(*) FROM billing_events WHERE transaction_id LIKE 'n2%'") == 0)
+        }
+    }
+
+    @Test("a purchase delivered after calls were counted since its purchase_date: they stay in their period, the new one begins now")
+    func latePurchase() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("free", company: 5, user: 5, isDefault: true)
+            try await h.createPlan("low", company: 100, user: 25, sort: 1)
+            #expect(
+                try await h.op(.POST, "/admin/v1/products", .obj(["product_id": "app.low.monthly", "plan_id": "low", "interval": "month"]))
+                    .status == 201)
+            let (company, users) = try await h.createCompany(plan: "free", users: 1)
+            for _ in 0..<2 { #expect(try await h.message(key: users[0].key).status == 200) }
+            let before = Date()
+            let expires = before.addingTimeInterval(86400 * 30)
+            func purchase(_ tx: String, at: Date, expires: Date) async throws -> Harness.Reply {
+                try await h.op(
+                    .POST, "/admin/v1/billing/events",
+                    .obj([
+                        "type": "purchase", "company_id": .string(company.text), "product_id": "app.low.monthly",
+                        "transaction_id": .string(tx), "purchase_date": JSON(at), "expiration_date": JSON(expires),
+                    ]))
+            }
+            // Bought an hour ago (before the company's first period began), delivered now.
+            let late = try await purchase("t1", at: before.addingTimeInterval(-3600), expires: expires)
+            #expect(late.status == 201, "\(late.body)")
+            #expect(late.json["company"]?["plan"]?.stringValue == "low")
+            let periods = try await Self.periods(h, company)
+            try #require(periods.count == 2)
+            #expect(periods[0].plan == "free" && periods[1].plan == "low")
+            #expect(periods[0].end == periods[1].start)
+            #expect(periods[1].start >= before)
+            #expect(abs(periods[1].end.timeIntervalSince(expires)) < 0.001)
+            #expect(
+                try await h.scalar(
+                    """
+                    SELECT cu.used FROM company_usage cu JOIN plan_periods pp ON pp.company_id = cu.company_id AND pp.id = cu.period_id
+                     WHERE cu.company_id = '\(company.text)' AND pp.plan_id = 'free'
+                    """) == 2)
+            let usage = try await h.request(.GET, "/v1/usage", headers: [("x-api-key", users[0].key)])
+            #expect(usage.json["plan"]?["id"]?.stringValue == "low")
+            #expect(usage.json["company"]?["used"]?.intValue == 0)
+
+            // A window already over by now, once the counted calls are kept: refused, nothing changes.
+            let over = try await purchase("t2", at: before.addingTimeInterval(-7200), expires: before.addingTimeInterval(-3600))
+            #expect(over.status == 409)
+            #expect(over.json["error"]?["type"]?.stringValue == "conflict_error")
+            #expect(try await Self.periods(h, company).count == 2)
+            #expect(try await h.scalar("SELECT count(*) FROM billing_events WHERE transaction_id = 't2'") == 0)
         }
     }
 

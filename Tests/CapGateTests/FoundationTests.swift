@@ -1,12 +1,13 @@
 import CapGate
 import Foundation
 import NIOCore
+import PostgresNIO
 import Synchronization
 import Testing
 
 @Suite("Migrations, configuration and period math", .timeLimit(.minutes(5)))
 struct FoundationTests {
-    @Test("migrations apply once, in order; a second run does nothing; dry run lists; a changed file is an error")
+    @Test("migrations apply once, in order; a second run does nothing; dry run lists and creates nothing; a changed file is an error")
     func migrations() async throws {
         let url = try await offPool { try TestCluster.shared.get().createDatabase("m_" + UUID().uuidString.prefix(8).lowercased()) }
         let logger = TestCluster.logger
@@ -17,6 +18,12 @@ struct FoundationTests {
                 "would apply 0007_admission_fast_path", "would apply 0008_admission_batch_one_function",
                 "would apply 0009_replay_attempts",
             ])
+        // The dry run changed nothing, not even the bookkeeping table.
+        let tables = try await CapGateRunner.withClient(url: url, logger: logger) { client in
+            try await client.query("SELECT count(*)::int8 FROM pg_tables WHERE schemaname = 'public'", logger: logger).decode(Int64.self)
+                .collect()
+        }
+        #expect(tables == [0])
         #expect(
             try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) == [
                 "applied 0001_schema", "applied 0002_admission", "applied 0003_rollover", "applied 0004_admission_batch",

@@ -1,6 +1,7 @@
 import CapGate
 import Foundation
 import JWTKit
+import NIOHTTP1
 import Testing
 
 /// Claims as an identity provider would issue them.
@@ -25,23 +26,30 @@ struct JWTTests {
 
     static var inAnHour: Int { Int(Date().timeIntervalSince1970) + 3600 }
 
-    @Test("HS256: sub is the user, the company comes from the claim, a new user is created as a member")
+    @Test("HS256: sub is the user, the company comes from the claim; a user unknown in that company is 401")
     func hs256() async throws {
         try await Harness.with(settings: ["jwt.secret": Self.secret]) { h in
             try await h.createPlan("low", company: 100, user: 25)
-            let (company, _) = try await h.createCompany(plan: "low", users: 1)
-            let newUser = UUID()
-            let token = try await Self.hs256(TestClaims(sub: newUser.text, exp: Self.inAnHour, company_id: company.text))
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            let token = try await Self.hs256(TestClaims(sub: users[0].id.text, exp: Self.inAnHour, company_id: company.text))
             let reply = try await h.request(.GET, "/v1/usage", headers: [("authorization", "Bearer \(token)")])
             #expect(reply.status == 200)
-            #expect(
-                try await h.scalar(
-                    "SELECT count(*) FROM users WHERE id = '\(newUser.text)' AND role = 'member' AND company_id = '\(company.text)'") == 1)
             let call = try await h.request(
                 .POST, "/v1/messages", headers: [("authorization", "Bearer \(token)")], json: .obj(["model": "m", "max_tokens": 5])
             )
             #expect(call.status == 200)
-            #expect(try await h.scalar("SELECT used FROM user_usage WHERE user_id = '\(newUser.text)'") == 1)
+            #expect(try await h.scalar("SELECT used FROM user_usage WHERE user_id = '\(users[0].id.text)'") == 1)
+
+            let stranger = UUID()
+            let unknown = try await Self.hs256(TestClaims(sub: stranger.text, exp: Self.inAnHour, company_id: company.text))
+            for (method, path) in [(HTTPMethod.GET, "/v1/usage"), (.POST, "/v1/messages")] {
+                let refused = try await h.request(
+                    method, path, headers: [("authorization", "Bearer \(unknown)")], json: .obj(["model": "m", "max_tokens": 5]))
+                #expect(refused.status == 401)
+                #expect(refused.json["error"]?["type"]?.stringValue == "authentication_error")
+            }
+            #expect(try await h.scalar("SELECT count(*) FROM users WHERE id = '\(stranger.text)'") == 0)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)'") == 1)
         }
     }
 

@@ -5,7 +5,7 @@ import Testing
 
 @Suite("Operator API", .timeLimit(.minutes(5)))
 struct OperatorAPITests {
-    @Test("plans: create, read, list, update; validation, 404, duplicate and second default 409")
+    @Test("plans: create, read, list, update; validation, 404, duplicate 409; a new default replaces the old one")
     func plans() async throws {
         try await Harness.with { h in
             let created = try await h.op(
@@ -30,10 +30,16 @@ struct OperatorAPITests {
 
             let duplicate = try await h.op(.POST, "/admin/v1/plans", .obj(["id": "low", "name": "Again"]))
             #expect(duplicate.status == 409)
+            // One default at most: making a plan the default (create or update) unsets the old one.
             let secondDefault = try await h.op(.POST, "/admin/v1/plans", .obj(["id": "other", "name": "Other", "is_default": true]))
-            #expect(secondDefault.status == 409)
-            #expect(secondDefault.json["type"]?.stringValue == "error")
-            #expect(try await h.op(.PUT, "/admin/v1/plans/high", .obj(["is_default": true])).status == 409)
+            #expect(secondDefault.status == 201)
+            #expect(secondDefault.json["is_default"]?.boolValue == true)
+            #expect(try await h.op(.GET, "/admin/v1/plans/low").json["is_default"]?.boolValue == false)
+            let moved = try await h.op(.PUT, "/admin/v1/plans/high", .obj(["name": "High", "is_default": true]))
+            #expect(moved.status == 200)
+            #expect(moved.json["is_default"]?.boolValue == true)
+            #expect(try await h.op(.GET, "/admin/v1/plans/other").json["is_default"]?.boolValue == false)
+            #expect(try await h.scalar("SELECT count(*) FROM plans WHERE is_default") == 1)
 
             for bad: JSON in [
                 .obj(["name": "No id"]), .obj(["id": "Bad Id!", "name": "x"]), .obj(["id": "x", "name": "x", "monthly_company_cap": -1]),

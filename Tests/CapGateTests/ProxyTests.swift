@@ -39,6 +39,21 @@ struct ProxyTests {
         }
     }
 
+    @Test("with proxy.prefix '/', CapGate's own routes are still answered by CapGate; everything else is forwarded")
+    func rootPrefix() async throws {
+        try await Harness.with(settings: ["proxy.prefix": "/"]) { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (_, users) = try await h.createCompany(plan: "low", users: 1)
+            #expect(try await h.message(key: users[0].key).status == 200)
+            #expect(try await h.request(.GET, "/healthz").json["status"]?.stringValue == "ok")
+            #expect(try await h.request(.GET, "/readyz").status == 200)
+            #expect(try await h.op(.GET, "/admin/v1/plans").json["data"]?.arrayValue?.count == 1)
+            #expect(try await h.request(.GET, "/v1/usage", headers: [("x-api-key", users[0].key)]).json["company"]?["used"]?.intValue == 1)
+            #expect(try await h.request(.GET, "/metrics").body.contains("capgate_requests_total"))
+            #expect(try await h.request(.GET, "/v1/models", headers: [("x-api-key", users[0].key)]).status == 200)
+        }
+    }
+
     @Test("request ids: req_ and 24 hex digits, distinct across many concurrent calls, the same in the ledger")
     func requestIDs() async throws {
         try await Harness.with { h in

@@ -48,13 +48,15 @@ struct UsageRoutes {
         group.get("companies") { request, context in
             try context.requireOperator()
             let query = request.uri.queryParameters
-            let limit = try Self.boundedInt(query.get("limit"), name: "limit", default: 100, range: 1...1000)
+            // Every company unless a page size is asked for (SPEC: "every company").
+            let limit = try query.get("limit").map { try Self.boundedInt($0, name: "limit", default: 100, range: 1...1000) }
             let cursor = try Self.boundedInt(query.get("cursor"), name: "cursor", default: 0, range: 0...(1 << 40))
             let sort = query.get("sort") ?? "created"
             guard ["usage", "created"].contains(sort) else {
                 throw GatewayError.invalidRequest("'sort' must be 'usage' or 'created'.")
             }
-            let rows = try await usage.companies(sortByUsage: sort == "usage", after: cursor, limit: limit + 1)
+            let rows = try await usage.companies(sortByUsage: sort == "usage", after: cursor, limit: limit.map { $0 + 1 })
+            guard let limit else { return jsonResponse(listJSON(rows)) }
             let hasMore = rows.count > limit
             return jsonResponse(listJSON(Array(rows.prefix(limit)), hasMore: hasMore, nextCursor: hasMore ? String(cursor + limit) : nil))
         }
@@ -91,6 +93,9 @@ struct UsageRoutes {
                 cursor = c
             }
             guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
+            // Token counts are written in batches after each answer: wait for those queued so far,
+            // so a read right after a call sees its tokens (within this gateway).
+            await metering.settledSoFar()
             let accept = request.headers[.accept]?.lowercased() ?? ""
             if accept.contains("text/csv") {
                 return csvResponse(company: id, from: from, to: to, after: cursor)

@@ -53,7 +53,8 @@ public struct UsageStore: Sendable {
         }
     }
 
-    /// Periods that have started, newest first, each with plan, bounds, used and limit.
+    /// Past periods (ended by `at`), newest first, each with plan, bounds, used and limit. The
+    /// current period is `GET …/usage`.
     public func history(company: UUID, periods: Int, at: Date = Date()) async throws -> [JSON] {
         let limit = Int64(periods)
         return try await database.run { client in
@@ -63,7 +64,7 @@ public struct UsageStore: Sendable {
                 SELECT pp.id, pp.plan_id, pl.name, pp.started_at, pp.ends_at, COALESCE(cu.used, 0), pl.monthly_company_cap
                   FROM plan_periods pp JOIN plans pl ON pl.id = pp.plan_id
                   LEFT JOIN company_usage cu ON cu.company_id = pp.company_id AND cu.period_id = pp.id
-                 WHERE pp.company_id = \(company) AND pp.started_at <= \(at)
+                 WHERE pp.company_id = \(company) AND pp.ends_at <= \(at)
                  ORDER BY pp.started_at DESC
                  LIMIT \(limit)
                 """,
@@ -76,7 +77,6 @@ public struct UsageStore: Sendable {
                         "plan": .obj(["id": .string(plan), "name": .string(name)]),
                         "company": .obj(["used": .int(used), "limit": JSON(cap), "remaining": JSON(cap.map { max(0, $0 - used) })]),
                         "used": .int(used), "limit": JSON(cap),
-                        "current": .bool(start <= at && at < end),
                     ])
                 )
             }
@@ -84,37 +84,48 @@ public struct UsageStore: Sendable {
         }
     }
 
-    /// One ledger row.
+    /// One ledger row, with the bounds of the period it counts in.
     public struct Event: Sendable {
         public var id: Int64
         public var createdAt: Date
+        public var companyID: UUID
         public var userID: UUID
+        public var periodStart: Date
+        public var periodEnd: Date
         public var units: Int32
         public var inputTokens: Int64?
         public var outputTokens: Int64?
         public var method: String
         public var route: String
         public var model: String?
+        public var feature: String?
         public var outcome: String
         public var upstreamStatus: Int32?
         public var requestID: String
+        public var idempotencyKey: String?
 
         var json: JSON {
             .obj([
-                "id": .int(id), "time": JSON(createdAt), "user_id": JSON(userID), "units": .int(Int64(units)),
+                "id": .int(id), "time": JSON(createdAt), "company_id": JSON(companyID), "user_id": JSON(userID),
+                "period": .obj(["start": JSON(periodStart), "end": JSON(periodEnd)]), "units": .int(Int64(units)),
                 "input_tokens": JSON(inputTokens), "output_tokens": JSON(outputTokens), "method": .string(method),
-                "route": .string(route), "model": JSON(model), "outcome": .string(outcome),
+                "route": .string(route), "model": JSON(model), "feature": JSON(feature), "outcome": .string(outcome),
                 "upstream_status": JSON(upstreamStatus.map(Int.init)), "request_id": .string(requestID),
+                "idempotency_key": JSON(idempotencyKey),
             ])
         }
 
-        static let csvHeader = "id,time,user_id,units,input_tokens,output_tokens,method,route,model,outcome,upstream_status,request_id\n"
+        /// The first twelve columns as before the rest were added; new columns go at the end.
+        static let csvHeader =
+            "id,time,user_id,units,input_tokens,output_tokens,method,route,model,outcome,upstream_status,request_id,"
+            + "company_id,period_start,period_end,feature,idempotency_key\n"
 
         var csvLine: String {
             let fields: [String] = [
                 String(id), Timestamp.format(createdAt), userID.uuidString.lowercased(), String(units),
                 inputTokens.map(String.init) ?? "", outputTokens.map(String.init) ?? "", method, route, model ?? "",
-                outcome, upstreamStatus.map(String.init) ?? "", requestID,
+                outcome, upstreamStatus.map(String.init) ?? "", requestID, companyID.uuidString.lowercased(),
+                Timestamp.format(periodStart), Timestamp.format(periodEnd), feature ?? "", idempotencyKey ?? "",
             ]
             return fields.map(Self.csvField).joined(separator: ",") + "\n"
         }
@@ -136,22 +147,26 @@ public struct UsageStore: Sendable {
         return try await database.run { client in
             let rows = try await client.query(
                 """
-                SELECT id, created_at, user_id, units, input_tokens, output_tokens, method, route, model, outcome,
-                       upstream_status, request_id
-                  FROM usage_ledger
-                 WHERE company_id = \(company) AND created_at >= \(from) AND created_at < \(to) AND id > \(cursor)
-                 ORDER BY id
+                SELECT l.id, l.created_at, l.user_id, pp.started_at, pp.ends_at, l.units, l.input_tokens, l.output_tokens,
+                       l.method, l.route, l.model, l.feature, l.outcome, l.upstream_status, l.request_id, l.idempotency_key
+                  FROM usage_ledger l
+                  JOIN plan_periods pp ON pp.company_id = l.company_id AND pp.id = l.period_id
+                 WHERE l.company_id = \(company) AND l.created_at >= \(from) AND l.created_at < \(to) AND l.id > \(cursor)
+                 ORDER BY l.id
                  LIMIT \(limit)
                 """,
                 logger: logger
             )
             var out: [Event] = []
-            for try await r in rows.decode((Int64, Date, UUID, Int32, Int64?, Int64?, String, String, String?, String, Int32?, String).self)
+            for try await r in rows.decode(
+                (Int64, Date, UUID, Date, Date, Int32, Int64?, Int64?, String, String, String?, String?, String, Int32?, String, String?)
+                    .self)
             {
                 out.append(
                     Event(
-                        id: r.0, createdAt: r.1, userID: r.2, units: r.3, inputTokens: r.4, outputTokens: r.5, method: r.6,
-                        route: r.7, model: r.8, outcome: r.9, upstreamStatus: r.10, requestID: r.11
+                        id: r.0, createdAt: r.1, companyID: company, userID: r.2, periodStart: r.3, periodEnd: r.4, units: r.5,
+                        inputTokens: r.6, outputTokens: r.7, method: r.8, route: r.9, model: r.10, feature: r.11, outcome: r.12,
+                        upstreamStatus: r.13, requestID: r.14, idempotencyKey: r.15
                     )
                 )
             }
@@ -159,11 +174,12 @@ public struct UsageStore: Sendable {
         }
     }
 
-    /// The billing overview: every company with plan, period end, used, cap and percentage.
-    public func companies(sortByUsage: Bool, after cursor: Int, limit: Int, at: Date = Date()) async throws -> [JSON] {
+    /// The billing overview: every company with plan, period end, used, cap and percentage
+    /// (`limit` nil: all of them after `cursor`).
+    public func companies(sortByUsage: Bool, after cursor: Int, limit: Int?, at: Date = Date()) async throws -> [JSON] {
         let order = sortByUsage ? "pct DESC NULLS LAST, used DESC, c.id" : "c.created_at, c.id"
         let offset = Int64(cursor)
-        let limit = Int64(limit)
+        let limit = limit.map(Int64.init)  // LIMIT NULL is no limit
         var query = PostgresQuery(
             unsafeSQL: """
                 SELECT c.id, c.name, pp.plan_id, pp.ends_at, COALESCE(cu.used, 0) AS used, pl.monthly_company_cap,

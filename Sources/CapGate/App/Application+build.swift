@@ -80,7 +80,7 @@ func buildRouter(
     metering: MeteringStore, tenants: TenantStore, periods: PeriodStore, usage: UsageStore, billing: BillingStore
 ) -> Router<GatewayContext> {
     let router = Router(context: GatewayContext.self)
-    let ownPaths: Set<String> = ["/v1/usage", "/v1/usage/check"]
+    let ownPaths: Set<String> = ["/v1/usage", "/v1/usage/check", "/healthz", "/readyz", "/metrics", "/openapi.yaml"]
     let methods = RouteMethods()
     router.add(middleware: GatewayMiddleware(proxy: proxy, prefix: prefix, ownPaths: ownPaths, methods: methods))
 

@@ -27,7 +27,8 @@ struct GatewayMiddleware: RouterMiddleware {
 
         let path = request.uri.path
         let trimmed = path.count > 1 && path.hasSuffix("/") ? String(path.dropLast()) : path
-        let proxied = path.hasPrefix(prefix) && !ownPaths.contains(trimmed)
+        // CapGate's own routes are never forwarded, whatever the prefix (even `/`).
+        let proxied = path.hasPrefix(prefix) && !ownPaths.contains(trimmed) && !trimmed.hasPrefix("/admin/")
         var response: Response
         do {
             if proxied {

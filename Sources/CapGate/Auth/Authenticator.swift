@@ -127,16 +127,8 @@ public struct Authenticator: Sendable {
         else {
             throw GatewayError.authentication("The token has no company UUID at claim '\(companyClaim)'.")
         }
+        // The user must exist in that company (SPEC: an unknown user or company is 401).
         let result = try await database.run { client -> (String, Bool)? in
-            // A user who is new in an existing company is created as a member on first use.
-            try await client.query(
-                """
-                INSERT INTO users (company_id, id, role)
-                SELECT id, \(userID), 'member' FROM companies WHERE id = \(companyID)
-                ON CONFLICT DO NOTHING
-                """,
-                logger: database.logger
-            )
             let rows = try await client.query(
                 "SELECT role, disabled FROM users WHERE company_id = \(companyID) AND id = \(userID)",
                 logger: database.logger
@@ -145,7 +137,8 @@ public struct Authenticator: Sendable {
             return nil
         }
         guard let (role, disabled) = result else {
-            throw GatewayError.authentication("The token's user or company is not known to this gateway.")
+            throw GatewayError.authentication(
+                "The token's user is not known in its company: ask your administrator to add the user to CapGate.")
         }
         if disabled { throw GatewayError.authentication("This user is disabled. Ask your administrator to enable it.") }
         return .user(

@@ -80,7 +80,7 @@ public struct BillingStore: Sendable {
                     guard end > start else { throw BillingError.badDates }
                     try await PeriodStore.startPeriod(
                         connection, logger: logger, company: event.companyID, plan: planID, start: start, end: end,
-                        interval: interval, autoRenew: true, source: event.kind.rawValue
+                        interval: interval, autoRenew: true, source: event.kind.rawValue, now: now
                     )
                 case .renewal:
                     guard let planID else { throw BillingError.productRequired }
@@ -102,7 +102,7 @@ public struct BillingStore: Sendable {
                         guard end > start else { throw BillingError.badDates }
                         try await PeriodStore.startPeriod(
                             connection, logger: logger, company: event.companyID, plan: planID, start: start, end: end,
-                            interval: interval, autoRenew: true, source: "renewal"
+                            interval: interval, autoRenew: true, source: "renewal", now: now
                         )
                     }
                 case .cancel:
@@ -141,19 +141,21 @@ public struct BillingStore: Sendable {
                 return result.serialized()
             }
         } catch BillingError.unknownProduct(let product) {
-            throw GatewayError.unprocessable("Unknown product '\(product)': map it to a plan with POST /admin/v1/products first.")
+            throw GatewayError.notFound("Unknown product '\(product)': map it to a plan with POST /admin/v1/products first.")
         } catch BillingError.productRequired {
             throw GatewayError.invalidRequest("'product_id' is required for \(event.kind.rawValue) events.")
         } catch BillingError.transactionOfAnotherCompany {
             throw GatewayError.conflict("This transaction_id was already recorded for another company.")
         } catch PeriodStore.PeriodError.unknownPlan {
-            throw GatewayError.unprocessable("The product's plan no longer exists.")
+            throw GatewayError.notFound("The product's plan no longer exists.")
         } catch BillingError.badDates {
             throw GatewayError.invalidRequest("'expiration_date' must be after 'purchase_date'.")
         } catch PeriodStore.PeriodError.unknownCompany {
             throw GatewayError.notFound("No company with that id.")
         } catch PeriodStore.PeriodError.periodHasUsage {
-            throw GatewayError.conflict("A period at or after purchase_date already has usage; it cannot be replaced.")
+            throw GatewayError.conflict("A period that starts after now already has usage; check the server's clock.")
+        } catch PeriodStore.PeriodError.endsBeforeItBegins {
+            throw GatewayError.conflict("Calls were counted after purchase_date, so the new period would begin now, after it ends.")
         } catch DatabaseError.constraint(_, let constraint, _) where constraint?.contains("transaction_id") == true {
             // A concurrent delivery of the same event won the race: answer with its result.
             return try await apply(event, now: now)
@@ -201,7 +203,7 @@ public struct BillingStore: Sendable {
         )
         if let plan = try await defaultPlan(connection, logger: logger) {
             try await PeriodStore.startPeriod(
-                connection, logger: logger, company: company, plan: plan, start: at, autoRenew: true, source: source)
+                connection, logger: logger, company: company, plan: plan, start: at, autoRenew: true, source: source, now: at)
         }
     }
 

@@ -16,44 +16,60 @@ public struct PeriodStore: Sendable {
         case unknownCompany
         case unknownPlan
         case periodHasUsage
+        /// Calls were counted after `start` and the new period would already be over by now.
+        case endsBeforeItBegins
     }
 
     /// Starts a period on `plan` at `start`, anchored there, one interval long (or to `end`);
     /// a period that was running ends where the new one starts.
+    ///
+    /// A period that already counted calls is never rewritten. When one starts at or after
+    /// `start` (a store event delivered late, a `started_at` in the past), the new period begins
+    /// now instead, still anchored at `start` (so it ends where it would have), and the calls
+    /// counted since `start` stay in the period that admitted them. Periods after `start` without
+    /// calls are replaced.
     @discardableResult
     public static func startPeriod(
         _ connection: PostgresConnection, logger: Logger, company: UUID, plan: String, start: Date, end: Date? = nil,
-        interval: PeriodMath.Interval = .month, autoRenew: Bool, source: String
+        interval: PeriodMath.Interval = .month, autoRenew: Bool, source: String, now: Date = Date()
     ) async throws -> Int64 {
         try await lockCompany(connection, logger: logger, company: company)
         guard try await connection.query("SELECT 1 FROM plans WHERE id = \(plan)", logger: logger).collect().count == 1 else {
             throw PeriodError.unknownPlan
         }
         let overlapping = try await connection.query(
-            "SELECT id, started_at FROM plan_periods WHERE company_id = \(company) AND ends_at > \(start) ORDER BY started_at FOR UPDATE",
+            """
+            SELECT pp.id, pp.started_at, pp.ends_at,
+                   EXISTS (SELECT 1 FROM usage_ledger l WHERE l.company_id = pp.company_id AND l.period_id = pp.id)
+              FROM plan_periods pp
+             WHERE pp.company_id = \(company) AND pp.ends_at > \(start)
+             ORDER BY pp.started_at
+               FOR UPDATE OF pp
+            """,
             logger: logger
-        ).decode((Int64, Date).self).collect()
-        for (id, startedAt) in overlapping {
-            if startedAt < start {
+        ).decode((Int64, Date, Date, Bool).self).collect()
+        var begins = start
+        if overlapping.contains(where: { $0.1 >= start && $0.3 }) { begins = max(start, now) }
+        let ends = end ?? PeriodMath.add(months: interval == .month ? 1 : 12, to: start)
+        guard ends > begins else { throw PeriodError.endsBeforeItBegins }
+        for (id, startedAt, endsAt, used) in overlapping {
+            if startedAt < begins {
+                guard endsAt > begins else { continue }  // over before the new period begins
                 try await connection.query(
-                    "UPDATE plan_periods SET ends_at = \(start), status = 'superseded' WHERE company_id = \(company) AND id = \(id)",
+                    "UPDATE plan_periods SET ends_at = \(begins), status = 'superseded' WHERE company_id = \(company) AND id = \(id)",
                     logger: logger
                 )
             } else {
-                let used = try await connection.query(
-                    "SELECT 1 FROM usage_ledger WHERE company_id = \(company) AND period_id = \(id) LIMIT 1", logger: logger
-                ).collect()
-                guard used.isEmpty else { throw PeriodError.periodHasUsage }
+                guard !used else { throw PeriodError.periodHasUsage }  // calls counted in the future: a clock step
                 try await connection.query("DELETE FROM user_usage WHERE company_id = \(company) AND period_id = \(id)", logger: logger)
                 try await connection.query("DELETE FROM company_usage WHERE company_id = \(company) AND period_id = \(id)", logger: logger)
                 try await connection.query("DELETE FROM plan_periods WHERE company_id = \(company) AND id = \(id)", logger: logger)
             }
         }
-        let ends = end ?? PeriodMath.add(months: interval == .month ? 1 : 12, to: start)
         let rows = try await connection.query(
             """
             INSERT INTO plan_periods (company_id, plan_id, started_at, ends_at, anchor, interval, auto_renew, source)
-            VALUES (\(company), \(plan), \(start), \(ends), \(start), \(interval.rawValue), \(autoRenew), \(source))
+            VALUES (\(company), \(plan), \(begins), \(ends), \(start), \(interval.rawValue), \(autoRenew), \(source))
             RETURNING id
             """,
             logger: logger
@@ -114,7 +130,9 @@ public struct PeriodStore: Sendable {
         } catch PeriodError.unknownPlan {
             throw GatewayError.notFound("No plan with id '\(plan)'.")
         } catch PeriodError.periodHasUsage {
-            throw GatewayError.conflict("A period that starts at or after started_at already has usage; choose a later started_at.")
+            throw GatewayError.conflict("A period that starts after now already has usage; check the server's clock.")
+        } catch PeriodError.endsBeforeItBegins {
+            throw GatewayError.conflict("Calls were counted after started_at, so the new period would begin now, after it ends.")
         }
     }
 }

@@ -204,6 +204,13 @@ public struct MeteringStore: Sendable {
         (replay ? replaySettlements : settlements).enqueue(settlement)
     }
 
+    /// Returns once every settlement queued so far is written: a ledger read after it sees the
+    /// provider status and token counts of every call this gateway answered before.
+    public func settledSoFar() async {
+        await settlements.processedSoFar()
+        await replaySettlements.processedSoFar()
+    }
+
     /// Waits until every queued settlement is written (graceful shutdown, tests).
     public func flush() async {
         await settlements.flush()

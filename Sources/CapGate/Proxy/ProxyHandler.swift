@@ -210,12 +210,12 @@ public struct ProxyHandler: Sendable {
                         capture.feed(chunk)
                         try await writer.write(chunk)
                     }
-                    try await writer.finish(nil)
                 } catch {
                     failure = error
                 }
                 capture.finish()
-                // The charge stands once the provider answered 2xx, even if the client left.
+                // The charge stands once the provider answered 2xx, even if the client left. Queued
+                // before the answer ends, so a ledger read after it finds the tokens.
                 if let charge {
                     metering.settle(
                         companyID: user.companyID, ledgerID: charge, upstreamStatus: status,
@@ -223,6 +223,7 @@ public struct ProxyHandler: Sendable {
                     )
                 }
                 if let failure { throw failure }
+                try await writer.finish(nil)
             }
         )
     }

@@ -189,8 +189,9 @@ enum UpstreamError: Error, Sendable, Equatable, CustomStringConvertible {
 
     var isTimeout: Bool {
         switch self {
-        case .connectTimeout, .headTimeout, .idleTimeout: true
-        case .unreachable, .closed: false
+        // No connection in time is "unreachable" (502); 504 is for a provider that was reached.
+        case .headTimeout, .idleTimeout: true
+        case .connectTimeout, .unreachable, .closed: false
         }
     }
 

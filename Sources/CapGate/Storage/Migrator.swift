@@ -58,10 +58,13 @@ public struct Migrator: Sendable {
 
     static let lockKey: Int64 = 0x4361_7047_6174_6501  // "CapGate" + 1
 
-    /// The versions not applied yet. Throws when an applied file changed.
+    /// The versions not applied yet. Throws when an applied file changed. Changes nothing (a
+    /// database never migrated has every version pending).
     public func pending(client: PostgresClient, logger: Logger) async throws -> [Migration] {
         try await client.withConnection { connection in
-            try await ensureTable(connection, logger: logger)
+            let table = try await connection.query("SELECT to_regclass('capgate_migrations') IS NOT NULL", logger: logger)
+                .decode(Bool.self).collect()
+            guard table.first == true else { return migrations }
             return try await pending(connection, logger: logger)
         }
     }

@@ -63,44 +63,49 @@ public struct TenantStore: Sendable {
         public var sortOrder: Int32
     }
 
+    /// Creates a plan. `is_default: true` makes it the default: the plan that was the default stops
+    /// being it, in the same transaction (one default at most).
     public func createPlan(_ p: PlanInput) async throws -> JSON {
         do {
-            try await database.run { client in
-                try await client.query(
+            try await database.transaction { connection in
+                if p.isDefault { try await Self.clearDefault(except: p.id, on: connection, logger: self.logger) }
+                try await connection.query(
                     """
                     INSERT INTO plans (id, name, monthly_company_cap, monthly_user_cap, price, currency, is_default, is_active, sort_order)
                     VALUES (\(p.id), \(p.name), \(p.companyCap), \(p.userCap), \(p.price)::numeric, \(p.currency), \(p.isDefault), \(p.isActive), \(p.sortOrder))
                     """,
-                    logger: logger
+                    logger: self.logger
                 )
             }
-        } catch DatabaseError.constraint(let state, let constraint, _) {
-            if constraint == "plans_single_default" {
-                throw GatewayError.conflict("Another plan is already the default; unset it first.")
-            }
+        } catch DatabaseError.constraint(let state, _, _) {
             guard state == "23505" else { throw GatewayError.invalidRequest("The plan's fields are not valid.") }
             throw GatewayError.conflict("A plan with id '\(p.id)' already exists.")
         }
         return try await plan(p.id) ?? .null
     }
 
+    /// Replaces a plan's fields; `is_default: true` moves the default to it, as in ``createPlan(_:)``.
     public func updatePlan(_ p: PlanInput) async throws -> JSON {
-        do {
-            try await database.run { client in
-                try await client.query(
-                    """
-                    UPDATE plans SET name = \(p.name), monthly_company_cap = \(p.companyCap), monthly_user_cap = \(p.userCap),
-                           price = \(p.price)::numeric, currency = \(p.currency), is_default = \(p.isDefault),
-                           is_active = \(p.isActive), sort_order = \(p.sortOrder), updated_at = now()
-                     WHERE id = \(p.id)
-                    """,
-                    logger: logger
-                )
-            }
-        } catch DatabaseError.constraint(_, let constraint, _) where constraint == "plans_single_default" {
-            throw GatewayError.conflict("Another plan is already the default; unset it first.")
+        try await database.transaction { connection in
+            if p.isDefault { try await Self.clearDefault(except: p.id, on: connection, logger: self.logger) }
+            try await connection.query(
+                """
+                UPDATE plans SET name = \(p.name), monthly_company_cap = \(p.companyCap), monthly_user_cap = \(p.userCap),
+                       price = \(p.price)::numeric, currency = \(p.currency), is_default = \(p.isDefault),
+                       is_active = \(p.isActive), sort_order = \(p.sortOrder), updated_at = now()
+                 WHERE id = \(p.id)
+                """,
+                logger: self.logger
+            )
         }
         return try await plan(p.id) ?? .null
+    }
+
+    /// The plan that is the default (other than `id`) stops being it. Two writers making different
+    /// plans the default serialize on that row's lock; the last one to commit is the default.
+    static func clearDefault(except id: String, on connection: PostgresConnection, logger: Logger) async throws {
+        try await connection.query(
+            "UPDATE plans SET is_default = false, updated_at = now() WHERE is_default AND id <> \(id)", logger: logger)
     }
 
     // MARK: products

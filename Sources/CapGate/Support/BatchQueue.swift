@@ -28,6 +28,12 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
         var running = false
         /// Waiting in ``flush()`` for the queue to empty.
         var idleWaiters: [CheckedContinuation<Void, Never>] = []
+        /// Items queued (``enqueue(_:)`` and queued ``submit(_:)``s) and, of those, processed so
+        /// far: batches run in arrival order, so every item up to `processed` is done.
+        var queued = 0
+        var processed = 0
+        /// Waiting in ``processedSoFar()`` for `processed` to reach their mark.
+        var markWaiters: [(mark: Int, continuation: CheckedContinuation<Void, Never>)] = []
         var batches = 0
         var items = 0
         var largest = 0
@@ -94,6 +100,20 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
         append(Entry(item: item, continuation: nil))
     }
 
+    /// Returns once every item queued before the call has been processed; items queued later do
+    /// not hold it up (unlike ``flush()``, which waits for an idle queue). For a read that must
+    /// see what was queued before it.
+    public func processedSoFar() async {
+        await withCheckedContinuation { continuation in
+            let done = state.withLock { state -> Bool in
+                if state.processed >= state.queued { return true }
+                state.markWaiters.append((state.queued, continuation))
+                return false
+            }
+            if done { continuation.resume() }
+        }
+    }
+
     /// Returns when nothing is queued or in flight (for an orderly shutdown).
     public func flush() async {
         await withCheckedContinuation { continuation in
@@ -113,6 +133,7 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
     private func append(_ entry: Entry) {
         let start = state.withLock { state -> Bool in
             state.pending.append(entry)
+            state.queued += 1
             if state.running { return false }
             state.running = true
             return true
@@ -148,6 +169,15 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
                 return
             }
             let results = await process(batch.map(\.item))
+            let reached = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+                state.processed += batch.count
+                guard !state.markWaiters.isEmpty else { return [] }
+                let processed = state.processed
+                let reached = state.markWaiters.filter { $0.mark <= processed }.map(\.continuation)
+                state.markWaiters.removeAll { $0.mark <= processed }
+                return reached
+            }
+            for waiter in reached { waiter.resume() }
             for (index, entry) in batch.enumerated() {
                 guard let continuation = entry.continuation else { continue }
                 let result = index < results.count ? results[index] : .failure(BatchQueueError.missingResult)

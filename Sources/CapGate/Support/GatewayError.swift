@@ -57,9 +57,6 @@ public struct GatewayError: Error, HTTPResponseError, Sendable {
     public static func conflict(_ message: String) -> GatewayError {
         GatewayError(.conflict, "conflict_error", message)
     }
-    public static func unprocessable(_ message: String) -> GatewayError {
-        GatewayError(.unprocessableContent, "invalid_request_error", message)
-    }
     public static func tooLarge(limit: Int) -> GatewayError {
         GatewayError(.contentTooLarge, "request_too_large", "The request body is larger than this gateway accepts (\(limit) bytes).")
     }
