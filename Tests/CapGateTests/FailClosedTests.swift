@@ -90,6 +90,8 @@ struct FailClosedTests {
             #expect(h.mock.counter.count == forwarded)
             let ready = try await h.request(.GET, "/readyz")
             #expect(ready.status == 503)
+            #expect(ready.json["error"]?["type"]?.stringValue == "overloaded_error")
+            #expect(ready.json["status"]?.stringValue == "database_unreachable")
             let failed = try await failing.value
             #expect(failed.status == 500)
 

@@ -97,11 +97,13 @@ func buildRouter(
                 return try await migrator.pending(client: client, logger: database.logger).count
             }
             guard pending == 0 else {
-                return jsonResponse(.obj(["status": "migrations_pending", "pending": .int(Int64(pending))]), status: .serviceUnavailable)
+                return notReady(
+                    "migrations_pending", "\(pending) database migration(s) not applied yet: run capgate migrate.",
+                    extra: [.init("pending", .int(Int64(pending)))])
             }
             return jsonResponse(.obj(["status": "ready"]))
         } catch {
-            return jsonResponse(.obj(["status": "database_unreachable"]), status: .serviceUnavailable)
+            return notReady("database_unreachable", "PostgreSQL cannot be reached; calls are refused until it is back.")
         }
     }
     router.get("/metrics") { _, _ in
@@ -138,4 +140,11 @@ struct ClosingService: Service {
         try? await gracefulShutdown()
         try await close()
     }
+}
+
+/// A 503 from `/readyz`: the SPEC's error envelope (`overloaded_error`) with the probe's `status`.
+func notReady(_ status: String, _ message: String, extra: [JSON.Field] = []) -> Response {
+    let envelope = GatewayError(.serviceUnavailable, "overloaded_error", message).body
+    guard case .object(let fields) = envelope else { return jsonResponse(envelope, status: .serviceUnavailable) }
+    return jsonResponse(.object(fields + [.init("status", .string(status))] + extra), status: .serviceUnavailable)
 }
