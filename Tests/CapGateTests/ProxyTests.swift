@@ -54,6 +54,26 @@ struct ProxyTests {
         }
     }
 
+    @Test("/metrics has what SPEC §7 names: requests by route, status and decision; admission and upstream latency; refunds; pool state")
+    func metrics() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (_, users) = try await h.createCompany(plan: "low", users: 1)
+            #expect(try await h.message(key: users[0].key).status == 200)
+            #expect(try await h.message(key: users[0].key, headers: [("x-mock-status", "500")]).status == 500)
+            let text = try await h.request(.GET, "/metrics").body
+            for family in [
+                #"capgate_requests_total{route="/v1/messages",status="200",decision="charged"}"#,
+                #"capgate_requests_total{route="/v1/messages",status="500",decision="refunded"}"#,
+                "capgate_admission_duration_seconds_bucket{", "capgate_upstream_duration_seconds_bucket{",
+                #"capgate_refunds_total{reason="#, "capgate_db_pool_max_connections ", "capgate_db_operations_in_flight ",
+                "capgate_db_unavailable_total ", "capgate_inflight_requests ",
+            ] {
+                #expect(text.contains(family), "missing \(family)")
+            }
+        }
+    }
+
     @Test("request ids: req_ and 24 hex digits, distinct across many concurrent calls, the same in the ledger")
     func requestIDs() async throws {
         try await Harness.with { h in

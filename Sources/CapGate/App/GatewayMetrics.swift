@@ -111,9 +111,31 @@ public enum GatewayMetrics {
         if delta > 0 { inflightRequests.increment(by: Double(delta)) } else { inflightRequests.decrement(by: Double(-delta)) }
     }
 
+    private static let databaseInFlight: Meter = {
+        _ = registry
+        return Meter(label: "capgate_db_operations_in_flight")
+    }()
+
+    private static let databaseUnavailable: Metrics.Counter = {
+        _ = registry
+        return Metrics.Counter(label: "capgate_db_unavailable_total")
+    }()
+
+    /// Pool state beside the pool's size: database operations holding (or waiting for) a
+    /// connection now, and how many found PostgreSQL unavailable.
+    static func databaseOperation(_ delta: Int) {
+        if delta > 0 { databaseInFlight.increment(by: Double(delta)) } else { databaseInFlight.decrement(by: Double(-delta)) }
+    }
+
+    static func databaseUnavailableOnce() {
+        databaseUnavailable.increment()
+    }
+
     static func pool(maxConnections: Int) {
         _ = registry
         Gauge(label: "capgate_db_pool_max_connections").record(maxConnections)
+        databaseOperation(0)  // both appear before the first operation
+        databaseUnavailable.increment(by: 0)
     }
 }
 

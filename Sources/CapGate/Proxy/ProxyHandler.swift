@@ -127,10 +127,12 @@ public struct ProxyHandler: Sendable {
             )
         } catch {
             let timedOut = (error as? UpstreamError)?.isTimeout ?? false
-            if let charge {
+            if let charge,
                 await refund(
                     user: user, ledgerID: charge, requestID: requestID, status: nil, reason: timedOut ? "timeout" : "unreachable",
                     logger: logger)
+            {
+                record.update { $0.decision = "refunded" }
             }
             record.update { $0.upstreamMillis = (ContinuousClock.now - upstreamStart).milliseconds }
             logger.warning("upstream failed", metadata: ["error": "\(String(describing: error))"])
@@ -160,6 +162,7 @@ public struct ProxyHandler: Sendable {
             if let charge {
                 refunded = await refund(
                     user: user, ledgerID: charge, requestID: requestID, status: status, reason: "upstream_status", logger: logger)
+                if refunded { record.update { $0.decision = "refunded" } }
             }
             // The provider's own error passes through, so SDKs show it; the charge is gone (unless
             // another attempt at it with the same Idempotency-Key is in flight or succeeded).

@@ -34,12 +34,19 @@ public struct Database: Sendable {
         _ body: @escaping @Sendable (PostgresClient) async throws -> T
     ) async throws -> T {
         do {
-            return try await withDeadline(timeout, lateResult: lateResult) { try await body(client) }
+            return try await withDeadline(timeout, lateResult: lateResult) {
+                GatewayMetrics.databaseOperation(1)
+                defer { GatewayMetrics.databaseOperation(-1) }
+                return try await body(client)
+            }
         } catch let error as PSQLError {
-            throw DatabaseError.map(error, logger: logger)
+            let mapped = DatabaseError.map(error, logger: logger)
+            if case .unavailable = mapped { GatewayMetrics.databaseUnavailableOnce() }
+            throw mapped
         } catch let error as PostgresTransactionError {
             throw DatabaseError.map(error.closureError ?? error.commitError ?? error.beginError ?? error, logger: logger)
         } catch is DeadlineExceeded, is CancellationError, is ChannelError, is IOError {
+            GatewayMetrics.databaseUnavailableOnce()
             throw DatabaseError.unavailable
         } catch {
             // Domain errors thrown by the body pass through unchanged.
