@@ -108,7 +108,11 @@ public enum GatewayMetrics {
     }
 
     static func inflight(_ delta: Int) {
-        if delta > 0 { inflightRequests.increment(by: Double(delta)) } else { inflightRequests.decrement(by: Double(-delta)) }
+        add(delta, to: inflightRequests)
+    }
+
+    private static func add(_ delta: Int, to meter: Meter) {
+        if delta > 0 { meter.increment(by: Double(delta)) } else { meter.decrement(by: Double(-delta)) }
     }
 
     private static let databaseInFlight: Meter = {
@@ -124,7 +128,7 @@ public enum GatewayMetrics {
     /// Pool state beside the pool's size: database operations holding (or waiting for) a
     /// connection now, and how many found PostgreSQL unavailable.
     static func databaseOperation(_ delta: Int) {
-        if delta > 0 { databaseInFlight.increment(by: Double(delta)) } else { databaseInFlight.decrement(by: Double(-delta)) }
+        add(delta, to: databaseInFlight)
     }
 
     static func databaseUnavailableOnce() {
