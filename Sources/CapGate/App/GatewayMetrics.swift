@@ -58,20 +58,13 @@ public enum GatewayMetrics {
         var decision: String
     }
 
-    private static let inflightRequests: Meter = {
-        _ = registry
-        return Meter(label: "capgate_inflight_requests")
-    }()
+    private static let inflightRequests: Meter = registered { Meter(label: "capgate_inflight_requests") }
 
-    private static let admissionBatchSize: Recorder = {
-        _ = registry
-        return Recorder(label: "capgate_admission_batch_size")
-    }()
+    private static let admissionBatchSize: Recorder = registered { Recorder(label: "capgate_admission_batch_size") }
 
-    private static let admissionBatchDuration: Metrics.Timer = {
-        _ = registry
-        return Metrics.Timer(label: "capgate_admission_batch_duration_seconds")
-    }()
+    private static let admissionBatchDuration: Metrics.Timer = registered {
+        Metrics.Timer(label: "capgate_admission_batch_duration_seconds")
+    }
 
     static func request(route: String, status: Int, decision: String) {
         cached(\.requests, RequestKey(route: route, status: status, decision: decision)) {
@@ -107,6 +100,12 @@ public enum GatewayMetrics {
         cached(\.refunds, reason) { Metrics.Counter(label: "capgate_refunds_total", dimensions: [("reason", reason)]) }.increment()
     }
 
+    /// A handle made after the factory is bootstrapped (the registry first).
+    private static func registered<Handle>(_ make: () -> Handle) -> Handle {
+        _ = registry
+        return make()
+    }
+
     static func inflight(_ delta: Int) {
         add(delta, to: inflightRequests)
     }
@@ -115,15 +114,9 @@ public enum GatewayMetrics {
         if delta > 0 { meter.increment(by: Double(delta)) } else { meter.decrement(by: Double(-delta)) }
     }
 
-    private static let databaseInFlight: Meter = {
-        _ = registry
-        return Meter(label: "capgate_db_operations_in_flight")
-    }()
+    private static let databaseInFlight: Meter = registered { Meter(label: "capgate_db_operations_in_flight") }
 
-    private static let databaseUnavailable: Metrics.Counter = {
-        _ = registry
-        return Metrics.Counter(label: "capgate_db_unavailable_total")
-    }()
+    private static let databaseUnavailable: Metrics.Counter = registered { Metrics.Counter(label: "capgate_db_unavailable_total") }
 
     /// Pool state beside the pool's size: database operations holding (or waiting for) a
     /// connection now, and how many found PostgreSQL unavailable.

@@ -40,7 +40,10 @@ public struct PeriodStore: Sendable {
         let overlapping = try await connection.query(
             """
             SELECT pp.id, pp.started_at, pp.ends_at,
-                   EXISTS (SELECT 1 FROM usage_ledger l WHERE l.company_id = pp.company_id AND l.period_id = pp.id)
+                   -- Only periods from `start` on can be replaced; a running one is never scanned.
+                   CASE WHEN pp.started_at >= \(start)
+                        THEN EXISTS (SELECT 1 FROM usage_ledger l WHERE l.company_id = pp.company_id AND l.period_id = pp.id)
+                        ELSE false END
               FROM plan_periods pp
              WHERE pp.company_id = \(company) AND pp.ends_at > \(start)
              ORDER BY pp.started_at
