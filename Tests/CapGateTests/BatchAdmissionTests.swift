@@ -27,7 +27,7 @@ struct BatchAdmissionTests {
     }
 
     static func call(
-        key: String? = nil, company: UUID? = nil, user: UUID? = nil, model: String? = nil, idempotencyKey: String? = nil
+        key: String? = nil, company: UUID? = nil, user: UUID? = nil, model: String? = nil
     )
         -> AdmissionItem
     {
@@ -35,7 +35,7 @@ struct BatchAdmissionTests {
             keyHash: key.map(ApiKeyGenerator.hash),
             request: AdmissionRequest(
                 companyID: company ?? UUID(), userID: user ?? UUID(), method: "POST", route: "/v1/messages", model: model,
-                requestID: "req_" + UUID().uuidString, idempotencyKey: idempotencyKey
+                requestID: "req_" + UUID().uuidString
             )
         )
     }
@@ -49,7 +49,7 @@ struct BatchAdmissionTests {
         }
     }
 
-    @Test("one transaction decides every call in arrival order against the locked counters, replays in-batch retries")
+    @Test("one transaction decides every call in arrival order against the locked counters")
     func arrivalOrder() async throws {
         try await Harness.with { h in
             try await h.createPlan("p", company: 5, user: 3)
@@ -62,32 +62,26 @@ struct BatchAdmissionTests {
                     Self.call(key: "cg_not_a_key"),  // 3: unknown key, changes nothing
                     Self.call(key: a.key),  // 4: charged (a=3, company=3)
                     Self.call(key: a.key),  // 5: a's cap of 3 is reached
-                    Self.call(company: company, user: b.id, idempotencyKey: "retry-1"),  // 6: a verified token: charged (company=4)
-                    Self.call(key: b.key, idempotencyKey: "retry-1"),  // 7: the retry of 6 in the same batch: replayed
-                    Self.call(key: b.key),  // 8: charged (company=5)
+                    Self.call(company: company, user: b.id),  // 6: a verified token: charged (company=4)
+                    Self.call(key: b.key),  // 7: charged (company=5)
+                    Self.call(key: b.key),  // 8: the company's cap of 5 is reached
                     Self.call(key: b.key),  // 9: the company's cap of 5 is reached
                     Self.call(company: company, user: UUID()),  // 10: a token for a user the company does not have
                 ]
                 let results = await MeteringStore.admitBatch(batch, database: database, relaxed: false)
                 #expect(
                     Self.decisions(results) == [
-                        "charged", "charged", "unknown_key", "charged", "user_cap", "charged", "replayed", "charged", "company_cap",
+                        "charged", "charged", "unknown_key", "charged", "user_cap", "charged", "charged", "company_cap", "company_cap",
                         "unknown_user",
                     ])
                 let rows = results.compactMap { try? $0.get() }
-                #expect(rows.map(\.companyUsed) == [1, 2, nil, 3, 3, 4, 4, 5, 5, nil])
-                #expect(rows[6].ledgerID == rows[5].ledgerID)
+                #expect(rows.map(\.companyUsed) == [1, 2, nil, 3, 3, 4, 5, 5, 5, nil])
                 #expect(Set(rows.compactMap(\.ledgerID)).count == 5)
-                // The replay is recorded as an attempt at the charge it replayed.
-                let attempts = try await h.text(
-                    "SELECT ledger_id || ':' || request_id FROM usage_ledger_attempts WHERE NOT failed")
-                #expect(attempts == "\(rows[5].ledgerID ?? 0):\(batch[6].request.requestID)")
             }
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 5)
             #expect(try await h.scalar("SELECT used FROM user_usage WHERE user_id = '\(a.id.text)'") == 3)
             #expect(try await h.scalar("SELECT used FROM user_usage WHERE user_id = '\(b.id.text)'") == 2)
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'") == 5)
-            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE idempotency_key = 'retry-1'") == 1)
         }
     }
 
@@ -116,23 +110,18 @@ struct BatchAdmissionTests {
             let (company, users) = try await h.createCompany(plan: "p", users: 2)
             let (a, b) = (users[0], users[1])
             try await Self.withMetering(h) { _, database in
-                let kept = [Self.call(key: a.key), Self.call(key: a.key, idempotencyKey: "kept-1")]
+                let kept = [Self.call(key: a.key), Self.call(key: a.key)]
                 let late = [
-                    Self.call(key: a.key), Self.call(company: company, user: b.id), Self.call(key: b.key),
-                    Self.call(key: b.key, idempotencyKey: "late-1"),
-                    Self.call(key: a.key, idempotencyKey: "kept-1"),  // a retry of a kept charge: replayed
+                    Self.call(key: a.key), Self.call(company: company, user: b.id), Self.call(key: b.key), Self.call(key: b.key),
                 ]
                 let results = await MeteringStore.admitBatch(kept + late, database: database, relaxed: false)
-                #expect(Self.decisions(results) == Array(repeating: "charged", count: 6) + ["replayed"])
+                #expect(Self.decisions(results) == Array(repeating: "charged", count: 6))
                 // The transaction committed, but as if its answer had been lost: the gateway only
                 // knows the calls (plus one that never reached PostgreSQL).
                 let lost = LateAdmissions(items: late + [Self.call(key: a.key)], database: database)
                 let found = try await lost.findCharges()
-                #expect(found.count == 5)
+                #expect(found.count == 4)
                 await lost.giveBack(found)
-                // The replay's failure was recorded; the kept charge stands while its first attempt
-                // has not failed, and is given back once it has.
-                #expect(try await h.scalar("SELECT count(*) FROM usage_ledger_attempts WHERE failed") == 1)
                 #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 2)
                 let keptCharge = try results[1].get()
                 #expect(

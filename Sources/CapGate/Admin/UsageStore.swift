@@ -130,14 +130,19 @@ public struct UsageStore: Sendable {
             return fields.map(Self.csvField).joined(separator: ",") + "\n"
         }
 
+        /// One CSV cell (RFC 4180 quoting). Client-controlled text (route, model, idempotency
+        /// key) reaches these cells, so a cell a spreadsheet would run as a formula (first
+        /// character `=`, `+`, `-`, `@`, TAB or CR) is neutralised: a `'` in front, inside quotes.
+        /// CapGate's own numeric columns never start with one of these.
         static func csvField(_ s: String) -> String {
-            // Quote when needed; neutralise spreadsheet formulas.
-            var value = s
-            if let first = value.first, "=+-@".contains(first), Int(value) == nil { value = "'" + value }
-            if value.contains(where: { $0 == "," || $0 == "\"" || $0 == "\n" || $0 == "\r" }) {
-                return "\"" + value.replacingOccurrences(of: "\"", with: "\"\"") + "\""
+            if let first = s.unicodeScalars.first, "=+-@\t\r".unicodeScalars.contains(first) {
+                return "\"'" + s.replacingOccurrences(of: "\"", with: "\"\"") + "\""
             }
-            return value
+            // By scalar: "\r\n" is one Character, equal to neither "\r" nor "\n".
+            if s.unicodeScalars.contains(where: { $0 == "," || $0 == "\"" || $0 == "\n" || $0 == "\r" || $0 == "\t" }) {
+                return "\"" + s.replacingOccurrences(of: "\"", with: "\"\"") + "\""
+            }
+            return s
         }
     }
 

@@ -18,7 +18,8 @@ public func buildApplication(
     let parts = try await GatewayParts(configuration: configuration, logger: logger)
     return Application(
         router: parts.router,
-        configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: nil),
+        server: configuration.httpServer,
+        configuration: configuration.serverConfiguration(logger: logger),
         services: parts.services,
         onServerRunning: onServerRunning,
         eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton),
@@ -47,13 +48,17 @@ struct GatewayParts {
         let database = Database(client: client, timeout: timeout, logger: dbLogger)
         let upstream = try UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
         let authenticator = try await Authenticator(database: database, configuration: configuration)
-        let metering = MeteringStore(database: database, relaxed: configuration.databaseDurability == "relaxed")
+        let metering = MeteringStore(
+            database: database, relaxed: configuration.databaseDurability == "relaxed",
+            admissionQueueLimit: configuration.databaseAdmissionQueueLimit)
         let billing = BillingStore(database: database)
         GatewayMetrics.pool(maxConnections: configuration.databaseMaxConnections)
 
-        let proxy = ProxyHandler(
-            authenticator: authenticator, metering: metering, upstream: upstream, maxBodyBytes: configuration.proxyMaxBodyBytes
+        var proxy = ProxyHandler(
+            authenticator: authenticator, metering: metering, upstream: upstream, knownKeys: KnownKeys(database: database),
+            maxBodyBytes: configuration.proxyMaxBodyBytes, idempotencyMaxBytes: configuration.proxyIdempotencyMaxBytes
         )
+        proxy.bodyBudget = BodyBudget(limit: configuration.proxyBodyBudgetBytes)
         self.router = buildRouter(
             prefix: configuration.proxyPrefix, proxy: proxy, authenticator: authenticator, database: database, migrator: try? Migrator(),
             metering: metering, tenants: TenantStore(database: database), periods: PeriodStore(database: database),
@@ -65,6 +70,7 @@ struct GatewayParts {
             client, ClosingService(name: "upstream-client") { try await upstream.shutdown() },
             ClosingService(name: "settlements") { await metering.flush() },
         ]
+        services.append(IdempotencyPurge(metering: metering, interval: .seconds(600), logger: logger))
         if configuration.billingRolloverInterval > 0 {
             services.append(RolloverScheduler(billing: billing, interval: .seconds(configuration.billingRolloverInterval), logger: logger))
         }

@@ -8,6 +8,16 @@ public struct CapGateConfiguration: Sendable {
     /// `http.host` / `HTTP_HOST` (default `127.0.0.1`), `http.port` / `HTTP_PORT` (default `8080`; `0` picks a free port).
     public var host: String
     public var port: Int
+    /// `http.idleTimeout` / `HTTP_IDLE_TIMEOUT` (seconds, default `60`): a client connection with no
+    /// request in progress (or a request whose reading stalled) is closed after this much silence.
+    public var httpIdleTimeout: Double
+    /// `http.headerTimeout` / `HTTP_HEADER_TIMEOUT` (seconds, default `10`): once the first byte of a
+    /// request arrives, its whole head (request line and headers) must arrive within this, else the
+    /// connection is closed (a client sending its headers byte by byte cannot hold a connection).
+    public var httpHeaderTimeout: Double
+    /// `http.maxConnections` / `HTTP_MAX_CONNECTIONS` (default `10000`): the most client connections
+    /// open at once; past it, new connections wait in the listen backlog until one closes.
+    public var httpMaxConnections: Int
     /// `database.url` / `DATABASE_URL`: `postgres://user:password@host:port/db` (secret: holds a password).
     /// Unset under `capgate dev` means the embedded PostgreSQL.
     public var databaseURL: String?
@@ -20,6 +30,10 @@ public struct CapGateConfiguration: Sendable {
     /// with `synchronous_commit = off` (faster; a database crash may lose the last fraction of a
     /// second of counts).
     public var databaseDurability: String
+    /// `database.admissionQueueLimit` / `DATABASE_ADMISSION_QUEUE_LIMIT` (default `10000`): the most
+    /// calls waiting at once for an admission transaction; past it a call is answered 503 at once.
+    /// A queued call waits at most `database.timeout` from its arrival (503 after it).
+    public var databaseAdmissionQueueLimit: Int
     /// `upstream.url` / `UPSTREAM_URL`: the provider base URL.
     public var upstreamURL: String?
     /// `upstream.apiKey` / `UPSTREAM_API_KEY` (secret): sent upstream as `x-api-key`.
@@ -30,6 +44,9 @@ public struct CapGateConfiguration: Sendable {
     public var upstreamConnectTimeout: Double
     /// `upstream.idleTimeout` / `UPSTREAM_IDLE_TIMEOUT` (seconds, default `300`): longest silence while a body streams.
     public var upstreamIdleTimeout: Double
+    /// `upstream.maxConnections` / `UPSTREAM_MAX_CONNECTIONS` (default `512`): connections to the provider open at once;
+    /// further calls wait for one, within `upstream.timeout`.
+    public var upstreamMaxConnections: Int
     /// `operator.token` / `OPERATOR_TOKEN` (secret): the operator's bearer token; unset disables the operator API.
     public var operatorToken: String?
     /// `jwt.secret` / `JWT_SECRET` (secret): HS256 shared secret.
@@ -38,10 +55,27 @@ public struct CapGateConfiguration: Sendable {
     public var jwtJWKSFile: String?
     /// `jwt.companyClaim` / `JWT_COMPANY_CLAIM` (default `company_id`): dotted claim path of the company id.
     public var jwtCompanyClaim: String
+    /// `jwt.audience` / `JWT_AUDIENCE` (default unset): when set, a token's `aud` (a string or an
+    /// array) must contain it, else 401.
+    public var jwtAudience: String?
+    /// `jwt.issuer` / `JWT_ISSUER` (default unset): when set, a token's `iss` must equal it, else 401.
+    public var jwtIssuer: String?
+    /// `jwt.leeway` / `JWT_LEEWAY` (seconds, default `60`, `0` for none): clock skew allowed when
+    /// checking a token's `exp` and `nbf`.
+    public var jwtLeeway: Int
     /// `proxy.prefix` / `PROXY_PREFIX` (default `/v1/`): paths forwarded upstream.
     public var proxyPrefix: String
     /// `proxy.maxBodyBytes` / `PROXY_MAX_BODY_BYTES` (default `33554432`, 32 MiB): request body limit (413 above).
     public var proxyMaxBodyBytes: Int
+    /// `proxy.idempotencyMaxBytes` / `PROXY_IDEMPOTENCY_MAX_BYTES` (default `1048576`, 1 MiB, at most 64 MiB):
+    /// the largest answer kept for retries with the same `Idempotency-Key`; a larger one is not
+    /// kept and such a retry gets 409.
+    public var proxyIdempotencyMaxBytes: Int
+    /// `proxy.bodyBudgetBytes` / `PROXY_BODY_BUDGET_BYTES` (default `268435456`, 256 MiB): the most bytes
+    /// of request bodies being read at once, all calls together (a declared `Content-Length` is
+    /// reserved whole when reading starts); a body that would exceed it is answered 503
+    /// `overloaded_error`, nothing charged or forwarded. Keep it at least `proxy.maxBodyBytes`.
+    public var proxyBodyBudgetBytes: Int
     /// `billing.rolloverInterval` / `BILLING_ROLLOVER_INTERVAL` (seconds, default `0` = off).
     public var billingRolloverInterval: Int
     /// `log.level` / `LOG_LEVEL` (default `info`).
@@ -49,10 +83,12 @@ public struct CapGateConfiguration: Sendable {
 
     /// Every key CapGate reads, with its environment variable (used by docs and `--help`).
     public static let keys: [String] = [
-        "http.host", "http.port", "database.url", "database.maxConnections", "database.timeout", "database.durability",
+        "http.host", "http.port", "http.idleTimeout", "http.headerTimeout", "http.maxConnections",
+        "database.url", "database.maxConnections", "database.timeout", "database.durability", "database.admissionQueueLimit",
         "upstream.url", "upstream.apiKey", "upstream.timeout", "upstream.connectTimeout",
-        "upstream.idleTimeout", "operator.token", "jwt.secret", "jwt.jwksFile", "jwt.companyClaim",
-        "proxy.prefix", "proxy.maxBodyBytes", "billing.rolloverInterval", "log.level",
+        "upstream.idleTimeout", "upstream.maxConnections", "operator.token", "jwt.secret", "jwt.jwksFile", "jwt.companyClaim",
+        "jwt.audience", "jwt.issuer", "jwt.leeway",
+        "proxy.prefix", "proxy.maxBodyBytes", "proxy.idempotencyMaxBytes", "proxy.bodyBudgetBytes", "billing.rolloverInterval", "log.level",
     ]
     static let secretKeys: Set<String> = ["database.url", "upstream.apiKey", "operator.token", "jwt.secret"]
 
@@ -66,9 +102,13 @@ public struct CapGateConfiguration: Sendable {
     public init(reader: ConfigReader) throws {
         host = reader.string(forKey: "http.host", default: "127.0.0.1")
         port = try Self.int(reader, "http.port", default: 8080, range: 0...65535)
+        httpIdleTimeout = try Self.double(reader, "http.idleTimeout", default: 60)
+        httpHeaderTimeout = try Self.double(reader, "http.headerTimeout", default: 10)
+        httpMaxConnections = try Self.int(reader, "http.maxConnections", default: 10_000, range: 1...1_000_000)
         databaseURL = Self.nonEmpty(reader.string(forKey: "database.url", isSecret: true))
         databaseMaxConnections = try Self.int(reader, "database.maxConnections", default: 20, range: 1...1000)
         databaseTimeout = try Self.double(reader, "database.timeout", default: 5)
+        databaseAdmissionQueueLimit = try Self.int(reader, "database.admissionQueueLimit", default: 10_000, range: 1...10_000_000)
         databaseDurability = reader.string(forKey: "database.durability", default: "durable")
         guard ["durable", "relaxed"].contains(databaseDurability) else {
             throw ConfigurationError(key: "database.durability", problem: "must be 'durable' or 'relaxed'")
@@ -78,12 +118,18 @@ public struct CapGateConfiguration: Sendable {
         upstreamTimeout = try Self.double(reader, "upstream.timeout", default: 600)
         upstreamConnectTimeout = try Self.double(reader, "upstream.connectTimeout", default: 10)
         upstreamIdleTimeout = try Self.double(reader, "upstream.idleTimeout", default: 300)
+        upstreamMaxConnections = try Self.int(reader, "upstream.maxConnections", default: 512, range: 1...100_000)
         operatorToken = Self.nonEmpty(reader.string(forKey: "operator.token", isSecret: true))
         jwtSecret = Self.nonEmpty(reader.string(forKey: "jwt.secret", isSecret: true))
         jwtJWKSFile = Self.nonEmpty(reader.string(forKey: "jwt.jwksFile"))
         jwtCompanyClaim = reader.string(forKey: "jwt.companyClaim", default: "company_id")
+        jwtAudience = Self.nonEmpty(reader.string(forKey: "jwt.audience"))
+        jwtIssuer = Self.nonEmpty(reader.string(forKey: "jwt.issuer"))
+        jwtLeeway = try Self.int(reader, "jwt.leeway", default: 60, range: 0...3600)
         proxyPrefix = reader.string(forKey: "proxy.prefix", default: "/v1/")
         proxyMaxBodyBytes = try Self.int(reader, "proxy.maxBodyBytes", default: 32 << 20, range: 1...(1 << 34))
+        proxyIdempotencyMaxBytes = try Self.int(reader, "proxy.idempotencyMaxBytes", default: 1 << 20, range: 0...(64 << 20))
+        proxyBodyBudgetBytes = try Self.int(reader, "proxy.bodyBudgetBytes", default: 256 << 20, range: 1...(1 << 40))
         billingRolloverInterval = try Self.int(reader, "billing.rolloverInterval", default: 0, range: 0...(86400 * 366))
         logLevel = reader.string(forKey: "log.level", default: "info")
 

@@ -25,15 +25,35 @@ struct GatewayMiddleware: RouterMiddleware {
         GatewayMetrics.inflight(1)
         defer { GatewayMetrics.inflight(-1) }
 
-        let path = request.uri.path
-        let trimmed = path.count > 1 && path.hasSuffix("/") ? String(path.dropLast()) : path
-        // CapGate's own routes are never forwarded, whatever the prefix (even `/`).
-        let proxied = path.hasPrefix(prefix) && !ownPaths.contains(trimmed) && !trimmed.hasPrefix("/admin/")
+        var request = request
+        var path = request.uri.path
+        var proxied = false
         var response: Response
         do {
+            // Dot segments are resolved before anything is decided: the prefix and own-route
+            // checks and the upstream request all see the resolved path (a path that leaves the
+            // prefix that way is 400).
+            let target = try ForwardTarget(path: path, query: request.uri.query, prefix: prefix)
+            path = target.path
+            let trimmed = path.count > 1 && path.hasSuffix("/") ? String(path.dropLast()) : path
+            // CapGate's own routes are never forwarded, whatever the prefix (even `/`).
+            proxied = target.isUnder(prefix) && !ownPaths.contains(trimmed) && trimmed != "/admin" && !trimmed.hasPrefix("/admin/")
             if proxied {
+                try target.checkForwardable()
+                // What goes upstream (and into the ledger and the idempotency fingerprint) is the
+                // resolved path with the original query, in origin form.
+                if request.head.path != target.target {
+                    var head = request.head
+                    head.path = target.target
+                    request = Request(head: head, body: request.body)
+                }
                 response = try await proxy.handle(request, context: context)
             } else {
+                // The router matched (or missed) the path as sent, before this middleware ran.
+                if target.changed {
+                    throw GatewayError.invalidRequest(
+                        "CapGate's own routes take paths without dot segments ('.', '..'); send \(path) instead.")
+                }
                 response = try await next(request, context)
             }
         } catch let error as HTTPError where error.status == .notFound && !proxied {
@@ -56,12 +76,13 @@ struct GatewayMiddleware: RouterMiddleware {
 
         let values = context.record.snapshot
         let decision = values.decision ?? (response.status.code < 400 ? "none" : "rejected")
-        let route = proxied ? Self.routeLabel(path) : (values.routeLabel ?? Self.routeLabel(path))
+        let route = values.routeLabel ?? Self.routeLabel(path: path, proxied: proxied, endpoint: context.endpointPath)
         GatewayMetrics.request(route: route, status: Int(response.status.code), decision: decision)
         if context.logger.logLevel <= .info {
             var metadata: Logger.Metadata = [
                 "method": .string(request.method.rawValue),
                 "route": .string(route),
+                "path": .string(String(path.prefix(200))),
                 "status": .stringConvertible(response.status.code),
                 "decision": .string(decision),
                 "latency_ms": .string(Self.millis(ContinuousClock.now - started)),
@@ -146,12 +167,13 @@ struct GatewayMiddleware: RouterMiddleware {
         }
     }
 
-    /// A bounded-cardinality label for a path: segments that look like ids become `:id`.
-    static func routeLabel(_ path: String) -> String {
-        let segments = path.split(separator: "/", omittingEmptySubsequences: false).prefix(8).map { segment -> Substring in
-            if segment.count >= 8 && segment.contains(where: \.isNumber) { return ":id" }
-            return segment.count > 40 ? ":long" : segment
-        }
-        return segments.joined(separator: "/")
+    /// The `route` label of metrics and logs, from CapGate's route table and never the raw
+    /// path (SPEC §7): the matched route pattern of CapGate's own routes (such as
+    /// `/admin/v1/companies/{id}/usage`), one of a fixed set of provider routes or `proxied` for a
+    /// forwarded call, and `unmatched` for anything no route matched.
+    static func routeLabel(path: String, proxied: Bool, endpoint: String?) -> String {
+        if proxied { return ProviderRoutes.label(for: path) }
+        guard let endpoint, endpoint != "NotFound", !endpoint.isEmpty else { return ProviderRoutes.unmatched }
+        return endpoint.hasPrefix("/") ? endpoint : "/" + endpoint
     }
 }

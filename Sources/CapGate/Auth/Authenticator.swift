@@ -8,17 +8,21 @@ import PostgresNIO
 ///
 /// Order (SPEC §2): `x-api-key`, then `Authorization: Bearer` holding the operator token, a
 /// CapGate key or a JWT (HS256 with `jwt.secret`, RS256/ES256 from `jwt.jwksFile`; `exp`
-/// required, `sub` = user id, company id from `jwt.companyClaim`).
+/// required, `sub` = user id, company id from `jwt.companyClaim`; `aud`, `iss` and the clock
+/// leeway per ``JWTClaimRules``).
 public struct Authenticator: Sendable {
     let database: Database
     let operatorToken: String?
     let jwtKeys: JWTKeyCollection?
     let companyClaim: String
+    /// `exp`/`nbf` with leeway, and `aud`/`iss` when configured.
+    let claimRules: JWTClaimRules
 
     public init(database: Database, configuration: CapGateConfiguration) async throws {
         self.database = database
         self.operatorToken = configuration.operatorToken
         self.companyClaim = configuration.jwtCompanyClaim
+        self.claimRules = JWTClaimRules(configuration: configuration)
         if configuration.jwtSecret != nil || configuration.jwtJWKSFile != nil {
             let keys = JWTKeyCollection()
             if let secret = configuration.jwtSecret {
@@ -114,11 +118,10 @@ public struct Authenticator: Sendable {
         let payload: ClaimsPayload
         do {
             payload = try await jwtKeys.verify(token, as: ClaimsPayload.self, iteratingKeys: true)
-        } catch let error as JWTError where error.errorType == .claimVerificationFailure {
-            throw GatewayError.authentication("The token has expired or has no exp claim. Sign in again.")
         } catch {
             throw GatewayError.authentication("The token's signature or format is not valid.")
         }
+        try claimRules.check(payload.claims)
         guard let sub = payload.claims["sub"]?.stringValue, let userID = UUID(uuidString: sub) else {
             throw GatewayError.authentication("The token's sub claim must be the user's UUID.")
         }
@@ -158,15 +161,9 @@ struct ClaimsPayload: JWTPayload {
         try claims.encode(to: encoder)
     }
 
-    func verify(using algorithm: some JWTAlgorithm) async throws {
-        guard let exp = claims["exp"]?.doubleValue else {
-            throw JWTError.claimVerificationFailure(failedClaim: nil, reason: "exp is required")
-        }
-        try ExpirationClaim(value: Date(timeIntervalSince1970: exp)).verifyNotExpired()
-        if let nbf = claims["nbf"]?.doubleValue {
-            try NotBeforeClaim(value: Date(timeIntervalSince1970: nbf)).verifyNotBefore()
-        }
-    }
+    /// Nothing here: the claims are checked after the signature by ``JWTClaimRules``, which
+    /// knows the configured audience, issuer and leeway.
+    func verify(using algorithm: some JWTAlgorithm) async throws {}
 }
 
 extension HTTPField.Name {

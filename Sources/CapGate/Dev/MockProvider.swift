@@ -19,6 +19,8 @@ import Synchronization
 public struct MockProvider: Sendable {
     /// Requests received, for tests that check nothing was forwarded.
     public let counter = RequestCounter()
+    /// Requests answered 2xx: what a gateway in front must have charged (the ledger invariant).
+    public let served = RequestCounter()
 
     public init() {}
 
@@ -42,8 +44,10 @@ public struct MockProvider: Sendable {
     ) -> some ApplicationProtocol {
         let router = Router()
         let counter = self.counter
+        let served = self.served
         router.get("/v1/models") { _, _ -> Response in
             counter.increment()
+            served.increment()
             return Self.json(Self.models)
         }
         router.get("/__mock/requests") { _, _ -> Response in
@@ -67,6 +71,7 @@ public struct MockProvider: Sendable {
                     status: .init(code: status)
                 )
             }
+            served.increment()
             let inputTokens = Int64(max(1, body.readableBytes / 4))
             if let bytes = headers[Self.bytesField].flatMap(Int.init) {
                 return Self.bulk(bytes: bytes)
@@ -83,6 +88,7 @@ public struct MockProvider: Sendable {
             for path in ["/**", "/v1/**"] {
                 router.on(RouterPath(path), method: method) { request, context -> Response in
                     counter.increment()
+                    served.increment()
                     _ = try await request.body.collect(upTo: 64 << 20)
                     let names = request.headers.map { JSON.string($0.name.canonicalName) }
                     let apiKey = request.headers[HTTPField.Name("x-api-key")!]

@@ -12,11 +12,14 @@ public struct AdmissionRequest: Sendable {
     public var feature: String?
     public var requestID: String
     public var idempotencyKey: String?
+    /// SHA-256 of the request the `Idempotency-Key` is bound to (``IdempotencyKey/fingerprint``).
+    public var fingerprint: ByteBuffer?
     public var at: Date
 
     public init(
         companyID: UUID, userID: UUID, units: Int = 1, method: String, route: String, model: String? = nil,
-        feature: String? = nil, requestID: String, idempotencyKey: String? = nil, at: Date = Date()
+        feature: String? = nil, requestID: String, idempotencyKey: String? = nil, fingerprint: ByteBuffer? = nil,
+        at: Date = Date()
     ) {
         self.companyID = companyID
         self.userID = userID
@@ -27,6 +30,7 @@ public struct AdmissionRequest: Sendable {
         self.feature = feature
         self.requestID = requestID
         self.idempotencyKey = idempotencyKey
+        self.fingerprint = fingerprint
         self.at = at
     }
 }
@@ -36,20 +40,37 @@ public struct Admission: Sendable {
     public enum Decision: String, Sendable {
         /// Charged now; `ledgerID` is the new ledger row.
         case charged
-        /// A retry of an `Idempotency-Key` already charged this period: forwarded, not charged.
-        case replayed
         case companyCap = "company_cap"
         case userCap = "user_cap"
         case noActivePlan = "no_active_plan"
         case unknownUser = "unknown_user"
+        /// The `Idempotency-Key`'s attempt succeeded before: its stored answer is returned.
+        case idempotencyReplay = "idempotency_replay"
+        /// The `Idempotency-Key`'s first attempt is still in flight (409).
+        case idempotencyInFlight = "idempotency_in_flight"
+        /// The `Idempotency-Key`'s attempt succeeded with an answer too large to keep (409).
+        case idempotencyNotKept = "idempotency_not_kept"
+        /// The `Idempotency-Key` was used for another request (422).
+        case idempotencyMismatch = "idempotency_mismatch"
 
-        public var admitted: Bool { self == .charged || self == .replayed }
+        /// Charged: the call may be forwarded.
+        public var admitted: Bool { self == .charged }
     }
 
     public var decision: Decision
     public var ledgerID: Int64?
     public var periodID: Int64?
     public var state: UsageState
+    /// The stored answer of an ``Decision/idempotencyReplay``.
+    public var answer: StoredAnswer?
+}
+
+/// An answer kept for retries with the same `Idempotency-Key`: status, content type and body
+/// (a stream's bytes as they were sent).
+public struct StoredAnswer: Sendable {
+    public var status: Int
+    public var contentType: String?
+    public var body: ByteBuffer
 }
 
 /// One call queued for batched admission: an API key's hash (the key is checked inside the
@@ -78,6 +99,8 @@ public struct AdmissionRow: Sendable {
     var companyCap: Int64?
     var userUsed: Int64?
     var userCap: Int64?
+    /// The stored answer, for `idempotency_replay`.
+    var answer: StoredAnswer? = nil
 }
 
 /// The provider's status and token counts for a charge that stands, queued for writing.

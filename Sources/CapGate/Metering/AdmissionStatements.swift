@@ -46,6 +46,54 @@ extension AdmissionRow {
     }
 }
 
+/// `capgate_admit_idempotent`: a call with an `Idempotency-Key` (never batched): the API key
+/// (or a verified token's company and user), the key's claim and the admission, one call.
+struct AdmitIdempotentStatement: PostgresPreparedStatement {
+    static let sql = """
+        SELECT auth, company_id, user_id, role, decision, ledger_id, period_id, plan_id, plan_name, period_start,
+               period_end, company_used, company_cap, user_used, user_cap, answer_status, answer_type, answer_body
+          FROM capgate_admit_idempotent($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+        """
+    typealias Row = AdmissionRow
+
+    var keyHash: ByteBuffer?
+    var request: AdmissionRequest
+    var relaxed: Bool
+
+    func makeBindings() throws -> PostgresBindings {
+        var bindings = PostgresBindings(capacity: 13)
+        bindings.append(keyHash)
+        bindings.append(keyHash == nil ? request.companyID : nil)
+        bindings.append(keyHash == nil ? request.userID : nil)
+        bindings.append(Int32(clamping: request.units))
+        bindings.append(request.method)
+        bindings.append(request.route)
+        bindings.append(request.model)
+        bindings.append(request.feature)
+        bindings.append(request.requestID)
+        bindings.append(request.idempotencyKey)
+        bindings.append(request.fingerprint)
+        bindings.append(request.at)
+        bindings.append(relaxed)
+        return bindings
+    }
+
+    func decodeRow(_ row: PostgresRow) throws -> AdmissionRow {
+        let c = try row.decode(
+            (
+                String, UUID?, UUID?, String?, String?, Int64?, Int64?, String?, String?, Date?, Date?, Int64?, Int64?, Int64?,
+                Int64?, Int32?, String?, ByteBuffer?
+            ).self)
+        var admission = AdmissionRow(
+            auth: c.0, companyID: c.1, userID: c.2, role: c.3, decision: c.4, ledgerID: c.5, periodID: c.6, plan: c.7,
+            planName: c.8, start: c.9, end: c.10, companyUsed: c.11, companyCap: c.12, userUsed: c.13, userCap: c.14)
+        if let status = c.15 {
+            admission.answer = StoredAnswer(status: Int(status), contentType: c.16, body: c.17 ?? ByteBuffer())
+        }
+        return admission
+    }
+}
+
 /// `capgate_admit` / `capgate_admit_relaxed` for a verified token's company and user, one call.
 protocol AdmitUserStatement: PostgresPreparedStatement where Row == AdmissionRow {
     var request: AdmissionRequest { get }

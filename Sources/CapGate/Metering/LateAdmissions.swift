@@ -15,11 +15,10 @@ import PostgresNIO
 ///   search waits until `database.timeout` has passed since the statement was sent: the gateway's
 ///   connections carry it as `statement_timeout`, so by then the statement has ended either way.
 ///
-/// A call of such an admission that replayed a charge (a retry with the same `Idempotency-Key`)
-/// is an attempt at that charge that failed: it is reported as such, so the charge is given back
-/// only if every other attempt at it fails too (`capgate_refund`, migration 0009).
+/// A call of such an admission with an `Idempotency-Key` had its key marked failed by the same
+/// refund (`capgate_refund`), so a retry is a new attempt.
 struct LateAdmissions: Sendable {
-    /// A charge one of these calls made or replayed, and that call's request id.
+    /// A charge one of these calls made, and that call's request id.
     typealias Charge = (company: UUID, ledger: Int64, requestID: String)
 
     let items: [AdmissionItem]
@@ -95,10 +94,9 @@ struct LateAdmissions: Sendable {
         }
     }
 
-    /// The charges these calls made or replayed, if the transaction committed: ledger rows with
-    /// the calls' request ids, and replays recorded under them, within their companies (a key's
-    /// company, or a token's), from the earliest call's time on (a ledger row's `created_at` is
-    /// its call's time).
+    /// The charges these calls made, if the transaction committed: ledger rows with the calls'
+    /// request ids within their companies (a key's company, or a token's), from the earliest
+    /// call's time on (a ledger row's `created_at` is its call's time).
     func findCharges() async throws -> [Charge] {
         let hashes = items.compactMap(\.keyHash)
         let companies = items.compactMap { $0.keyHash == nil ? $0.request.companyID : nil }
@@ -112,10 +110,6 @@ struct LateAdmissions: Sendable {
                 SELECT l.company_id, l.id, l.request_id FROM usage_ledger l
                  WHERE l.company_id IN (SELECT company_id FROM c)
                    AND l.created_at >= \(since) AND l.request_id = ANY(\(ids)) AND l.outcome = 'charged'
-                UNION ALL
-                SELECT a.company_id, a.ledger_id, a.request_id FROM usage_ledger_attempts a
-                 WHERE a.company_id IN (SELECT company_id FROM c)
-                   AND a.request_id = ANY(\(ids)) AND NOT a.failed
                 """,
                 logger: database.logger
             )

@@ -20,11 +20,6 @@ public struct MeteringStore: Sendable {
     let relaxed: Bool
     let admissions: BatchQueue<AdmissionItem, AdmissionRow>
     let settlements: BatchQueue<Settlement, Void>
-    /// Settlements of replays (a retry with the same Idempotency-Key that succeeded), one per
-    /// transaction: the charge may also be settled by its first attempt in another gateway's
-    /// batch, and a transaction that locks a single ledger row can never wait in a cycle with
-    /// one (every other ledger row is settled by exactly one call).
-    let replaySettlements: BatchQueue<Settlement, Void>
 
     /// The most calls one admission transaction takes; more wait for the next one.
     public static let maxBatch = 256
@@ -34,16 +29,12 @@ public struct MeteringStore: Sendable {
     /// of token counts (the ledger rows then show `settled_at` NULL).
     public static let settlementGather = Duration.milliseconds(50)
 
-    public init(database: Database, relaxed: Bool = false) {
+    /// - Parameter admissionQueueLimit: `database.admissionQueueLimit` (see `MeteringStore+Overload.swift`).
+    public init(database: Database, relaxed: Bool = false, admissionQueueLimit: Int = Self.defaultAdmissionQueueLimit) {
         self.database = database
         self.relaxed = relaxed
-        self.admissions = BatchQueue(maxBatch: Self.maxBatch) { items in
-            await Self.admitBatch(items, database: database, relaxed: relaxed)
-        }
+        self.admissions = Self.admissionQueue(database: database, relaxed: relaxed, queueLimit: admissionQueueLimit)
         self.settlements = BatchQueue(maxBatch: Self.maxBatch * 4, gather: Self.settlementGather) { items in
-            await Self.settleBatch(items, database: database)
-        }
-        self.replaySettlements = BatchQueue(maxBatch: 1) { items in
             await Self.settleBatch(items, database: database)
         }
     }
@@ -56,7 +47,7 @@ public struct MeteringStore: Sendable {
 
     /// Admits a call whose company and user come from a verified token: exact under any concurrency.
     public func admit(_ r: AdmissionRequest) async throws -> Admission {
-        let row = try await admissions.submit(AdmissionItem(keyHash: nil, request: r))
+        let row = try await admissionRow(AdmissionItem(keyHash: nil, request: r))
         guard let decisionText = row.decision, let decision = Admission.Decision(rawValue: decisionText) else {
             throw DatabaseError.other("capgate_admit_batch returned no decision")
         }
@@ -66,7 +57,7 @@ public struct MeteringStore: Sendable {
     /// Authenticates an API key (by its SHA-256) and admits for its user in the same transaction.
     /// Throws the 401 when the key is unknown, revoked or its user disabled.
     public func admit(key: String, _ r: AdmissionRequest) async throws -> (UserIdentity, Admission) {
-        let row = try await admissions.submit(AdmissionItem(keyHash: ApiKeyGenerator.hash(key), request: r))
+        let row = try await admissionRow(AdmissionItem(keyHash: ApiKeyGenerator.hash(key), request: r))
         guard row.auth == "ok", let company = row.companyID, let user = row.userID, let decisionText = row.decision,
             let decision = Admission.Decision(rawValue: decisionText)
         else {
@@ -75,6 +66,20 @@ public struct MeteringStore: Sendable {
         let identity = UserIdentity(
             companyID: company, userID: user, role: UserIdentity.Role(rawValue: row.role ?? "") ?? .member, credential: .apiKey)
         return (identity, try await complete(decision: decision, row: row))
+    }
+
+    /// A call with an `Idempotency-Key` runs its own transaction (`capgate_admit_idempotent`:
+    /// the key is claimed before any counter is locked); every other call joins the next batch.
+    func admissionRow(_ item: AdmissionItem) async throws -> AdmissionRow {
+        guard item.request.idempotencyKey != nil else { return try await admissions.submit(item) }
+        let relaxed = self.relaxed
+        let rows = try await Self.runAdmission([item], database: database) { client in
+            try await client.execute(
+                AdmitIdempotentStatement(keyHash: item.keyHash, request: item.request, relaxed: relaxed), logger: database.logger
+            ).collect()
+        }
+        guard rows.count == 1 else { throw DatabaseError.other("the admission returned \(rows.count) rows") }
+        return rows[0]
     }
 
     /// Runs one admission transaction for `items`. One call that PostgreSQL rejects (say, a NUL
@@ -158,14 +163,14 @@ public struct MeteringStore: Sendable {
             periodStart: row.start, periodEnd: row.end,
             companyUsed: row.companyUsed ?? 0, companyLimit: row.companyCap, userUsed: row.userUsed ?? 0, userLimit: row.userCap
         )
-        if !decision.admitted {
+        if decision == .companyCap || decision == .userCap || decision == .noActivePlan {
             state.upgrade = try await upgrade(from: state.plan?.id)
             if decision == .noActivePlan {
                 state.companyUsed = 0
                 state.userUsed = 0
             }
         }
-        return Admission(decision: decision, ledgerID: row.ledgerID, periodID: row.periodID, state: state)
+        return Admission(decision: decision, ledgerID: row.ledgerID, periodID: row.periodID, state: state, answer: row.answer)
     }
 
     /// Reports that the attempt `requestID` at a charge failed (`capgate_refund`): the charge is
@@ -193,28 +198,22 @@ public struct MeteringStore: Sendable {
     /// Records the upstream status and token counts on a charge that stands. Queued, not
     /// awaited: the charge itself was committed by the admission; these informational columns
     /// are written in batches (`capgate_settle_batch`) while the caller moves on.
-    /// A `replay` (the charge was made by an earlier attempt with the same Idempotency-Key) is
-    /// written in a transaction of its own.
-    public func settle(
-        companyID: UUID, ledgerID: Int64, upstreamStatus: Int, inputTokens: Int64?, outputTokens: Int64?, replay: Bool = false
-    ) {
+    public func settle(companyID: UUID, ledgerID: Int64, upstreamStatus: Int, inputTokens: Int64?, outputTokens: Int64?) {
         let settlement = Settlement(
             companyID: companyID, ledgerID: ledgerID, status: Int32(clamping: upstreamStatus), inputTokens: inputTokens,
             outputTokens: outputTokens)
-        (replay ? replaySettlements : settlements).enqueue(settlement)
+        settlements.enqueue(settlement)
     }
 
     /// Returns once every settlement queued so far is written: a ledger read after it sees the
     /// provider status and token counts of every call this gateway answered before.
     public func settledSoFar() async {
         await settlements.processedSoFar()
-        await replaySettlements.processedSoFar()
     }
 
     /// Waits until every queued settlement is written (graceful shutdown, tests).
     public func flush() async {
         await settlements.flush()
-        await replaySettlements.flush()
     }
 
     static func settleBatch(_ items: [Settlement], database: Database) async -> [Result<Void, any Error>] {

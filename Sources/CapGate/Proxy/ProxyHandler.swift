@@ -7,9 +7,13 @@ import NIOHTTP1
 
 /// Forwards a client call to the provider after admitting it, and settles the charge after.
 ///
-/// 1. authenticate (company and user only from the verified credential);
+/// 1. authenticate (company and user only from the verified credential) before a byte of the
+///    body is read: an API key is looked up (``KnownKeys``), a JWT verified;
 /// 2. read the body up to `proxy.maxBodyBytes` (413 above, before anything is charged);
-/// 3. admit in one PostgreSQL transaction (402 over a cap, 503 when the database is away);
+/// 3. admit in one PostgreSQL transaction (402 over a cap, 503 when the database is away); a
+///    call with an `Idempotency-Key` claims the key in the same transaction: a retry gets the
+///    kept answer (nothing forwarded or charged), 409 while the first attempt is in flight, 422
+///    for another request under the same key;
 /// 4. forward with the provider key, client credentials and hop-by-hop headers removed;
 /// 5. 2xx: the charge stands and the body streams back while token counts are captured and
 ///    then written to the ledger row, from inside the body writer (it runs after the handler
@@ -18,13 +22,23 @@ public struct ProxyHandler: Sendable {
     let authenticator: Authenticator
     let metering: MeteringStore
     let upstream: UpstreamClient
+    let knownKeys: KnownKeys
     let maxBodyBytes: Int
+    /// `proxy.bodyBudgetBytes`: bounds the bytes of all request bodies being read at once.
+    var bodyBudget = BodyBudget(limit: 256 << 20)
+    /// `proxy.idempotencyMaxBytes`: the largest answer kept for `Idempotency-Key` retries.
+    let idempotencyMaxBytes: Int
 
-    public init(authenticator: Authenticator, metering: MeteringStore, upstream: UpstreamClient, maxBodyBytes: Int) {
+    public init(
+        authenticator: Authenticator, metering: MeteringStore, upstream: UpstreamClient, knownKeys: KnownKeys, maxBodyBytes: Int,
+        idempotencyMaxBytes: Int
+    ) {
         self.authenticator = authenticator
         self.metering = metering
         self.upstream = upstream
+        self.knownKeys = knownKeys
         self.maxBodyBytes = maxBodyBytes
+        self.idempotencyMaxBytes = idempotencyMaxBytes
     }
 
     /// Headers never forwarded upstream: hop-by-hop fields, the client's credentials, and the
@@ -34,39 +48,53 @@ public struct ProxyHandler: Sendable {
         "proxy-authenticate", "proxy-connection", "host", "content-length", "x-api-key", "authorization",
         "accept-encoding", "expect", "x-capgate-company", "x-company-id", "cookie",
     ]
-    /// Headers of the provider's answer not passed back.
+    /// Headers of the provider's answer not passed back (also those its `Connection` header
+    /// names, and every `anthropic-organization-*`: see ``forwardsResponseHeader(_:connectionOptions:)``).
     static let droppedResponseHeaders: Set<String> = [
         "connection", "keep-alive", "transfer-encoding", "te", "upgrade", "trailer", "proxy-authenticate",
-        "proxy-connection", "content-length", "request-id", "ratelimit", "ratelimit-policy",
+        "proxy-connection", "content-length", "request-id", "ratelimit", "ratelimit-policy", "anthropic-organization-id",
     ]
 
     public func handle(_ request: Request, context: GatewayContext) async throws -> Response {
         let logger = context.logger
         let record = context.record
+        // The credential first: nothing of the body is read for a caller who is not one.
+        let apiKey = authenticator.apiKey(in: request.headers)
+        var verified: UserIdentity?
+        if let apiKey {
+            try await knownKeys.check(apiKey)
+        } else {
+            guard case .user(let identity) = try await authenticator.authenticate(request.headers) else {
+                throw GatewayError.permission("The operator token cannot make metered calls; use a user's CapGate API key.")
+            }
+            verified = identity
+        }
+        let idempotencyKey = try IdempotencyKey.key(in: request.headers)
         let body = try await readBody(request)
         let path = request.uri.path
         let model = Self.model(in: body, contentType: request.headers[.contentType])
-        let idempotencyKey = request.headers[.idempotencyKey].flatMap { $0.isEmpty ? nil : Self.ledgerText($0, limit: 200) }
         var admissionRequest = AdmissionRequest(
             companyID: .zero, userID: .zero, units: 1, method: request.method.rawValue, route: Self.ledgerText(path, limit: 500),
-            model: model, requestID: record.snapshot.requestID, idempotencyKey: idempotencyKey
+            model: model, requestID: record.snapshot.requestID, idempotencyKey: idempotencyKey,
+            fingerprint: idempotencyKey.map { _ in
+                IdempotencyKey.fingerprint(method: request.method.rawValue, target: request.head.path ?? path, body: body)
+            }
         )
 
         let admissionStart = ContinuousClock.now
         let user: UserIdentity
         let admission: Admission
-        if let key = authenticator.apiKey(in: request.headers) {
-            // Key lookup and admission in one round trip.
-            (user, admission) = try await metering.admit(key: key, admissionRequest)
-        } else {
-            let identity = try await authenticator.authenticate(request.headers)
-            guard case .user(let verified) = identity else {
-                throw GatewayError.permission("The operator token cannot make metered calls; use a user's CapGate API key.")
-            }
+        if let verified {
             user = verified
             admissionRequest.companyID = verified.companyID
             admissionRequest.userID = verified.userID
             admission = try await metering.admit(admissionRequest)
+        } else if let apiKey {
+            // The key is checked again inside the admission transaction (a revocation since the
+            // check above applies), in the same round trip.
+            (user, admission) = try await metering.admit(key: apiKey, admissionRequest)
+        } else {
+            preconditionFailure("a call is authenticated by an API key or a verified token")
         }
         record.update {
             $0.companyID = user.companyID
@@ -80,38 +108,43 @@ public struct ProxyHandler: Sendable {
         }
 
         switch admission.decision {
-        case .charged, .replayed:
+        case .charged:
             break
-        case .companyCap:
+        case .companyCap, .userCap:
+            let scope = admission.decision == .companyCap ? "company" : "user"
+            var headers = admission.state.rateLimitHeaders()
+            headers[.retryAfter] = Self.retryAfter(admission.state)
             throw GatewayError(
-                .init(code: 402), "usage_cap_exceeded",
-                Self.capMessage(scope: "company", state: admission.state),
-                usage: admission.state.json(scope: "company"), headers: admission.state.rateLimitHeaders()
-            )
-        case .userCap:
-            throw GatewayError(
-                .init(code: 402), "usage_cap_exceeded",
-                Self.capMessage(scope: "user", state: admission.state),
-                usage: admission.state.json(scope: "user"), headers: admission.state.rateLimitHeaders()
+                .init(code: 402), "usage_cap_exceeded", Self.capMessage(scope: scope, state: admission.state),
+                usage: admission.state.json(scope: scope), headers: headers
             )
         case .noActivePlan:
+            var headers = HTTPFields()
+            headers[.retryAfter] = Self.retryAfter(admission.state)
             throw GatewayError(
                 .init(code: 402), "no_active_plan",
                 "Your company has no active plan right now. Ask your administrator to choose a plan.",
-                usage: admission.state.json(scope: "company")
+                usage: admission.state.json(scope: "company"), headers: headers
             )
         case .unknownUser:
             throw GatewayError.authentication("This user is unknown or disabled in its company.")
+        case .idempotencyReplay:
+            guard let answer = admission.answer else { throw DatabaseError.other("a replay without its answer") }
+            record.update { $0.decision = "replayed" }
+            return IdempotencyKey.replay(answer)
+        case .idempotencyInFlight, .idempotencyNotKept, .idempotencyMismatch:
+            throw IdempotencyKey.refusal(admission.decision, maxKeptBytes: idempotencyMaxBytes)
+                ?? DatabaseError.other("an idempotency decision without an answer")
         }
-        // The charge this attempt answers for: its own, or the one it replays (a retry with the same
-        // Idempotency-Key). A failure gives it back only once every attempt at it failed.
         let charge = admission.ledgerID
-        let replay = admission.decision == .replayed
         let requestID = admissionRequest.requestID
+        // With an Idempotency-Key the answer is kept for retries (up to proxy.idempotencyMaxBytes).
+        let keeper = idempotencyKey.map { AnswerKeeper(metering: self.metering, user: user, key: $0, requestID: requestID, logger: logger) }
 
         var outboundHeaders = HTTPHeaders()
         outboundHeaders.reserveCapacity(request.headers.count + 2)
-        for field in request.headers where !Self.droppedRequestHeaders.contains(field.name.canonicalName) {
+        let requestOptions = Self.connectionOptions(request.headers[values: .connection])
+        for field in request.headers where Self.forwardsRequestHeader(field.name.canonicalName, connectionOptions: requestOptions) {
             outboundHeaders.add(name: field.name.rawName, value: field.value)
         }
         outboundHeaders.add(name: "accept-encoding", value: "identity")
@@ -150,7 +183,9 @@ public struct ProxyHandler: Sendable {
 
         var headers = HTTPFields()
         headers.reserveCapacity(response.head.headers.count + 3)
-        for (name, value) in response.head.headers where !Self.droppedResponseHeaders.contains(name.lowercased()) {
+        let responseOptions = Self.connectionOptions(response.head.headers["connection"])
+        for (name, value) in response.head.headers
+        where Self.forwardsResponseHeader(name.lowercased(), connectionOptions: responseOptions) {
             if let fieldName = HTTPField.Name(name) { headers.append(HTTPField(name: fieldName, value: value)) }
         }
         headers.append(contentsOf: admission.state.rateLimitHeaders())
@@ -196,25 +231,43 @@ public struct ProxyHandler: Sendable {
             if let charge {
                 metering.settle(
                     companyID: user.companyID, ledgerID: charge, upstreamStatus: status,
-                    inputTokens: capture.inputTokens, outputTokens: capture.outputTokens, replay: replay
+                    inputTokens: capture.inputTokens, outputTokens: capture.outputTokens
                 )
             }
+            await keeper?.keep(
+                status: status, contentType: contentType,
+                body: failure == nil && whole.readableBytes <= idempotencyMaxBytes ? whole : nil)
             return Response(status: .init(code: status), headers: headers, body: Self.body(whole, failure: failure, length: contentLength))
         }
         guard case .stream(let stream) = response.body else { preconditionFailure("a body is whole or a stream") }
+        let maxKept = idempotencyMaxBytes
         return Response(
             status: .init(code: status),
             headers: headers,
             body: ResponseBody(contentLength: contentLength) { writer in
                 var failure: (any Error)?
+                var upstreamBroke = false
                 var capture = UsageCapture(contentType: contentType)
+                var recorder = keeper.map { _ in AnswerRecorder(limit: maxKept) }
                 do {
                     for try await chunk in stream {
                         capture.feed(chunk)
-                        try await writer.write(chunk)
+                        recorder?.record(chunk)
+                        guard failure == nil else {
+                            // The client left: read on only while the answer is being kept for a retry.
+                            if recorder?.bytes == nil { break }
+                            continue
+                        }
+                        do {
+                            try await writer.write(chunk)
+                        } catch {
+                            failure = error
+                            if recorder?.bytes == nil { break }
+                        }
                     }
                 } catch {
-                    failure = error
+                    failure = failure ?? error
+                    upstreamBroke = true
                 }
                 capture.finish()
                 // The charge stands once the provider answered 2xx, even if the client left. Queued
@@ -222,9 +275,11 @@ public struct ProxyHandler: Sendable {
                 if let charge {
                     metering.settle(
                         companyID: user.companyID, ledgerID: charge, upstreamStatus: status,
-                        inputTokens: capture.inputTokens, outputTokens: capture.outputTokens, replay: replay
+                        inputTokens: capture.inputTokens, outputTokens: capture.outputTokens
                     )
                 }
+                // Kept before the answer's last byte goes out: a retry sent after it finds it.
+                await keeper?.keep(status: status, contentType: contentType, body: upstreamBroke ? nil : recorder?.bytes)
                 if let failure { throw failure }
                 try await writer.finish(nil)
             }
@@ -241,18 +296,40 @@ public struct ProxyHandler: Sendable {
         }
     }
 
+    /// The whole body, up to `proxy.maxBodyBytes` (413 above), within the body budget shared by all
+    /// calls (503 `overloaded_error` when it is spent): a declared `Content-Length` is reserved
+    /// before a byte is read, a chunked body as its chunks arrive; all of it is released when the
+    /// read ends.
     func readBody(_ request: Request) async throws -> ByteBuffer {
-        if let declared = request.headers[.contentLength].flatMap(Int.init), declared > maxBodyBytes {
+        let declared = request.headers[.contentLength].flatMap(Int.init)
+        if let declared, declared > maxBodyBytes {
             throw GatewayError.tooLarge(limit: maxBodyBytes)
         }
-        do {
-            return try await request.body.collect(upTo: maxBodyBytes)
-        } catch let error as HTTPError where error.status == .contentTooLarge {
-            throw GatewayError.tooLarge(limit: maxBodyBytes)
-        } catch let error as NIOTooManyBytesError {
-            _ = error
-            throw GatewayError.tooLarge(limit: maxBodyBytes)
+        var reserved = 0
+        defer { bodyBudget.release(reserved) }
+        func reserve(upTo total: Int) throws {
+            guard total > reserved else { return }
+            guard bodyBudget.reserve(total - reserved) else {
+                throw GatewayError.overloaded(
+                    "The gateway is reading as many request bodies as it can hold right now, so the call was not forwarded. Try again shortly."
+                )
+            }
+            reserved = total
         }
+        try reserve(upTo: declared ?? 0)
+        // The first chunk is the buffer the rest is added to (a body in one chunk is not copied).
+        var body = ByteBuffer()
+        for try await chunk in request.body {
+            let total = body.readableBytes + chunk.readableBytes
+            guard total <= maxBodyBytes else { throw GatewayError.tooLarge(limit: maxBodyBytes) }
+            try reserve(upTo: total)
+            if body.readableBytes == 0 {
+                body = chunk
+            } else {
+                body.writeImmutableBuffer(chunk)
+            }
+        }
+        return body
     }
 
     /// Reports this attempt's failure before the caller is answered: the charge is given back
@@ -291,6 +368,13 @@ public struct ProxyHandler: Sendable {
         }
     }
 
+    /// `Retry-After` of a 402: whole seconds until the refusing window (the period) renews, at
+    /// least 1; with no period (no plan), an hour: nothing renews by itself then.
+    static func retryAfter(_ state: UsageState, now: Date = Date()) -> String {
+        guard let end = state.periodEnd else { return "3600" }
+        return String(max(1, Int(end.timeIntervalSince(now).rounded(.up))))
+    }
+
     static func refunded(_ state: UsageState) -> UsageState {
         var s = state
         s.companyUsed = max(0, s.companyUsed - 1)
@@ -298,10 +382,11 @@ public struct ProxyHandler: Sendable {
         return s
     }
 
-    /// The `model` field of a JSON body, for the ledger (nothing else of the body is read).
+    /// The `model` field of a JSON body, for the ledger (nothing else of the body is kept); the
+    /// last one when the body repeats it, as the provider reads it.
     static func model(in body: ByteBuffer, contentType: String?) -> String? {
         guard body.readableBytes > 0, contentType?.lowercased().contains("json") ?? true else { return nil }
-        guard let model = JSON.topLevelString("model", in: body) else { return nil }
+        guard let model = JSON.lastTopLevelString("model", in: body) else { return nil }
         return ledgerText(model, limit: 200)
     }
 

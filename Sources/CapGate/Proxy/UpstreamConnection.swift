@@ -5,10 +5,12 @@ import NIOHTTP1
 final class ConnectionPool {
     private var idle: [UpstreamConnection] = []
     private let maxIdle: Int
+    private let limiter: ConnectionLimiter
     private(set) var isShutdown = false
 
-    init(maxIdle: Int) {
+    init(maxIdle: Int, limiter: ConnectionLimiter) {
         self.maxIdle = maxIdle
+        self.limiter = limiter
     }
 
     /// The most recently used idle connection, closing those unused for longer than `keepIdle`.
@@ -21,12 +23,22 @@ final class ConnectionPool {
         return nil
     }
 
+    /// Keeps a connection whose answer ended; closes it instead when calls wait for a slot under
+    /// `upstream.maxConnections` (its slot goes to the first of them).
     func release(_ connection: UpstreamConnection) {
-        guard !isShutdown, idle.count < maxIdle else {
+        guard !isShutdown, idle.count < maxIdle, !limiter.hasWaiters else {
             connection.close()
             return
         }
         idle.append(connection)
+    }
+
+    /// Closes the least recently used idle connection, freeing its slot for a call waiting on
+    /// another loop; false when there is none.
+    func closeOneIdle() -> Bool {
+        guard !idle.isEmpty else { return false }
+        idle.removeFirst().close()
+        return true
     }
 
     func remove(_ connection: UpstreamConnection) {
@@ -78,6 +90,15 @@ final class UpstreamConnection: ChannelDuplexHandler {
     private let pool: ConnectionPool
     private let settings: UpstreamClient.Settings
     private var state = State.idle
+    /// This connection's place under `upstream.maxConnections`, given back when it closes.
+    private var slot: ConnectionSlot?
+    private var isInactive = false
+    /// The request is being written (inside ``send(_:onUnsent:)``): a write that fails now failed
+    /// in the first write system call, before any byte of the request left.
+    private var writing = false
+    private var unsent = false
+    /// Where a request that never left this (pooled) connection is sent again, once.
+    private var onUnsent: ((UpstreamRequest) -> Void)?
     private var context: ChannelHandlerContext?
     private var timer: Scheduled<Void>?
     private var lastRead = NIODeadline.now()
@@ -104,28 +125,62 @@ final class UpstreamConnection: ChannelDuplexHandler {
 
     func handlerRemoved(context: ChannelHandlerContext) {
         self.context = nil
+        slot?.release()
+        slot = nil
     }
 
-    func send(_ request: UpstreamRequest) {
+    /// No request in flight: anything the provider sends now is out of turn.
+    var isIdle: Bool {
+        if case .idle = state { return true }
+        return false
+    }
+
+    /// Takes the slot this connection was dialled with; a connection already closed gives it back.
+    func adopt(_ slot: ConnectionSlot) {
+        if isInactive || context == nil {
+            slot.release()
+        } else {
+            self.slot = slot
+        }
+    }
+
+    /// Sends `request`. `onUnsent` (for a connection taken from the pool) gets the request back
+    /// when the connection turns out to be closed before any byte of it left: found closed, or
+    /// the first write failed at once. Once bytes may have left, a failure fails the call.
+    func send(_ request: UpstreamRequest, onUnsent: ((UpstreamRequest) -> Void)? = nil) {
         guard let context, case .idle = state, context.channel.isActive else {
-            request.promise.fail(UpstreamError.closed)
+            state = .closed
+            context?.close(promise: nil)
+            if let onUnsent { onUnsent(request) } else { request.promise.fail(UpstreamError.closed) }
             return
         }
         exchange += 1
         keepAlive = true
         requestSent = false
+        unsent = false
+        self.onUnsent = onUnsent
         state = .waitingForHead(request)
-        context.write(wrapOutboundOut(.head(request.head)), promise: nil)
+        let current = exchange
+        writing = true
+        let headWritten = context.eventLoop.makePromise(of: Void.self)
+        headWritten.futureResult.assumeIsolated().whenComplete { [self] result in
+            guard exchange == current else { return }
+            switch result {
+            case .success: self.onUnsent = nil
+            case .failure: if writing { unsent = true }
+            }
+        }
+        context.write(wrapOutboundOut(.head(request.head)), promise: headWritten)
         if let body = request.body, body.readableBytes > 0 {
             context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
         }
         let sent = context.eventLoop.makePromise(of: Void.self)
-        let current = exchange
         sent.futureResult.assumeIsolated().whenSuccess { [self] in
             if exchange == current { requestSent = true }
         }
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: sent)
-        arm(at: request.deadline)
+        writing = false
+        if case .waitingForHead = state { arm(at: request.deadline) }
     }
 
     func close() {
@@ -137,10 +192,19 @@ final class UpstreamConnection: ChannelDuplexHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch unwrapInboundIn(data) {
         case .head(let head):
+            if case .idle = state {
+                // An answer nobody asked for: the connection is out of step.
+                close()
+                return
+            }
             guard case .waitingForHead(let request) = state else { return }
             // An informational answer (100 Continue and the like) is not the answer.
             if head.status.code < 200 && head.status != .switchingProtocols { return }
-            keepAlive = head.isKeepAlive
+            onUnsent = nil
+            // After 101 the bytes are another protocol's; a CONNECT's 2xx makes a tunnel.
+            keepAlive =
+                head.isKeepAlive && head.status != .switchingProtocols
+                && !(request.head.method == .CONNECT && (200..<300).contains(head.status.code))
             lastRead = .now()
             arm(at: lastRead + settings.idleTimeout)
             let length = head.headers.first(name: "content-length").flatMap(Int.init)
@@ -163,7 +227,9 @@ final class UpstreamConnection: ChannelDuplexHandler {
                 state = .gathering(request, head, whole)
             case .streaming(let source):
                 if source.yield(chunk) == .stopProducing { readPaused = true }
-            case .idle, .waitingForHead, .closed:
+            case .idle:
+                close()
+            case .waitingForHead, .closed:
                 break
             }
         case .end:
@@ -172,7 +238,10 @@ final class UpstreamConnection: ChannelDuplexHandler {
                 request.promise.succeed(UpstreamResponse(head: head, body: .whole(whole, failure: nil)))
             case .streaming(let source):
                 source.finish()
-            case .idle, .waitingForHead, .closed:
+            case .idle:
+                close()
+                return
+            case .waitingForHead, .closed:
                 return
             }
             answerEnded(context: context)
@@ -229,10 +298,15 @@ final class UpstreamConnection: ChannelDuplexHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        isInactive = true
         timer?.cancel()
         timer = nil
-        fail(.closed)
         pool.remove(self)
+        // The slot first, so that a call sent again can have it.
+        slot?.release()
+        slot = nil
+        if writing { unsent = true }
+        fail(.closed)
         context.fireChannelInactive()
     }
 
@@ -241,6 +315,12 @@ final class UpstreamConnection: ChannelDuplexHandler {
         state = .closed
         switch previous {
         case .waitingForHead(let request):
+            if unsent, error == .closed, let onUnsent {
+                // Nothing of it left: the provider never saw this request.
+                self.onUnsent = nil
+                onUnsent(request)
+                return
+            }
             request.promise.fail(error)
         case .gathering(let request, let head, let whole):
             // What arrived is passed on; the caller sees why it ended early.

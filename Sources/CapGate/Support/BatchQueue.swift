@@ -10,21 +10,46 @@ import Synchronization
 ///
 /// `process` receives the items in arrival order and returns one result per item, in the same
 /// order. At most one batch is in flight per queue.
+///
+/// Waits are bounded: a submitted item that has waited `waitLimit` since it arrived gives up
+/// (its caller gets ``BatchQueueRejection/waitedTooLong``) however long the queue, and is dropped
+/// from the queue; one that was already taken into a batch still in flight has that batch's
+/// result handed to `late` instead. At most `queueLimit` submitted items wait at once; past it a
+/// caller gets ``BatchQueueRejection/queueFull`` at once.
 public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
     public typealias Process = @Sendable ([Item]) async -> [Result<Output, any Error>]
+    /// Receives the result of an item whose caller had given up (``BatchQueueRejection/waitedTooLong``)
+    /// while its batch was in flight.
+    public typealias Late = @Sendable (Item, Result<Output, any Error>) -> Void
 
     private struct Entry: Sendable {
         let item: Item
-        /// nil for fire-and-forget items (``enqueue(_:)``).
-        let continuation: CheckedContinuation<Output, any Error>?
+        /// The key of its ``Waiter`` in `State.waiters`; 0 for fire-and-forget items (``enqueue(_:)``).
+        var id: UInt64 = 0
+    }
+
+    /// A caller of ``submit(_:)`` whose item queued. Whoever removes it from `State.waiters` (the
+    /// batch's result, or its wait limit) resumes it.
+    private struct Waiter: Sendable {
+        let continuation: CheckedContinuation<Output, any Error>
         /// The event loop the submitter ran on: its result is handed over there, so the caller
         /// continues on its own loop (with its own connections) instead of every caller of a
         /// batch continuing on the loop that ran the batch.
-        var loop: (any EventLoop)? = nil
+        let loop: (any EventLoop)?
+        /// The timer of its wait limit.
+        var timer: Scheduled<Void>? = nil
+        /// Taken into a batch (no longer counted against `queueLimit`).
+        var taken = false
     }
 
     private struct State: Sendable {
+        /// Items waiting for a batch, in arrival order; submitted items that gave up stay here
+        /// (their waiter gone) until the next batch skips them.
         var pending: [Entry] = []
+        var waiters: [UInt64: Waiter] = [:]
+        var lastID: UInt64 = 0
+        /// Submitted items in `pending` whose caller still waits.
+        var waiting = 0
         var running = false
         /// Waiting in ``flush()`` for the queue to empty.
         var idleWaiters: [CheckedContinuation<Void, Never>] = []
@@ -37,6 +62,8 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
         var batches = 0
         var items = 0
         var largest = 0
+        var expired = 0
+        var rejected = 0
     }
 
     /// Counts since start, for metrics and tests.
@@ -44,21 +71,46 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
         public var batches: Int
         public var items: Int
         public var largest: Int
+        /// Submitted items that gave up at the wait limit.
+        public var expired: Int
+        /// Submitted items refused because the queue was full.
+        public var rejected: Int
+        /// Submitted items waiting for a batch now.
+        public var waiting: Int
     }
 
     private let state = Mutex(State())
     private let maxBatch: Int
     private let gather: Duration
+    private let waitLimit: Duration?
+    private let queueLimit: Int
+    private let rejection: @Sendable (BatchQueueRejection) -> any Error
+    private let late: Late?
     private let process: Process
 
-    /// - Parameter gather: for fire-and-forget items (``enqueue(_:)``) only: how long an item
-    ///   arriving at an idle queue waits for company before its batch starts. Nobody waits on
-    ///   such items, so a short wait turns many small transactions into one. Items submitted
-    ///   with ``submit(_:)`` never wait for it.
-    public init(maxBatch: Int, gather: Duration = .zero, process: @escaping Process) {
-        precondition(maxBatch > 0)
+    /// - Parameters:
+    ///   - gather: for fire-and-forget items (``enqueue(_:)``) only: how long an item arriving
+    ///     at an idle queue waits for company before its batch starts. Nobody waits on such
+    ///     items, so a short wait turns many small transactions into one. Items submitted with
+    ///     ``submit(_:)`` never wait for it.
+    ///   - waitLimit: the longest a submitted item that queued waits, from its arrival, for its
+    ///     result; nil: no limit. (An item processed at once by its own caller is not queued:
+    ///     `process` must bound its own time.)
+    ///   - queueLimit: the most submitted items that wait for a batch at once.
+    ///   - rejection: the error a caller gets when its item gave up or was refused.
+    ///   - late: receives the result of an item that gave up while its batch was in flight.
+    public init(
+        maxBatch: Int, gather: Duration = .zero, waitLimit: Duration? = nil, queueLimit: Int = .max,
+        rejection: @escaping @Sendable (BatchQueueRejection) -> any Error = { $0 },
+        late: Late? = nil, process: @escaping Process
+    ) {
+        precondition(maxBatch > 0 && queueLimit > 0)
         self.maxBatch = maxBatch
         self.gather = gather
+        self.waitLimit = waitLimit
+        self.queueLimit = queueLimit
+        self.rejection = rejection
+        self.late = late
         self.process = process
     }
 
@@ -75,12 +127,7 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
             state.largest = max(state.largest, 1)
             return true
         }
-        guard leads else {
-            let loop = MultiThreadedEventLoopGroup.currentEventLoop
-            return try await withCheckedThrowingContinuation { continuation in
-                append(Entry(item: item, continuation: continuation, loop: loop))
-            }
-        }
+        guard leads else { return try await wait(for: item) }
         let result = await process([item]).first ?? .failure(BatchQueueError.missingResult)
         let (more, waiters) = state.withLock { state -> (Bool, [CheckedContinuation<Void, Never>]) in
             if !state.pending.isEmpty { return (true, []) }
@@ -97,7 +144,54 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
 
     /// Queues `item` without waiting for it.
     public func enqueue(_ item: Item) {
-        append(Entry(item: item, continuation: nil))
+        append(Entry(item: item))
+    }
+
+    /// Queues a submitted item (unless the queue is full) and waits for its result or its wait limit.
+    private func wait(for item: Item) async throws -> Output {
+        let loop = MultiThreadedEventLoopGroup.currentEventLoop
+        return try await withCheckedThrowingContinuation { continuation in
+            let (id, start) = state.withLock { state -> (UInt64?, Bool) in
+                guard state.waiting < queueLimit else {
+                    state.rejected += 1
+                    return (nil, false)
+                }
+                state.lastID += 1
+                let id = state.lastID
+                state.waiters[id] = Waiter(continuation: continuation, loop: loop)
+                state.waiting += 1
+                return (id, enqueueLocked(Entry(item: item, id: id), &state))
+            }
+            guard let id else {
+                continuation.resume(throwing: rejection(.queueFull))
+                return
+            }
+            if let waitLimit {
+                let timerLoop = loop ?? MultiThreadedEventLoopGroup.singleton.any()
+                let (seconds, attoseconds) = waitLimit.components
+                let timer = timerLoop.scheduleTask(in: .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)) {
+                    self.expire(id)
+                }
+                let armed = state.withLock { state -> Bool in
+                    guard state.waiters[id] != nil else { return false }
+                    state.waiters[id]?.timer = timer
+                    return true
+                }
+                if !armed { timer.cancel() }
+            }
+            if start { startDrain(gather: .zero) }
+        }
+    }
+
+    /// The wait limit of item `id` has passed: its caller gives up, unless it was answered.
+    private func expire(_ id: UInt64) {
+        let waiter = state.withLock { state -> Waiter? in
+            guard let waiter = state.waiters.removeValue(forKey: id) else { return nil }
+            if !waiter.taken { state.waiting -= 1 }
+            state.expired += 1
+            return waiter
+        }
+        waiter?.continuation.resume(throwing: rejection(.waitedTooLong))
     }
 
     /// Returns once every item queued before the call has been processed; items queued later do
@@ -127,71 +221,113 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
     }
 
     public var statistics: Statistics {
-        state.withLock { Statistics(batches: $0.batches, items: $0.items, largest: $0.largest) }
+        state.withLock {
+            Statistics(
+                batches: $0.batches, items: $0.items, largest: $0.largest, expired: $0.expired, rejected: $0.rejected,
+                waiting: $0.waiting)
+        }
     }
 
     private func append(_ entry: Entry) {
-        let start = state.withLock { state -> Bool in
-            state.pending.append(entry)
-            state.queued += 1
-            if state.running { return false }
-            state.running = true
-            return true
-        }
-        if start {
-            let gather = entry.continuation == nil ? self.gather : .zero
-            Task {
-                if gather > .zero { try? await Task.sleep(for: gather) }
-                await self.drain()
-            }
+        let start = state.withLock { enqueueLocked(entry, &$0) }
+        if start { startDrain(gather: gather) }
+    }
+
+    /// Appends `entry`; returns true when no batch is in flight and the caller must start one.
+    private func enqueueLocked(_ entry: Entry, _ state: inout State) -> Bool {
+        state.pending.append(entry)
+        state.queued += 1
+        if state.running { return false }
+        state.running = true
+        return true
+    }
+
+    private func startDrain(gather: Duration) {
+        Task {
+            if gather > .zero { try? await Task.sleep(for: gather) }
+            await self.drain()
         }
     }
 
     /// Processes batches until the queue is empty.
     private func drain() async {
         while true {
-            let (batch, waiters) = state.withLock { state -> ([Entry], [CheckedContinuation<Void, Never>]) in
-                if state.pending.isEmpty {
+            let (batch, scanned, idle) = state.withLock { state -> ([Entry], Int, [CheckedContinuation<Void, Never>]) in
+                // Up to maxBatch items, in arrival order; submitted items whose caller gave up are
+                // dropped (never processed).
+                var batch: [Entry] = []
+                batch.reserveCapacity(min(state.pending.count, maxBatch))
+                var scanned = 0
+                for entry in state.pending {
+                    if batch.count == maxBatch { break }
+                    scanned += 1
+                    if entry.id != 0 {
+                        guard state.waiters[entry.id] != nil else { continue }
+                        state.waiters[entry.id]?.taken = true
+                        state.waiting -= 1
+                    }
+                    batch.append(entry)
+                }
+                state.pending.removeFirst(scanned)
+                if batch.isEmpty {
+                    // Nothing left (a batch stops short of maxBatch only at the queue's end).
                     state.running = false
                     defer { state.idleWaiters = [] }
-                    return ([], state.idleWaiters)
+                    return ([], scanned, state.idleWaiters)
                 }
-                let count = min(state.pending.count, maxBatch)
-                let batch = Array(state.pending.prefix(count))
-                state.pending.removeFirst(count)
                 state.batches += 1
-                state.items += count
-                state.largest = max(state.largest, count)
-                return (batch, [])
+                state.items += batch.count
+                state.largest = max(state.largest, batch.count)
+                return (batch, scanned, [])
             }
             if batch.isEmpty {
-                for waiter in waiters { waiter.resume() }
+                for waiter in state.withLock({ Self.markProcessed(scanned, &$0) }) { waiter.resume() }
+                for waiter in idle { waiter.resume() }
                 return
             }
             let results = await process(batch.map(\.item))
-            let reached = state.withLock { state -> [CheckedContinuation<Void, Never>] in
-                state.processed += batch.count
-                guard !state.markWaiters.isEmpty else { return [] }
-                let processed = state.processed
-                let reached = state.markWaiters.filter { $0.mark <= processed }.map(\.continuation)
-                state.markWaiters.removeAll { $0.mark <= processed }
-                return reached
+            let (reached, answered) = state.withLock { state -> ([CheckedContinuation<Void, Never>], [Waiter?]) in
+                let answered = batch.map { entry in entry.id == 0 ? nil : state.waiters.removeValue(forKey: entry.id) }
+                return (Self.markProcessed(scanned, &state), answered)
             }
             for waiter in reached { waiter.resume() }
-            for (index, entry) in batch.enumerated() {
-                guard let continuation = entry.continuation else { continue }
+            for (index, entry) in batch.enumerated() where entry.id != 0 {
                 let result = index < results.count ? results[index] : .failure(BatchQueueError.missingResult)
-                if let loop = entry.loop, !loop.inEventLoop {
-                    loop.execute { continuation.resume(with: result) }
+                guard let waiter = answered[index] else {
+                    // Its caller gave up while the batch was in flight.
+                    late?(entry.item, result)
+                    continue
+                }
+                waiter.timer?.cancel()
+                if let loop = waiter.loop, !loop.inEventLoop {
+                    loop.execute { waiter.continuation.resume(with: result) }
                 } else {
-                    continuation.resume(with: result)
+                    waiter.continuation.resume(with: result)
                 }
             }
         }
+    }
+
+    /// Counts `count` more items as processed; returns the ``processedSoFar()`` waiters that reached their mark.
+    private static func markProcessed(_ count: Int, _ state: inout State) -> [CheckedContinuation<Void, Never>] {
+        state.processed += count
+        guard !state.markWaiters.isEmpty else { return [] }
+        let processed = state.processed
+        let reached = state.markWaiters.filter { $0.mark <= processed }.map(\.continuation)
+        state.markWaiters.removeAll { $0.mark <= processed }
+        return reached
     }
 }
 
 /// `process` returned fewer results than items (a bug in the processor).
 public struct BatchQueueError: Error {
     public static let missingResult = BatchQueueError()
+}
+
+/// Why ``BatchQueue/submit(_:)`` refused an item without processing it.
+public enum BatchQueueRejection: Error, Sendable {
+    /// The item waited the queue's wait limit since it arrived.
+    case waitedTooLong
+    /// As many items as the queue's limit were already waiting.
+    case queueFull
 }

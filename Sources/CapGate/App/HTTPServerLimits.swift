@@ -1,0 +1,152 @@
+import Hummingbird
+import HummingbirdCore
+import Logging
+import NIOCore
+import NIOHTTPTypes
+
+/// The gateway's HTTP/1.1 server with its time limits on clients:
+///
+/// - `http.idleTimeout`: Hummingbird's own idle timeout (`HTTP1Channel.Configuration.idleTimeout`):
+///   a connection with no request in progress, or whose request stopped arriving, is closed
+///   after that much silence (a connection opened and never used included). A request whose
+///   answer is being written (a long stream) is never cut by it.
+/// - `http.headerTimeout`: once the first byte of a request arrives, its head (request line and
+///   headers) must be complete within this time, else the connection is closed. The idle
+///   timeout alone would let a client that sends a byte every few seconds hold a connection
+///   forever; Hummingbird has no such limit, so ``HeaderDeadlineHandler`` (in front of the HTTP
+///   decoder, where the bytes arrive) and ``RequestHeadSignal`` (behind it, where the decoded head
+///   appears) add it.
+///
+/// The connection limit (`http.maxConnections`) is Hummingbird's `MaximumAvailableConnections`:
+/// at the limit the server stops accepting, so further connections wait in the listen backlog
+/// (the kernel's queue) until one closes.
+extension CapGateConfiguration {
+    /// The HTTP server with `http.idleTimeout` and `http.headerTimeout`.
+    var httpServer: HTTPServerBuilder {
+        .gateway(idleTimeout: .seconds(httpIdleTimeout), headerTimeout: .seconds(httpHeaderTimeout))
+    }
+
+    /// The listen address and `http.maxConnections`.
+    func serverConfiguration(logger: Logger) -> ApplicationConfiguration {
+        ApplicationConfiguration(
+            address: .hostname(host, port: port), serverName: nil,
+            availableConnectionsDelegate: MaximumAvailableConnections(httpMaxConnections, logger: logger)
+        )
+    }
+}
+
+extension HTTPServerBuilder {
+    static func gateway(idleTimeout: Duration, headerTimeout: Duration) -> HTTPServerBuilder {
+        HTTPServerBuilder { responder in
+            HeaderDeadlineChannel(
+                base: HTTP1Channel(
+                    responder: responder,
+                    configuration: .init(additionalChannelHandlers: [RequestHeadSignal()], idleTimeout: TimeAmount(idleTimeout))
+                ),
+                headerTimeout: TimeAmount(headerTimeout)
+            )
+        }
+    }
+}
+
+/// Hummingbird's HTTP/1 child channel with a ``HeaderDeadlineHandler`` in front of its pipeline.
+struct HeaderDeadlineChannel: ServerChildChannel {
+    let base: HTTP1Channel
+    let headerTimeout: TimeAmount
+
+    func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<HTTP1Channel.Value> {
+        do {
+            try channel.pipeline.syncOperations.addHandler(HeaderDeadlineHandler(timeout: headerTimeout))
+        } catch {
+            return channel.eventLoop.makeFailedFuture(error)
+        }
+        return base.setup(channel: channel, logger: logger)
+    }
+
+    func handle(value: HTTP1Channel.Value, logger: Logger) async {
+        await base.handle(value: value, logger: logger)
+    }
+}
+
+/// What ``RequestHeadSignal`` tells ``HeaderDeadlineHandler`` (an outbound user event travels
+/// from the decoded side of the pipeline to its front).
+enum RequestHeadEvent: Sendable {
+    /// A request's head was decoded.
+    case head
+    /// A request's last part was decoded: the next byte starts a new head.
+    case end
+}
+
+/// Sits first in the pipeline and sees the raw bytes: the first byte of a request's head arms a
+/// timer of `http.headerTimeout`, the decoded head (``RequestHeadEvent/head``) disarms it; a timer
+/// that fires closes the connection.
+final class HeaderDeadlineHandler: ChannelDuplexHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    let timeout: TimeAmount
+    /// True between requests: the next byte read starts a head.
+    private var awaitingHead = true
+    private var deadline: Scheduled<Void>?
+
+    init(timeout: TimeAmount) {
+        self.timeout = timeout
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if awaitingHead && deadline == nil && unwrapInboundIn(data).readableBytes > 0 {
+            let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
+            deadline = context.eventLoop.scheduleTask(in: timeout) {
+                loopBound.value.close(promise: nil)
+            }
+        }
+        context.fireChannelRead(data)
+    }
+
+    func triggerUserOutboundEvent(context: ChannelHandlerContext, event: Any, promise: EventLoopPromise<Void>?) {
+        guard let event = event as? RequestHeadEvent else {
+            context.triggerUserOutboundEvent(event, promise: promise)
+            return
+        }
+        switch event {
+        case .head:
+            awaitingHead = false
+            disarm()
+        case .end:
+            awaitingHead = true
+        }
+        promise?.succeed()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        disarm()
+        context.fireChannelInactive()
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        disarm()
+    }
+
+    private func disarm() {
+        deadline?.cancel()
+        deadline = nil
+    }
+}
+
+/// Sits behind the HTTP decoder and tells ``HeaderDeadlineHandler`` when a request's head, and
+/// its end, were decoded.
+final class RequestHeadSignal: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPRequestPart
+    typealias InboundOut = HTTPRequestPart
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .head: context.triggerUserOutboundEvent(RequestHeadEvent.head, promise: nil)
+        case .end: context.triggerUserOutboundEvent(RequestHeadEvent.end, promise: nil)
+        case .body: break
+        }
+        context.fireChannelRead(data)
+    }
+}

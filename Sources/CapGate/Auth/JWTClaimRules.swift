@@ -1,0 +1,57 @@
+import Foundation
+
+/// The registered claims a verified token must satisfy (its signature is checked first):
+/// `exp` is required and not past, `nbf` (if present) not in the future, both with
+/// `jwt.leeway` seconds of clock skew; `aud` must contain `jwt.audience` and `iss` must equal
+/// `jwt.issuer` when those are configured. A failure is a 401 that says which claim.
+struct JWTClaimRules: Sendable {
+    var audience: String?
+    var issuer: String?
+    var leeway: TimeInterval
+
+    init(audience: String? = nil, issuer: String? = nil, leeway: TimeInterval = 60) {
+        self.audience = audience
+        self.issuer = issuer
+        self.leeway = leeway
+    }
+
+    init(configuration: CapGateConfiguration) {
+        self.init(audience: configuration.jwtAudience, issuer: configuration.jwtIssuer, leeway: TimeInterval(configuration.jwtLeeway))
+    }
+
+    /// Throws a 401 ``GatewayError`` for the first claim that fails.
+    func check(_ claims: JSON, now: Date = Date()) throws(GatewayError) {
+        let time = now.timeIntervalSince1970
+        guard let exp = claims["exp"]?.doubleValue else {
+            throw GatewayError.authentication("The token has no exp claim; CapGate accepts only tokens that expire.")
+        }
+        if time >= exp + leeway {
+            throw GatewayError.authentication("The token has expired. Sign in again.")
+        }
+        if let nbf = claims["nbf"] {
+            guard let notBefore = nbf.doubleValue else {
+                throw GatewayError.authentication("The token's nbf claim must be a number of seconds.")
+            }
+            if time + leeway < notBefore {
+                throw GatewayError.authentication("The token is not valid yet (its nbf claim is in the future).")
+            }
+        }
+        if let issuer, claims["iss"]?.stringValue != issuer {
+            throw GatewayError.authentication(
+                "The token's issuer (iss) is not '\(issuer)', the issuer this gateway accepts. Use a token from that identity provider.")
+        }
+        if let audience {
+            let values: [String]
+            switch claims["aud"] {
+            case .string(let one)?: values = [one]
+            case .array(let many)?: values = many.compactMap(\.stringValue)
+            default: values = []
+            }
+            guard values.contains(audience) else {
+                throw GatewayError.authentication(
+                    "The token's audience (aud) does not include '\(audience)', the audience this gateway accepts. "
+                        + "Request a token for that audience.")
+            }
+        }
+    }
+}

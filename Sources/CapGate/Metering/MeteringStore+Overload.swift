@@ -1,0 +1,34 @@
+import Foundation
+
+/// Bounded waits for admission: a call queued behind the admission transaction in flight gives
+/// up at `database.timeout` from its arrival (503, fail closed), however long the queue, and at
+/// most `database.admissionQueueLimit` calls queue at once (503 at once past it).
+///
+/// A call that gave up is never left charged: while it is still queued it is dropped from the
+/// next batch; if its batch was already in flight and commits, its charge is given back
+/// (``LateAdmissions``), as for a batch that commits after its own deadline.
+extension MeteringStore {
+    /// The default of `database.admissionQueueLimit`.
+    public static let defaultAdmissionQueueLimit = 10_000
+
+    static func admissionQueue(database: Database, relaxed: Bool, queueLimit: Int) -> BatchQueue<AdmissionItem, AdmissionRow> {
+        BatchQueue(
+            maxBatch: maxBatch, waitLimit: database.timeout, queueLimit: queueLimit, rejection: overloaded,
+            late: { item, result in
+                LateAdmissions(items: [item], database: database).committedLate(result.map { [$0] })
+            },
+            process: { items in await admitBatch(items, database: database, relaxed: relaxed) }
+        )
+    }
+
+    @Sendable static func overloaded(_ rejection: BatchQueueRejection) -> any Error {
+        switch rejection {
+        case .waitedTooLong:
+            return GatewayError.overloaded(
+                "The usage database did not answer in time, so the call was not forwarded. Try again shortly.")
+        case .queueFull:
+            return GatewayError.overloaded(
+                "Too many calls are waiting for the usage database, so this one was not forwarded. Try again shortly.")
+        }
+    }
+}

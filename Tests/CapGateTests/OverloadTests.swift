@@ -1,0 +1,248 @@
+import CapGate
+import Foundation
+import NIOCore
+import Synchronization
+import Testing
+
+/// Bounded waits under overload (issue #17): a call queued for admission gives up at
+/// `database.timeout` from its arrival however long the queue, a full queue refuses at once, and
+/// the bytes of request bodies read at once stay within `proxy.bodyBudgetBytes`.
+@Suite("Overload", .timeLimit(.minutes(5)))
+struct OverloadTests {
+    // MARK: the admission queue
+
+    @Test("queued items give up at their wait limit, are never processed, and a full queue refuses at once")
+    func queueWaitLimit() async throws {
+        let processed = Mutex<[Int]>([])
+        let queue = BatchQueue<Int, Int>(maxBatch: 4, waitLimit: .milliseconds(300), queueLimit: 10) { items in
+            processed.withLock { $0 += items }
+            // The first batch stalls well past every queued item's limit.
+            if items.contains(0) { try? await Task.sleep(for: .seconds(1)) }
+            return items.map { .success($0) }
+        }
+        let leader = Task { try await queue.submit(0) }
+        for _ in 0..<200 where processed.withLock({ $0.isEmpty }) { try await Task.sleep(for: .milliseconds(5)) }
+
+        let outcomes = try await withThrowingTaskGroup(of: (Int, Duration, BatchQueueRejection?).self) { group in
+            for i in 1...10 {
+                group.addTask {
+                    let started = ContinuousClock.now
+                    do {
+                        _ = try await queue.submit(i)
+                        return (i, ContinuousClock.now - started, nil)
+                    } catch let rejection as BatchQueueRejection {
+                        return (i, ContinuousClock.now - started, rejection)
+                    }
+                }
+            }
+            // Ten wait (the limit): the eleventh is refused at once.
+            for _ in 0..<200 where queue.statistics.waiting < 10 {
+                try await Task.sleep(for: .milliseconds(5))
+            }
+            let started = ContinuousClock.now
+            await #expect(throws: BatchQueueRejection.queueFull) { try await queue.submit(11) }
+            #expect(ContinuousClock.now - started < .milliseconds(100))
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        for (_, waited, rejection) in outcomes {
+            #expect(rejection == .waitedTooLong)
+            #expect(waited < .milliseconds(300 + 250))
+        }
+        #expect(try await leader.value == 0)
+        await queue.flush()
+        // Nothing that gave up while queued was processed.
+        #expect(processed.withLock { $0 } == [0])
+        #expect(queue.statistics.expired == 10)
+        #expect(queue.statistics.rejected == 1)
+    }
+
+    @Test("an item that gave up while its batch was in flight has that batch's result handed to `late`")
+    func lateResults() async throws {
+        let late = Mutex<[Int]>([])
+        let queue = BatchQueue<Int, Int>(
+            maxBatch: 8, waitLimit: .milliseconds(300), late: { item, result in
+                if case .success = result { late.withLock { $0.append(item) } }
+            }
+        ) { items in
+            // The leader's batch takes 150 ms, the next one 600 ms: its items give up in flight.
+            try? await Task.sleep(for: items.contains(0) ? .milliseconds(150) : .milliseconds(600))
+            return items.map { .success($0) }
+        }
+        let leader = Task { try await queue.submit(0) }
+        try await Task.sleep(for: .milliseconds(30))
+        let started = ContinuousClock.now
+        let results = await withTaskGroup(of: Result<Int, any Error>.self) { group in
+            for i in 1...3 {
+                group.addTask {
+                    do { return .success(try await queue.submit(i)) } catch { return .failure(error) }
+                }
+            }
+            return await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(ContinuousClock.now - started < .milliseconds(300 + 200))
+        #expect(results.allSatisfy { if case .failure(let e) = $0 { (e as? BatchQueueRejection) == .waitedTooLong } else { false } })
+        #expect(try await leader.value == 0)
+        await queue.flush()
+        #expect(late.withLock { $0.sorted() } == [1, 2, 3])
+    }
+
+    // MARK: a stalled database with a long queue
+
+    @Test("stalled database, 3000 queued calls: each answered 503 by database.timeout + 1 s from its send; afterwards served == charged")
+    func stalledDatabaseLongQueue() async throws {
+        try await FailClosedTests.withOwnCluster { cluster in
+            let made = try await FailClosedTests.company(on: cluster.url, users: 2)
+            let settings = ["database.timeout": "2", "http.maxConnections": "5000"]
+            try await Harness.with(database: cluster.url, settings: settings) { h in
+                let port = try #require(Int(h.gatewayURL.split(separator: ":").last ?? ""))
+                let calls = 3000
+                // The connections first (not part of any call's time), a few hundred at a time.
+                var connections: [RawConnection] = []
+                for start in stride(from: 0, to: calls, by: 250) {
+                    connections += try await withThrowingTaskGroup(of: RawConnection.self) { group in
+                        for _ in start..<min(start + 250, calls) { group.addTask { try await RawConnection.open(port: port) } }
+                        return try await group.reduce(into: []) { $0.append($1) }
+                    }
+                }
+                defer { for connection in connections { connection.close() } }
+                // Both keys known to the gateway (their check before the body is remembered).
+                for user in made.users { #expect(try await FailClosedTests.firstSuccess(h, key: user.key, attempts: 10)) }
+                let served = h.mock.counter.count
+
+                let frozen = try ClusterFreeze(cluster)
+                let body = #"{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":"Hello"}]}"#
+                let sent = try await withThrowingTaskGroup(of: (Int, ContinuousClock.Instant).self) { group in
+                    for (i, connection) in connections.enumerated() {
+                        let key = made.users[i % 2].key
+                        group.addTask {
+                            let request =
+                                "POST /v1/messages HTTP/1.1\r\nhost: localhost\r\nx-api-key: \(key)\r\n"
+                                + "content-type: application/json\r\ncontent-length: \(body.utf8.count)\r\n\r\n\(body)"
+                            let at = ContinuousClock.now
+                            try await connection.send(request)
+                            return (i, at)
+                        }
+                    }
+                    return try await group.reduce(into: [ContinuousClock.Instant?](repeating: nil, count: calls)) { $0[$1.0] = $1.1 }
+                }
+                let answers = await withTaskGroup(of: (Int, RawConnection.Answer?).self) { group in
+                    for (i, connection) in connections.enumerated() {
+                        group.addTask { (i, await connection.answer(within: .seconds(30))) }
+                    }
+                    return await group.reduce(into: [RawConnection.Answer?](repeating: nil, count: calls)) { $0[$1.0] = $1.1 }
+                }
+                frozen.thaw()
+
+                let answered = answers.compactMap { $0 }
+                #expect(answered.count == calls)
+                #expect(answered.allSatisfy { $0.status == 503 })
+                #expect(answered.allSatisfy { $0.body.contains("overloaded_error") })
+                let waits = zip(sent, answers).compactMap { sent, answer -> Duration? in
+                    guard let sent, let answer else { return nil }
+                    return answer.at - sent
+                }
+                let slowest = waits.max() ?? .zero
+                let sorted = waits.sorted()
+                let sends = sent.compactMap { $0 }
+                let firstSend = sends.min()!, lastSend = sends.max()!
+                let arrivals = answered.map(\.at)
+                print("DIAG waits min \(sorted.first!) p50 \(sorted[sorted.count/2]) p99 \(sorted[sorted.count*99/100]) max \(slowest); sends span \(lastSend - firstSend); answers span \(arrivals.max()! - arrivals.min()!) first answer after first send \(arrivals.min()! - firstSend)")
+                #expect(slowest <= .seconds(3), "the slowest call was answered \(slowest) after its send")
+                #expect(h.mock.counter.count == served)
+
+                // The database back: the admissions that were in flight commit and are given back;
+                // every call the provider served is charged, and nothing else.
+                #expect(try await FailClosedTests.firstSuccess(h, key: made.users[0].key, attempts: 40))
+                let company = made.company.text
+                let charged = "SELECT count(*) FROM usage_ledger WHERE company_id = '\(company)' AND outcome = 'charged'"
+                let expected = Int64(h.mock.counter.count)
+                #expect(try await h.eventually(charged, equals: expected, within: .seconds(30)) == expected)
+                #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company)'") == expected)
+                #expect(try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger).isEmpty)
+            }
+        }
+    }
+
+    // MARK: the body budget
+
+    /// A Messages API body of exactly `size` bytes.
+    static func body(size: Int) -> String {
+        let frame = #"{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":""}]}"#
+        let padding = String(repeating: "x", count: size - frame.utf8.count)
+        return #"{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":"\#(padding)"}]}"#
+    }
+
+    static func head(key: String, length: Int? = nil, chunked: Bool = false) -> String {
+        var head = "POST /v1/messages HTTP/1.1\r\nhost: localhost\r\nx-api-key: \(key)\r\ncontent-type: application/json\r\n"
+        if let length { head += "content-length: \(length)\r\n" }
+        if chunked { head += "transfer-encoding: chunked\r\n" }
+        return head + "\r\n"
+    }
+
+    @Test("the bytes of bodies being read at once stay within proxy.bodyBudgetBytes: past it 503, nothing charged or forwarded")
+    func bodyBudget() async throws {
+        let settings = ["proxy.bodyBudgetBytes": "1000000", "proxy.maxBodyBytes": "900000"]
+        try await Harness.with(settings: settings) { h in
+            try await h.createPlan("low", company: 1000, user: 1000)
+            let made = try await h.createCompany(plan: "low", users: 1)
+            let key = made.users[0].key
+            let port = try #require(Int(h.gatewayURL.split(separator: ":").last ?? ""))
+            let served = h.mock.counter.count
+
+            // A 600 kB body arriving slowly holds 600 kB of the budget while it is read.
+            let big = Self.body(size: 600_000)
+            let slow = try await RawConnection.open(port: port)
+            defer { slow.close() }
+            try await slow.send(Self.head(key: key, length: big.utf8.count) + String(big.prefix(1000)))
+            try await Task.sleep(for: .milliseconds(300))
+
+            // Meanwhile another 600 kB body does not fit (declared length): 503 at once.
+            let second = try await RawConnection.open(port: port)
+            defer { second.close() }
+            try await second.send(Self.head(key: key, length: big.utf8.count))
+            let refused = try #require(await second.answer(within: .seconds(10)))
+            #expect(refused.status == 503)
+            #expect(refused.body.contains("overloaded_error"))
+
+            // Nor does a chunked one that grows past what is left (its second chunk).
+            let chunked = try await RawConnection.open(port: port)
+            defer { chunked.close() }
+            let part = String(big.prefix(300_000))
+            try await chunked.send(Self.head(key: key, chunked: true) + String(part.utf8.count, radix: 16) + "\r\n" + part + "\r\n")
+            try await chunked.send(String(part.utf8.count, radix: 16) + "\r\n" + part + "\r\n")
+            let refusedChunked = try #require(await chunked.answer(within: .seconds(10)))
+            #expect(refusedChunked.status == 503)
+            #expect(refusedChunked.body.contains("overloaded_error"))
+
+            // A small call still fits.
+            #expect(try await h.message(key: key).status == 200)
+
+            // The slow body completes and is served; then its share is free again.
+            try await slow.send(String(big.dropFirst(1000)))
+            let done = try #require(await slow.answer(within: .seconds(10)))
+            #expect(done.status == 200)
+            let again = try await h.request(
+                .POST, "/v1/messages", headers: [("x-api-key", key), ("content-type", "application/json")], body: Self.body(size: 850_000))
+            #expect(again.status == 200)
+
+            // Many large bodies at once: each is served or refused 503, never anything else, and
+            // every refused one was neither forwarded nor charged.
+            let replies = try await withThrowingTaskGroup(of: Harness.Reply.self) { group in
+                for _ in 0..<12 {
+                    group.addTask {
+                        try await h.request(
+                            .POST, "/v1/messages", headers: [("x-api-key", key), ("content-type", "application/json")],
+                            body: Self.body(size: 400_000))
+                    }
+                }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            #expect(replies.allSatisfy { $0.status == 200 || $0.status == 503 })
+            let ok = replies.filter { $0.status == 200 }.count
+            #expect(ok >= 2)
+            #expect(h.mock.counter.count == served + 3 + ok)
+            let charged = "SELECT count(*) FROM usage_ledger WHERE company_id = '\(made.company.text)' AND outcome = 'charged'"
+            #expect(try await h.eventually(charged, equals: Int64(3 + ok)) == Int64(3 + ok))
+        }
+    }
+}
