@@ -119,6 +119,7 @@ struct OverloadTests {
                                 "POST /v1/messages HTTP/1.1\r\nhost: localhost\r\nx-api-key: \(key)\r\n"
                                 + "content-type: application/json\r\ncontent-length: \(body.utf8.count)\r\n\r\n\(body)"
                             let at = ContinuousClock.now
+                            if i == 0 || i == calls - 1 { print("DIAGQ send \(i) at \(at)") }
                             try await connection.send(request)
                             return (i, at)
                         }

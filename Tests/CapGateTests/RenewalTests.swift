@@ -109,4 +109,22 @@ struct RenewalTests {
             #expect(try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger).isEmpty)
         }
     }
+
+    @Test("a usage read after the period ended shows the renewed period, as the next call would see it")
+    func usageReadRenews() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            var utc = Calendar(identifier: .gregorian)
+            utc.timeZone = TimeZone(identifier: "UTC")!
+            let start = utc.date(byAdding: .month, value: -1, to: Date().addingTimeInterval(0.5))!
+            let (company, users) = try await h.createCompany(plan: "low", users: 1, startedAt: Self.iso(start))
+            #expect(try await h.message(key: users[0].key).status == 200)
+            try await Task.sleep(for: .seconds(1))
+            let usage = try await h.request(.GET, "/v1/usage", headers: [("x-api-key", users[0].key)])
+            #expect(usage.status == 200)
+            #expect(usage.json["plan"]?["id"]?.stringValue == "low")
+            #expect(usage.json["company"]?["used"]?.intValue == 0)
+            #expect(try await h.scalar("SELECT count(*) FROM plan_periods WHERE company_id = '\(company.text)'") == 2)
+        }
+    }
 }

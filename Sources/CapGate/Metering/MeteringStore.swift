@@ -230,8 +230,39 @@ public struct MeteringStore: Sendable {
     }
 
     /// The usage state of a company (and one of its users) at `at`, without changing anything.
+    /// A company whose period has ended is moved into the next one first, as its next call
+    /// would be (SPEC §6), so a usage read never shows a gap the next call would not see.
     public func state(companyID: UUID, userID: UUID?, at: Date = Date()) async throws -> UsageState {
-        let row = try await database.run { client in
+        if let row = try await stateRow(companyID: companyID, userID: userID, at: at) {
+            return try await state(row, userID: userID)
+        }
+        try await database.run { client in
+            _ = try await client.query("SELECT capgate_roll_company(\(companyID), \(at))", logger: database.logger).collect()
+        }
+        guard let row = try await stateRow(companyID: companyID, userID: userID, at: at) else {
+            var state = UsageState(
+                plan: nil, periodStart: nil, periodEnd: nil, companyUsed: 0, companyLimit: nil, userUsed: userID == nil ? nil : 0,
+                userLimit: nil)
+            state.upgrade = try await upgrade(from: nil)
+            return state
+        }
+        return try await state(row, userID: userID)
+    }
+
+    typealias StateRow = (String, String, Date, Date, Int64, Int64?, Int64, Int64?)
+
+    func state(_ row: StateRow, userID: UUID?) async throws -> UsageState {
+        var state = UsageState(
+            plan: .init(id: row.0, name: row.1), periodStart: row.2, periodEnd: row.3,
+            companyUsed: row.4, companyLimit: row.5,
+            userUsed: userID == nil ? nil : row.6, userLimit: row.7
+        )
+        state.upgrade = try await upgrade(from: row.0)
+        return state
+    }
+
+    func stateRow(companyID: UUID, userID: UUID?, at: Date) async throws -> StateRow? {
+        try await database.run { client in
             let rows = try await client.query(
                 """
                 SELECT pp.plan_id, pl.name, pp.started_at, pp.ends_at,
@@ -245,25 +276,11 @@ public struct MeteringStore: Sendable {
                 """,
                 logger: database.logger
             )
-            for try await row in rows.decode((String, String, Date, Date, Int64, Int64?, Int64, Int64?).self) {
+            for try await row in rows.decode(StateRow.self) {
                 return Optional(row)
             }
             return nil
         }
-        guard let row else {
-            var state = UsageState(
-                plan: nil, periodStart: nil, periodEnd: nil, companyUsed: 0, companyLimit: nil, userUsed: userID == nil ? nil : 0,
-                userLimit: nil)
-            state.upgrade = try await upgrade(from: nil)
-            return state
-        }
-        var state = UsageState(
-            plan: .init(id: row.0, name: row.1), periodStart: row.2, periodEnd: row.3,
-            companyUsed: row.4, companyLimit: row.5,
-            userUsed: userID == nil ? nil : row.6, userLimit: row.7
-        )
-        state.upgrade = try await upgrade(from: row.0)
-        return state
     }
 
     /// The next active plan by sort order with a larger company or user cap (NULL = unlimited

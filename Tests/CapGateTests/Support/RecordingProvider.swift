@@ -10,7 +10,7 @@ import Synchronization
 /// Answers, by the path's last segment (query ignored), all keep-alive with `content-length`:
 /// - `close-on-read`: no answer, the connection is closed;
 /// - `slow`: 200 after 300 ms;
-/// - `stall`: a head declaring 1000 bytes, 10 of them, then silence;
+/// - `stall`: a head declaring 1 MB (so the answer streams), 10 bytes of it, then silence;
 /// - `idle-bytes`: 200, then 100 ms later (the connection idle) a whole unasked-for answer;
 /// - `headers`: 200 with `connection: keep-alive, x-secret-thing`, `x-secret-thing`, `x-kept`,
 ///   `anthropic-organization-id` and `anthropic-organization-name`;
@@ -167,7 +167,7 @@ final class RecordingProvider: Sendable {
                 holder.with { $0.inFlight.subtract(1, ordering: .relaxed) }
                 context.close(promise: nil)
             case "stall":
-                write("HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n0123456789", context: context)
+                write("HTTP/1.1 200 OK\r\ncontent-length: 1000000\r\n\r\n0123456789", context: context)
             case "slow":
                 loop.scheduleTask(in: .milliseconds(300)) { self.write(Self.response(), context: context) }
             case "idle-bytes":
