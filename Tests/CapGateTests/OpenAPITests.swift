@@ -13,7 +13,8 @@ struct OpenAPITests {
             doc = yaml.safe_load(open(sys.argv[1]))
             print(json.dumps(sorted(f"{m.upper()} {p}" for p, ops in doc["paths"].items() for m in ops if m in ("get","post","put","patch","delete"))))
             """
-        let (status, output) = try await SDKTests.run("python3", ["-c", script, SDKTests.root.appendingPathComponent("openapi.yaml").path])
+        let python = try await PythonTools.python()
+        let (status, output) = try await SDKTests.run(python, ["-c", script, SDKTests.root.appendingPathComponent("openapi.yaml").path])
         try #require(status == 0, "\(output)")
         let json = try JSON.parse(Array(output.utf8))
         return Set(json.arrayValue?.compactMap(\.stringValue) ?? [])
@@ -52,13 +53,12 @@ struct OpenAPITests {
     /// `to`, are documented and answered 400).
     @Test("schemathesis finds no 5xx, no answer outside the schema, no schema-invalid input accepted, 405 for other methods")
     func schemathesis() async throws {
-        let (installed, _) = try await SDKTests.run("python3", ["-c", "import schemathesis"])
-        try #require(installed == 0, "schemathesis is needed: python3 -m pip install schemathesis (.ci/run installs it)")
+        let python = try await PythonTools.python()
         try await Harness.with { h in
             try await h.createPlan("low", company: 100, user: 25, isDefault: true)
             _ = try await h.createCompany(plan: "low", users: 2, role: "admin")
             let (status, output) = try await SDKTests.run(
-                "python3",
+                python,
                 [
                     "-m", "schemathesis.cli", "run", SDKTests.root.appendingPathComponent("openapi.yaml").path,
                     "--url", h.gatewayURL, "--header", "Authorization: Bearer \(h.operatorToken)",

@@ -119,19 +119,19 @@ struct OverloadTests {
                                 "POST /v1/messages HTTP/1.1\r\nhost: localhost\r\nx-api-key: \(key)\r\n"
                                 + "content-type: application/json\r\ncontent-length: \(body.utf8.count)\r\n\r\n\(body)"
                             let at = ContinuousClock.now
-                            if i == 0 || i == calls - 1 { print("DIAGQ send \(i) at \(at)") }
                             try await connection.send(request)
                             return (i, at)
                         }
                     }
                     return try await group.reduce(into: [ContinuousClock.Instant?](repeating: nil, count: calls)) { $0[$1.0] = $1.1 }
                 }
-                let answers = await withTaskGroup(of: (Int, RawConnection.Answer?).self) { group in
-                    for (i, connection) in connections.enumerated() {
-                        group.addTask { (i, await connection.answer(within: .seconds(30))) }
-                    }
-                    return await group.reduce(into: [RawConnection.Answer?](repeating: nil, count: calls)) { $0[$1.0] = $1.1 }
+                // Each answer's time is taken as it arrives; the test only looks now and then.
+                let waitUntil = ContinuousClock.now + .seconds(30)
+                while connections.contains(where: { !$0.hasAnswer }) && ContinuousClock.now < waitUntil {
+                    try await Task.sleep(for: .milliseconds(100))
                 }
+                var answers: [RawConnection.Answer?] = []
+                for connection in connections { answers.append(await connection.answer(within: .zero)) }
                 frozen.thaw()
 
                 let answered = answers.compactMap { $0 }

@@ -34,13 +34,12 @@ struct SDKTests {
 
     @Test("the Anthropic Python SDK: a normal answer, a streamed answer, and APIStatusError 402 at the cap")
     func anthropicSDK() async throws {
-        let (hasSDK, _) = try await Self.run("python3", ["-c", "import anthropic"])
-        try #require(hasSDK == 0, "the official SDK is needed: python3 -m pip install anthropic (.ci/run installs it)")
+        let python = try await PythonTools.python()
         try await Harness.with { h in
             try await h.createPlan("low", company: 100, user: 3)
             let (_, users) = try await h.createCompany(plan: "low", users: 1)
             let (status, output) = try await Self.run(
-                "python3", [Self.root.appendingPathComponent("Tests/sdk/anthropic_sdk_check.py").path],
+                python, [Self.root.appendingPathComponent("Tests/sdk/anthropic_sdk_check.py").path],
                 environment: ["CAPGATE_URL": h.gatewayURL, "CAPGATE_KEY": users[0].key]
             )
             #expect(status == 0, "\(output)")

@@ -101,8 +101,8 @@ struct UpstreamStrictnessTests {
                 h,
                 "TRACE /v1/x HTTP/1.1\r\nhost: gw\r\nx-api-key: \(key)\r\ncontent-length: \(smuggled.utf8.count)\r\n"
                     + "connection: close\r\n\r\n" + smuggled)
-            // 400 once the proxy checks framing before admission; 502 (refunded) from the client's refusal until then.
-            #expect(reply.status == 400 || reply.status == 502, "\(reply.status) \(reply.body)")
+            // Refused before admission: 400, nothing charged, nothing sent.
+            #expect(reply.status == 400, "\(reply.status) \(reply.body)")
             #expect(reply.body.contains("\"type\":\"error\""))
             // Let anything that was sent arrive.
             try await Task.sleep(for: .milliseconds(200))

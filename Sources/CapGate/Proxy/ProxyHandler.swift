@@ -71,6 +71,8 @@ public struct ProxyHandler: Sendable {
         }
         let idempotencyKey = try IdempotencyKey.key(in: request.headers)
         let body = try await readBody(request)
+        // A request HTTP/1.1 cannot frame (TRACE with a body, CONNECT) is refused before it is charged.
+        try Self.checkFraming(method: request.method, bodyLength: body.readableBytes)
         let path = request.uri.path
         let model = Self.model(in: body, contentType: request.headers[.contentType])
         var admissionRequest = AdmissionRequest(

@@ -36,8 +36,6 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
         /// continues on its own loop (with its own connections) instead of every caller of a
         /// batch continuing on the loop that ran the batch.
         let loop: (any EventLoop)?
-        /// The timer of its wait limit.
-        var timer: Scheduled<Void>? = nil
         /// Taken into a batch (no longer counted against `queueLimit`).
         var taken = false
     }
@@ -168,17 +166,11 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
                 return
             }
             if let waitLimit {
+                // Never cancelled: when the item was answered first, it finds nothing to do. (NIO
+                // cancels a scheduled task by a linear search of the loop's timers, which a deep
+                // queue would pay once per call.)
                 let timerLoop = loop ?? MultiThreadedEventLoopGroup.singleton.any()
-                let (seconds, attoseconds) = waitLimit.components
-                let timer = timerLoop.scheduleTask(in: .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)) {
-                    self.expire(id)
-                }
-                let armed = state.withLock { state -> Bool in
-                    guard state.waiters[id] != nil else { return false }
-                    state.waiters[id]?.timer = timer
-                    return true
-                }
-                if !armed { timer.cancel() }
+                timerLoop.scheduleTask(in: TimeAmount(waitLimit)) { self.expire(id) }
             }
             if start { startDrain(gather: .zero) }
         }
@@ -299,7 +291,6 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
                     late?(entry.item, result)
                     continue
                 }
-                waiter.timer?.cancel()
                 if let loop = waiter.loop, !loop.inEventLoop {
                     loop.execute { waiter.continuation.resume(with: result) }
                 } else {

@@ -53,6 +53,9 @@ final class RawConnection: Sendable {
 
     var isClosed: Bool { sink.state.withLock { $0.closed } }
 
+    /// True when a complete answer is waiting to be taken.
+    var hasAnswer: Bool { sink.state.withLock { !$0.answers.isEmpty } }
+
     /// The next complete answer, or nil when the connection closed or `limit` passed first.
     func answer(within limit: Duration) async -> Answer? {
         let deadline = ContinuousClock.now + limit
