@@ -123,7 +123,9 @@ struct IdempotencyTests {
             #expect(again.headers.first(name: "idempotent-replayed") == "true")
             #expect(h.mock.counter.count == 2)
             #expect(try await Self.used(h, company) == 1)
-            #expect(try await h.text("SELECT string_agg(outcome, ',' ORDER BY id) FROM usage_ledger WHERE idempotency_key = 'f-1'") == "refunded,charged")
+            #expect(
+                try await h.text("SELECT string_agg(outcome, ',' ORDER BY id) FROM usage_ledger WHERE idempotency_key = 'f-1'")
+                    == "refunded,charged")
             // The provider was asked twice; the failure was refunded, the success stands.
             try await Self.expectInvariant(h)
         }

@@ -9,6 +9,34 @@ import Testing
 /// the bytes of request bodies read at once stay within `proxy.bodyBudgetBytes`.
 @Suite("Overload", .timeLimit(.minutes(5)))
 struct OverloadTests {
+    @Test("the overload keys: defaults, environment variables, bad values named")
+    func configurationKeys() async throws {
+        let defaults = try await CapGateConfiguration.load(environment: [:], file: "/nonexistent/capgate.json")
+        #expect(defaults.databaseAdmissionQueueLimit == 10_000)
+        #expect(defaults.proxyBodyBudgetBytes == 256 << 20)
+        #expect(defaults.httpIdleTimeout == 60)
+        #expect(defaults.httpHeaderTimeout == 10)
+        #expect(defaults.httpMaxConnections == 10_000)
+        let set = try await CapGateConfiguration.load(
+            environment: [
+                "DATABASE_ADMISSION_QUEUE_LIMIT": "50", "PROXY_BODY_BUDGET_BYTES": "1000", "HTTP_IDLE_TIMEOUT": "2.5",
+                "HTTP_HEADER_TIMEOUT": "3", "HTTP_MAX_CONNECTIONS": "7",
+            ], file: "/nonexistent/capgate.json")
+        #expect(set.databaseAdmissionQueueLimit == 50)
+        #expect(set.proxyBodyBudgetBytes == 1000)
+        #expect(set.httpIdleTimeout == 2.5)
+        #expect(set.httpHeaderTimeout == 3)
+        #expect(set.httpMaxConnections == 7)
+        for key in ["database.admissionQueueLimit", "proxy.bodyBudgetBytes", "http.idleTimeout", "http.headerTimeout", "http.maxConnections"] {
+            #expect(CapGateConfiguration.keys.contains(key))
+        }
+        for (variable, value) in [("HTTP_MAX_CONNECTIONS", "0"), ("HTTP_HEADER_TIMEOUT", "-1"), ("DATABASE_ADMISSION_QUEUE_LIMIT", "x")] {
+            await #expect(throws: ConfigurationError.self) {
+                _ = try await CapGateConfiguration.load(environment: [variable: value], file: "/nonexistent/capgate.json")
+            }
+        }
+    }
+
     // MARK: the admission queue
 
     @Test("queued items give up at their wait limit, are never processed, and a full queue refuses at once")
@@ -92,7 +120,7 @@ struct OverloadTests {
     func stalledDatabaseLongQueue() async throws {
         try await FailClosedTests.withOwnCluster { cluster in
             let made = try await FailClosedTests.company(on: cluster.url, users: 2)
-            let settings = ["database.timeout": "2", "http.maxConnections": "5000"]
+            let settings = ["database.timeout": "4", "http.maxConnections": "5000"]
             try await Harness.with(database: cluster.url, settings: settings) { h in
                 let port = try #require(Int(h.gatewayURL.split(separator: ":").last ?? ""))
                 let calls = 3000
@@ -111,19 +139,31 @@ struct OverloadTests {
 
                 let frozen = try ClusterFreeze(cluster)
                 let body = #"{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":"Hello"}]}"#
-                let sent = try await withThrowingTaskGroup(of: (Int, ContinuousClock.Instant).self) { group in
-                    for (i, connection) in connections.enumerated() {
-                        let key = made.users[i % 2].key
-                        group.addTask {
-                            let request =
-                                "POST /v1/messages HTTP/1.1\r\nhost: localhost\r\nx-api-key: \(key)\r\n"
-                                + "content-type: application/json\r\ncontent-length: \(body.utf8.count)\r\n\r\n\(body)"
-                            let at = ContinuousClock.now
-                            try await connection.send(request)
-                            return (i, at)
+                // 1000 calls a second: all 3000 are queued at once (the last arrives before the
+                // first gives up), and the gateway's intake keeps up even in a debug build on a
+                // loaded machine (a burst of 3000 at once takes it 1-2 s there just to read and
+                // parse, which a call's time from its send would count).
+                var sent = [ContinuousClock.Instant?](repeating: nil, count: calls)
+                let slice = 50
+                for start in stride(from: 0, to: calls, by: slice) {
+                    let sliceStarted = ContinuousClock.now
+                    let times = try await withThrowingTaskGroup(of: (Int, ContinuousClock.Instant).self) { group in
+                        for i in start..<min(start + slice, calls) {
+                            let connection = connections[i]
+                            let key = made.users[i % 2].key
+                            group.addTask {
+                                let request =
+                                    "POST /v1/messages HTTP/1.1\r\nhost: localhost\r\nx-api-key: \(key)\r\n"
+                                    + "content-type: application/json\r\ncontent-length: \(body.utf8.count)\r\n\r\n\(body)"
+                                let at = ContinuousClock.now
+                                try await connection.send(request)
+                                return (i, at)
+                            }
                         }
+                        return try await group.reduce(into: []) { $0.append($1) }
                     }
-                    return try await group.reduce(into: [ContinuousClock.Instant?](repeating: nil, count: calls)) { $0[$1.0] = $1.1 }
+                    for (i, at) in times { sent[i] = at }
+                    try await Task.sleep(until: sliceStarted + .milliseconds(50))
                 }
                 // Each answer's time is taken as it arrives; the test only looks now and then.
                 let waitUntil = ContinuousClock.now + .seconds(30)
@@ -143,12 +183,11 @@ struct OverloadTests {
                     return answer.at - sent
                 }
                 let slowest = waits.max() ?? .zero
-                let sorted = waits.sorted()
                 let sends = sent.compactMap { $0 }
-                let firstSend = sends.min()!, lastSend = sends.max()!
                 let arrivals = answered.map(\.at)
-                print("DIAG waits min \(sorted.first!) p50 \(sorted[sorted.count/2]) p99 \(sorted[sorted.count*99/100]) max \(slowest); sends span \(lastSend - firstSend); answers span \(arrivals.max()! - arrivals.min()!) first answer after first send \(arrivals.min()! - firstSend)")
-                #expect(slowest <= .seconds(3), "the slowest call was answered \(slowest) after its send")
+                #expect(slowest <= .seconds(5), "the slowest call was answered \(slowest) after its send")
+                // They were all waiting at once: the last was sent before the first was answered.
+                #expect(sends.max()! < arrivals.min()!)
                 #expect(h.mock.counter.count == served)
 
                 // The database back: the admissions that were in flight commit and are given back;

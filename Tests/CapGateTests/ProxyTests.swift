@@ -207,7 +207,9 @@ struct ProxyTests {
                            SELECT min(ends_at) FROM plan_periods WHERE company_id = '\(company.text)')
                     """
                 ) == 1)
-            #expect(try await h.text("SELECT type FROM billing_events WHERE company_id = '\(company.text)' ORDER BY id DESC LIMIT 1") == "rollover")
+            #expect(
+                try await h.text("SELECT type FROM billing_events WHERE company_id = '\(company.text)' ORDER BY id DESC LIMIT 1")
+                    == "rollover")
         }
     }
 

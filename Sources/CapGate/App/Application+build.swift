@@ -41,11 +41,10 @@ struct GatewayParts {
         var dbLogger = logger
         dbLogger[metadataKey: "component"] = "database"
         let timeout = Duration.milliseconds(Int64(configuration.databaseTimeout * 1000))
-        let client = PostgresClient(
-            configuration: databaseURL.clientConfiguration(maxConnections: configuration.databaseMaxConnections, statementTimeout: timeout),
-            backgroundLogger: dbLogger
-        )
-        let database = Database(client: client, timeout: timeout, logger: dbLogger)
+        // One PostgresClient for a single-host URL; for a multi-host one, a follower that runs
+        // the writable host's client and moves to another host after a failover.
+        let (database, client) = await Database.connect(
+            url: databaseURL, maxConnections: configuration.databaseMaxConnections, timeout: timeout, logger: dbLogger)
         let upstream = try UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
         let authenticator = try await Authenticator(database: database, configuration: configuration)
         let metering = MeteringStore(
@@ -70,9 +69,9 @@ struct GatewayParts {
             client, ClosingService(name: "upstream-client") { try await upstream.shutdown() },
             ClosingService(name: "settlements") { await metering.flush() },
         ]
-        services.append(IdempotencyPurge(metering: metering, interval: .seconds(600), logger: logger))
+        services.append(metering.idempotencyPurgeJob(interval: .seconds(600), logger: logger))
         if configuration.billingRolloverInterval > 0 {
-            services.append(RolloverScheduler(billing: billing, interval: .seconds(configuration.billingRolloverInterval), logger: logger))
+            services.append(billing.rolloverJob(interval: .seconds(configuration.billingRolloverInterval), logger: logger))
         }
         self.services = services
         self.upstream = upstream

@@ -23,6 +23,8 @@ public enum CapGateRunner {
         // Connection failures reach the body as errors, so that logger only needs errors.
         var poolLogger = logger
         poolLogger.logLevel = max(logger.logLevel, .error)
+        // A multi-host URL: its host that accepts writes now (a single-host URL as it is).
+        let url = try await url.writable(logger: logger)
         let client = PostgresClient(configuration: url.clientConfiguration(maxConnections: 4), backgroundLogger: poolLogger)
         return try await withThrowingTaskGroup(of: T?.self) { group in
             group.addTask {

@@ -3,8 +3,6 @@ import HummingbirdCore
 import Logging
 import NIOCore
 import NIOHTTPTypes
-import Synchronization
-let diagHeads = Atomic<Int>(0)
 
 /// The gateway's HTTP/1.1 server with its time limits on clients:
 ///
@@ -145,10 +143,7 @@ final class RequestHeadSignal: ChannelInboundHandler, RemovableChannelHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch unwrapInboundIn(data) {
-        case .head:
-            let n = diagHeads.add(1, ordering: .relaxed).newValue
-            if n == 1 || n % 500 == 0 { print("DIAGH head \(n) at \(ContinuousClock.now)") }
-            context.triggerUserOutboundEvent(RequestHeadEvent.head, promise: nil)
+        case .head: context.triggerUserOutboundEvent(RequestHeadEvent.head, promise: nil)
         case .end: context.triggerUserOutboundEvent(RequestHeadEvent.end, promise: nil)
         case .body: break
         }

@@ -1,7 +1,6 @@
 import Foundation
 import Hummingbird
 import Logging
-import ServiceLifecycle
 
 /// `POST /admin/v1/billing/events` (operator): store events, idempotent by `transaction_id`.
 struct BillingRoutes {
@@ -38,25 +37,19 @@ struct BillingRoutes {
     }
 }
 
-/// Runs the rollover every `billing.rolloverInterval` seconds inside `serve`. With several
-/// gateway processes only the one holding the advisory lock acts; the others skip that round.
-/// It never touches the request path.
-struct RolloverScheduler: Service {
-    let billing: BillingStore
-    let interval: Duration
-    let logger: Logger
-
-    func run() async throws {
-        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+extension BillingStore {
+    /// The rollover every `billing.rolloverInterval` seconds inside `serve`. With several gateway
+    /// processes only the one holding the advisory lock acts; the others skip that round.
+    func rolloverJob(interval: Duration, logger: Logger) -> PeriodicJob {
+        PeriodicJob(interval: interval) {
             do {
-                let summary = try await billing.rollover(at: Date(), dryRun: false, wait: false)
+                let summary = try await rollover(at: Date(), dryRun: false, wait: false)
                 if summary.moved > 0 || summary.withoutPlan > 0 {
                     logger.info("scheduled rollover", metadata: ["summary": "\(summary)"])
                 }
             } catch {
                 logger.error("scheduled rollover failed", metadata: ["error": "\(String(describing: error))"])
             }
-            try? await cancelWhenGracefulShutdown { try await Task.sleep(for: interval) }
         }
     }
 }

@@ -2,7 +2,6 @@ import Foundation
 import Logging
 import NIOCore
 import PostgresNIO
-import ServiceLifecycle
 
 extension MeteringStore {
     /// Keeps the answer of the attempt `requestID` that holds `key` and succeeded
@@ -41,22 +40,17 @@ extension MeteringStore {
     }
 }
 
-/// Forgets `Idempotency-Key`s older than 24 hours (SPEC §2), every `interval`, in every
-/// `capgate serve`; several gateways purging at once skip each other's rows.
-struct IdempotencyPurge: Service {
-    let metering: MeteringStore
-    let interval: Duration
-    let logger: Logger
-
-    func run() async throws {
-        while !Task.isCancelled && !Task.isShuttingDownGracefully {
+extension MeteringStore {
+    /// Forgets `Idempotency-Key`s older than 24 hours (SPEC §2) every `interval`, in every
+    /// `capgate serve`; several gateways purging at once skip each other's rows.
+    func idempotencyPurgeJob(interval: Duration, logger: Logger) -> PeriodicJob {
+        PeriodicJob(interval: interval) {
             do {
-                let purged = try await metering.purgeIdempotencyKeys()
+                let purged = try await purgeIdempotencyKeys()
                 if purged > 0 { logger.info("idempotency keys forgotten", metadata: ["keys": "\(purged)"]) }
             } catch {
                 logger.warning("idempotency key purge failed; retrying at the next interval")
             }
-            try? await cancelWhenGracefulShutdown { try await Task.sleep(for: interval) }
         }
     }
 }

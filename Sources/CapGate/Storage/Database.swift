@@ -7,13 +7,44 @@ import Synchronization
 /// The PostgreSQL pool plus the rules for talking to it: every call is bounded by
 /// `database.timeout`, and connection failures become ``DatabaseError/unavailable`` so the HTTP
 /// edge answers 503 (fail closed) instead of forwarding an unrecorded call.
+///
+/// A multi-host `database.url` is served by a ``PrimaryFollower``: calls go to its current
+/// client, and a call that fails as unavailable tells it to look for the writable host.
 public struct Database: Sendable {
-    public let client: PostgresClient
+    /// Where calls get their client: one fixed pool (a single-host URL, the one-shot commands),
+    /// or the pool of whichever host accepts writes now.
+    enum Source: Sendable {
+        case fixed(PostgresClient)
+        case following(PrimaryFollower)
+
+        var client: PostgresClient {
+            switch self {
+            case .fixed(let client): client
+            case .following(let follower): follower.client
+            }
+        }
+
+        func callFailed() {
+            if case .following(let follower) = self { follower.callFailed() }
+        }
+    }
+
+    let source: Source
     public let timeout: Duration
     public let logger: Logger
 
+    /// The client calls use now.
+    public var client: PostgresClient { source.client }
+
     public init(client: PostgresClient, timeout: Duration, logger: Logger) {
-        self.client = client
+        self.source = .fixed(client)
+        self.timeout = timeout
+        self.logger = logger
+    }
+
+    /// A database that follows `follower` from host to host.
+    public init(follower: PrimaryFollower, timeout: Duration, logger: Logger) {
+        self.source = .following(follower)
         self.timeout = timeout
         self.logger = logger
     }
@@ -33,20 +64,27 @@ public struct Database: Sendable {
         lateResult: (@Sendable (Result<T, any Error>) -> Void)? = nil,
         _ body: @escaping @Sendable (PostgresClient) async throws -> T
     ) async throws -> T {
+        let source = self.source
         do {
             return try await withDeadline(timeout, lateResult: lateResult) {
                 GatewayMetrics.databaseOperation(1)
                 defer { GatewayMetrics.databaseOperation(-1) }
-                return try await body(client)
+                return try await body(source.client)
             }
         } catch let error as PSQLError {
             let mapped = DatabaseError.map(error, logger: logger)
-            if case .unavailable = mapped { GatewayMetrics.databaseUnavailableOnce() }
+            if case .unavailable = mapped {
+                GatewayMetrics.databaseUnavailableOnce()
+                source.callFailed()
+            }
             throw mapped
         } catch let error as PostgresTransactionError {
-            throw DatabaseError.map(error.closureError ?? error.commitError ?? error.beginError ?? error, logger: logger)
+            let mapped = DatabaseError.map(error.closureError ?? error.commitError ?? error.beginError ?? error, logger: logger)
+            if case .unavailable = mapped { source.callFailed() }
+            throw mapped
         } catch is DeadlineExceeded, is CancellationError, is ChannelError, is IOError {
             GatewayMetrics.databaseUnavailableOnce()
+            source.callFailed()
             throw DatabaseError.unavailable
         } catch {
             // Domain errors thrown by the body pass through unchanged.
@@ -103,7 +141,9 @@ public enum DatabaseError: Error, Sendable {
                 if state.hasPrefix("23") {
                     return .constraint(sqlState: state, constraint: psql.serverInfo?[.constraintName], detail: psql.serverInfo?[.detail])
                 }
-                if state.hasPrefix("08") || state.hasPrefix("57P") || state == "53300" {
+                // 25006 (read_only_sql_transaction): the host became a standby, or refuses
+                // writes; with a multi-host URL the gateway moves to the new primary.
+                if state.hasPrefix("08") || state.hasPrefix("57P") || state == "53300" || state == "25006" {
                     return .unavailable
                 }
                 logger.error("database error", metadata: ["error": "\(String(reflecting: psql))"])

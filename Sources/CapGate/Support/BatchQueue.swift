@@ -156,7 +156,6 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
                 }
                 state.lastID += 1
                 let id = state.lastID
-                if id == 1 || id % 500 == 0 { print("DIAGQ arrival \(id) at \(ContinuousClock.now)") }
                 state.waiters[id] = Waiter(continuation: continuation, loop: loop)
                 state.waiting += 1
                 return (id, enqueueLocked(Entry(item: item, id: id), &state))

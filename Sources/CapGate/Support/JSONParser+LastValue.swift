@@ -7,30 +7,11 @@ extension JSONParser {
     /// off after the key keeps what was read.
     static func lastTopLevelValue(_ key: String, in bytes: [UInt8]) -> JSON? {
         var found: JSON?
-        var parser = JSONParser(bytes)
-        parser.skipWhitespace()
-        guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: "{") else { return nil }
-        parser.i += 1
-        do {
-            while true {
-                parser.skipWhitespace()
-                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: "\"") else { return found }
-                let name = try parser.string()
-                parser.skipWhitespace()
-                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: ":") else { return found }
-                parser.i += 1
-                if name == key {
-                    found = try parser.value(depth: 1)
-                } else {
-                    _ = try parser.value(depth: 1, build: false)
-                }
-                parser.skipWhitespace()
-                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: ",") else { return found }
-                parser.i += 1
-            }
-        } catch {
-            return found
+        scanTopLevel(bytes, wants: { $0 == key }) { _, value in
+            found = value
+            return true
         }
+        return found
     }
 }
 

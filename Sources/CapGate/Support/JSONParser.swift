@@ -29,31 +29,41 @@ struct JSONParser {
     /// value.
     static func topLevelValues(_ keys: Set<String>, in bytes: [UInt8]) -> [String: JSON] {
         var found: [String: JSON] = [:]
+        scanTopLevel(bytes, wants: { keys.contains($0) && found[$0] == nil }) { name, value in
+            found[name] = value
+            return found.count < keys.count
+        }
+        return found
+    }
+
+    /// Walks the members of a top-level object in order, building only the values `wants` names
+    /// and handing each to `take`, which says whether to read on. Nothing is handed over when the
+    /// text is not an object; a text broken off stops the walk where it breaks.
+    static func scanTopLevel(_ bytes: [UInt8], wants: (String) -> Bool, take: (String, JSON) -> Bool) {
         var parser = JSONParser(bytes)
         parser.skipWhitespace()
-        guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: "{") else { return found }
+        guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: "{") else { return }
         parser.i += 1
         do {
-            while found.count < keys.count {
+            while true {
                 parser.skipWhitespace()
-                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: "\"") else { return found }
+                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: "\"") else { return }
                 let name = try parser.string()
                 parser.skipWhitespace()
-                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: ":") else { return found }
+                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: ":") else { return }
                 parser.i += 1
-                if keys.contains(name), found[name] == nil {
-                    found[name] = try parser.value(depth: 1)
+                if wants(name) {
+                    guard take(name, try parser.value(depth: 1)) else { return }
                 } else {
                     _ = try parser.value(depth: 1, build: false)
                 }
                 parser.skipWhitespace()
-                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: ",") else { return found }
+                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: ",") else { return }
                 parser.i += 1
             }
         } catch {
-            return found
+            return
         }
-        return found
     }
 
     /// The value at `i`. With `build` false the value is checked and passed over without
