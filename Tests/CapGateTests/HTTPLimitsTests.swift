@@ -39,7 +39,8 @@ struct HTTPLimitsTests {
             let slow = try await RawConnection.open(port: port)
             defer { slow.close() }
             let started = ContinuousClock.now
-            let head = Array("POST /v1/messages HTTP/1.1\r\nhost: localhost\r\nx-api-key: nothing-here\r\ncontent-type: application/json\r\n")
+            let head = Array(
+                "POST /v1/messages HTTP/1.1\r\nhost: localhost\r\nx-api-key: nothing-here\r\ncontent-type: application/json\r\n")
             var sentBytes = 0
             for ch in head {
                 if slow.isClosed { break }

@@ -27,7 +27,9 @@ struct OverloadTests {
         #expect(set.httpIdleTimeout == 2.5)
         #expect(set.httpHeaderTimeout == 3)
         #expect(set.httpMaxConnections == 7)
-        for key in ["database.admissionQueueLimit", "proxy.bodyBudgetBytes", "http.idleTimeout", "http.headerTimeout", "http.maxConnections"] {
+        for key in [
+            "database.admissionQueueLimit", "proxy.bodyBudgetBytes", "http.idleTimeout", "http.headerTimeout", "http.maxConnections",
+        ] {
             #expect(CapGateConfiguration.keys.contains(key))
         }
         for (variable, value) in [("HTTP_MAX_CONNECTIONS", "0"), ("HTTP_HEADER_TIMEOUT", "-1"), ("DATABASE_ADMISSION_QUEUE_LIMIT", "x")] {
@@ -88,7 +90,8 @@ struct OverloadTests {
     func lateResults() async throws {
         let late = Mutex<[Int]>([])
         let queue = BatchQueue<Int, Int>(
-            maxBatch: 8, waitLimit: .milliseconds(300), late: { item, result in
+            maxBatch: 8, waitLimit: .milliseconds(300),
+            late: { item, result in
                 if case .success = result { late.withLock { $0.append(item) } }
             }
         ) { items in
@@ -107,7 +110,9 @@ struct OverloadTests {
             }
             return await group.reduce(into: []) { $0.append($1) }
         }
-        #expect(ContinuousClock.now - started < .milliseconds(300 + 200))
+        // They gave up (the failures below: a call that waited for its batch would have its
+        // success); the time is only a sanity bound, loose for a loaded machine.
+        #expect(ContinuousClock.now - started < .seconds(3))
         #expect(results.allSatisfy { if case .failure(let e) = $0 { (e as? BatchQueueRejection) == .waitedTooLong } else { false } })
         #expect(try await leader.value == 0)
         await queue.flush()
@@ -120,7 +125,9 @@ struct OverloadTests {
     func stalledDatabaseLongQueue() async throws {
         try await FailClosedTests.withOwnCluster { cluster in
             let made = try await FailClosedTests.company(on: cluster.url, users: 2)
-            let settings = ["database.timeout": "4", "http.maxConnections": "5000"]
+            // Connections are opened before the calls; under a full suite's load that can take a
+            // while, so the idle timeout must not close them first.
+            let settings = ["database.timeout": "4", "http.maxConnections": "5000", "http.idleTimeout": "600"]
             try await Harness.with(database: cluster.url, settings: settings) { h in
                 let port = try #require(Int(h.gatewayURL.split(separator: ":").last ?? ""))
                 let calls = 3000
@@ -175,7 +182,8 @@ struct OverloadTests {
                 frozen.thaw()
 
                 let answered = answers.compactMap { $0 }
-                #expect(answered.count == calls)
+                let closedUnanswered = zip(connections, answers).filter { $0.0.isClosed && $0.1 == nil }.count
+                #expect(answered.count == calls, "unanswered: \(calls - answered.count), of which closed: \(closedUnanswered)")
                 #expect(answered.allSatisfy { $0.status == 503 })
                 #expect(answered.allSatisfy { $0.body.contains("overloaded_error") })
                 let waits = zip(sent, answers).compactMap { sent, answer -> Duration? in

@@ -16,18 +16,21 @@ struct RenewalTests {
     func periodEndsUnderLoad() async throws {
         try await Harness.with { h in
             try await h.createPlan("low", company: 100_000, user: 100_000)
-            // A monthly period that ends about 2 s from now.
-            let boundary = Date().addingTimeInterval(2)
+            let (company, users) = try await h.createCompany(plan: nil, users: 4)
+            // A monthly period that ends about 3 s from now, started once the company exists.
+            let boundary = Date().addingTimeInterval(3)
             var utc = Calendar(identifier: .gregorian)
             utc.timeZone = TimeZone(identifier: "UTC")!
             let start = utc.date(byAdding: .month, value: -1, to: boundary)!
-            let (company, users) = try await h.createCompany(plan: "low", users: 4, startedAt: Self.iso(start))
-            #expect(try await h.scalar("SELECT count(*) FROM plan_periods WHERE company_id = '\(company.text)'") == 1)
+            let put = try await h.op(
+                .PUT, "/admin/v1/companies/\(company.text)/plan", .obj(["plan": "low", "started_at": .string(Self.iso(start))]))
+            #expect(put.status == 200, "\(put.body)")
             let endsIn = try await h.scalar(
-                "SELECT extract(epoch FROM ends_at - now())::bigint FROM plan_periods WHERE company_id = '\(company.text)'")
-            #expect((0...3).contains(endsIn))
+                "SELECT extract(epoch FROM max(ends_at) - now())::bigint FROM plan_periods WHERE company_id = '\(company.text)'")
+            #expect((0...3).contains(endsIn), "the period ends in \(endsIn) s")
 
-            let until = ContinuousClock.now + .seconds(4)
+            // Callers from now until 2 s after the boundary.
+            let until = ContinuousClock.now + .seconds(boundary.timeIntervalSinceNow + 2)
             let statuses = try await withThrowingTaskGroup(of: [Int].self) { group in
                 for i in 0..<8 {
                     group.addTask {
@@ -114,12 +117,14 @@ struct RenewalTests {
     func usageReadRenews() async throws {
         try await Harness.with { h in
             try await h.createPlan("low", company: 100, user: 25)
-            var utc = Calendar(identifier: .gregorian)
-            utc.timeZone = TimeZone(identifier: "UTC")!
-            let start = utc.date(byAdding: .month, value: -1, to: Date().addingTimeInterval(0.5))!
-            let (company, users) = try await h.createCompany(plan: "low", users: 1, startedAt: Self.iso(start))
-            #expect(try await h.message(key: users[0].key).status == 200)
-            try await Task.sleep(for: .seconds(1))
+            let (company, users) = try await h.createCompany(plan: nil, users: 1)
+            // A period that ended a second ago, and no call since.
+            try await h.exec(
+                """
+                INSERT INTO plan_periods (company_id, plan_id, started_at, ends_at, anchor)
+                VALUES ('\(company.text)', 'low', now() - interval '1 month' - interval '1 second',
+                        now() - interval '1 second', now() - interval '1 month' - interval '1 second')
+                """)
             let usage = try await h.request(.GET, "/v1/usage", headers: [("x-api-key", users[0].key)])
             #expect(usage.status == 200)
             #expect(usage.json["plan"]?["id"]?.stringValue == "low")

@@ -44,7 +44,8 @@ struct UpstreamStrictnessTests {
     }
 
     static func call(_ client: UpstreamClient, _ path: String, method: HTTPMethod = .GET, body: String? = nil) async throws -> String {
-        let response = try await client.execute(method: method, target: path, headers: HTTPHeaders(), body: body.map { ByteBuffer(string: $0) })
+        let response = try await client.execute(
+            method: method, target: path, headers: HTTPHeaders(), body: body.map { ByteBuffer(string: $0) })
         let (text, failure) = await UpstreamClientTests.text(response.body)
         if let failure { throw failure }
         return text
@@ -131,7 +132,10 @@ struct UpstreamStrictnessTests {
             #expect(try await h.request(.GET, "/v1/empty", headers: [("x-api-key", key)]).status == 200)
             try await Task.sleep(for: .milliseconds(100))
             let requests = provider.requests
-            #expect(requests.map(\.line) == ["GET /v1/framed", "DELETE /v1/framed", "OPTIONS /v1/framed", "POST /v1/framed", "POST /v1/empty", "GET /v1/empty"])
+            #expect(
+                requests.map(\.line) == [
+                    "GET /v1/framed", "DELETE /v1/framed", "OPTIONS /v1/framed", "POST /v1/framed", "POST /v1/empty", "GET /v1/empty",
+                ])
             for request in requests.prefix(4) {
                 #expect(request.headers["content-length"] == "38" && request.body.hasPrefix("GET /v1/smuggled"), "\(request.line)")
                 #expect(request.headers["transfer-encoding"] == nil)
@@ -262,7 +266,10 @@ struct UpstreamStrictnessTests {
             #expect(reply.headers["anthropic-organization-name"] == nil)
             #expect(!reply.headers.values.contains { $0.contains("org-secret") })
         }
-        #expect(ProxyHandler.connectionOptions(["close, X-Secret-Thing", " keep-alive ,,\tfoo"]) == ["close", "x-secret-thing", "keep-alive", "foo"])
+        #expect(
+            ProxyHandler.connectionOptions(["close, X-Secret-Thing", " keep-alive ,,\tfoo"]) == [
+                "close", "x-secret-thing", "keep-alive", "foo",
+            ])
     }
 
     // MARK: 6. the ledger's model
@@ -274,7 +281,8 @@ struct UpstreamStrictnessTests {
         try await Harness.with(upstreamURL: provider.url) { h in
             try await h.createPlan("open", company: nil, user: nil)
             let (_, users) = try await h.createCompany(plan: "open", users: 1)
-            let body = #"{"model":"claude-first","max_tokens":16,"messages":[{"role":"user","content":"{\"model\":\"inner\"}"}],"model":"claude-last"}"#
+            let body =
+                #"{"model":"claude-first","max_tokens":16,"messages":[{"role":"user","content":"{\"model\":\"inner\"}"}],"model":"claude-last"}"#
             let reply = try await h.request(
                 .POST, "/v1/messages", headers: [("x-api-key", users[0].key), ("content-type", "application/json")], body: body)
             #expect(reply.status == 200)

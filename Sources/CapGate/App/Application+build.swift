@@ -53,11 +53,11 @@ struct GatewayParts {
         let billing = BillingStore(database: database)
         GatewayMetrics.pool(maxConnections: configuration.databaseMaxConnections)
 
-        var proxy = ProxyHandler(
+        let proxy = ProxyHandler(
             authenticator: authenticator, metering: metering, upstream: upstream, knownKeys: KnownKeys(database: database),
-            maxBodyBytes: configuration.proxyMaxBodyBytes, idempotencyMaxBytes: configuration.proxyIdempotencyMaxBytes
+            maxBodyBytes: configuration.proxyMaxBodyBytes, bodyBudget: BodyBudget(limit: configuration.proxyBodyBudgetBytes),
+            idempotencyMaxBytes: configuration.proxyIdempotencyMaxBytes
         )
-        proxy.bodyBudget = BodyBudget(limit: configuration.proxyBodyBudgetBytes)
         self.router = buildRouter(
             prefix: configuration.proxyPrefix, proxy: proxy, authenticator: authenticator, database: database, migrator: try? Migrator(),
             metering: metering, tenants: TenantStore(database: database), periods: PeriodStore(database: database),

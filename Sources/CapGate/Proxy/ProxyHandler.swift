@@ -25,14 +25,15 @@ public struct ProxyHandler: Sendable {
     let knownKeys: KnownKeys
     let maxBodyBytes: Int
     /// `proxy.bodyBudgetBytes`: bounds the bytes of all request bodies being read at once.
-    var bodyBudget = BodyBudget(limit: 256 << 20)
+    let bodyBudget: BodyBudget
     /// `proxy.idempotencyMaxBytes`: the largest answer kept for `Idempotency-Key` retries.
     let idempotencyMaxBytes: Int
 
     public init(
         authenticator: Authenticator, metering: MeteringStore, upstream: UpstreamClient, knownKeys: KnownKeys, maxBodyBytes: Int,
-        idempotencyMaxBytes: Int
+        bodyBudget: BodyBudget, idempotencyMaxBytes: Int
     ) {
+        self.bodyBudget = bodyBudget
         self.authenticator = authenticator
         self.metering = metering
         self.upstream = upstream

@@ -107,11 +107,12 @@ final class RawConnection: Sendable {
         let head = String(decoding: buffer[..<end], as: UTF8.self)
         let lines = head.split(separator: "\r\n")
         let status = lines.first.flatMap { Int($0.split(separator: " ").dropFirst().first ?? "") } ?? 0
-        let length = lines.dropFirst().compactMap { line -> Int? in
-            let parts = line.split(separator: ":", maxSplits: 1)
-            guard parts.count == 2, parts[0].lowercased() == "content-length" else { return nil }
-            return Int(parts[1].trimmingCharacters(in: .whitespaces))
-        }.first ?? 0
+        let length =
+            lines.dropFirst().compactMap { line -> Int? in
+                let parts = line.split(separator: ":", maxSplits: 1)
+                guard parts.count == 2, parts[0].lowercased() == "content-length" else { return nil }
+                return Int(parts[1].trimmingCharacters(in: .whitespaces))
+            }.first ?? 0
         guard buffer.count >= end + 4 + length else { return nil }
         let body = String(decoding: buffer[(end + 4)..<(end + 4 + length)], as: UTF8.self)
         buffer.removeFirst(end + 4 + length)
