@@ -121,6 +121,20 @@ struct OverloadTests {
 
     // MARK: a stalled database with a long queue
 
+    /// A connection the server has accepted and answered once (GET /healthz), tried again if the
+    /// server's listen queue dropped it in a burst of connects.
+    static func establishedConnection(port: Int) async throws -> RawConnection {
+        for _ in 0..<5 {
+            let connection = try await RawConnection.open(port: port)
+            try await connection.send("GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n")
+            if await connection.answer(within: .seconds(20))?.status == 200 { return connection }
+            connection.close()
+        }
+        throw RawConnectionError.notEstablished
+    }
+
+    enum RawConnectionError: Error { case notEstablished }
+
     @Test("stalled database, 3000 queued calls: each answered 503 by database.timeout + 1 s from its send; afterwards served == charged")
     func stalledDatabaseLongQueue() async throws {
         try await FailClosedTests.withOwnCluster { cluster in
@@ -131,11 +145,14 @@ struct OverloadTests {
             try await Harness.with(database: cluster.url, settings: settings) { h in
                 let port = try #require(Int(h.gatewayURL.split(separator: ":").last ?? ""))
                 let calls = 3000
-                // The connections first (not part of any call's time), a few hundred at a time.
+                // The connections first (not part of any call's time), a few hundred at a time,
+                // each proven accepted by the server with a /healthz round trip.
                 var connections: [RawConnection] = []
                 for start in stride(from: 0, to: calls, by: 250) {
                     connections += try await withThrowingTaskGroup(of: RawConnection.self) { group in
-                        for _ in start..<min(start + 250, calls) { group.addTask { try await RawConnection.open(port: port) } }
+                        for _ in start..<min(start + 250, calls) {
+                            group.addTask { try await Self.establishedConnection(port: port) }
+                        }
                         return try await group.reduce(into: []) { $0.append($1) }
                     }
                 }

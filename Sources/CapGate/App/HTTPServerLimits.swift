@@ -21,6 +21,12 @@ import NIOHTTPTypes
 /// at the limit the server stops accepting, so further connections wait in the listen backlog
 /// (the kernel's queue) until one closes.
 extension CapGateConfiguration {
+    /// The listen backlog: connections the kernel completes before the server accepts them.
+    /// Hummingbird's default (256) overflows when a burst of clients connects at once (the
+    /// kernel then drops them, and a client that thought it was connected gets a reset); the
+    /// kernel caps it at `net.core.somaxconn` (4096 on current Linux).
+    static let listenBacklog = 4096
+
     /// The HTTP server with `http.idleTimeout` and `http.headerTimeout`.
     var httpServer: HTTPServerBuilder {
         .gateway(idleTimeout: .seconds(httpIdleTimeout), headerTimeout: .seconds(httpHeaderTimeout))
@@ -29,7 +35,7 @@ extension CapGateConfiguration {
     /// The listen address and `http.maxConnections`.
     func serverConfiguration(logger: Logger) -> ApplicationConfiguration {
         ApplicationConfiguration(
-            address: .hostname(host, port: port), serverName: nil,
+            address: .hostname(host, port: port), serverName: nil, backlog: Self.listenBacklog,
             availableConnectionsDelegate: MaximumAvailableConnections(httpMaxConnections, logger: logger)
         )
     }
