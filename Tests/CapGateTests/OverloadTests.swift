@@ -89,18 +89,22 @@ struct OverloadTests {
     @Test("an item that gave up while its batch was in flight has that batch's result handed to `late`")
     func lateResults() async throws {
         let late = Mutex<[Int]>([])
+        let (leaderRunning, running) = AsyncStream.makeStream(of: Void.self)
         let queue = BatchQueue<Int, Int>(
-            maxBatch: 8, waitLimit: .milliseconds(300),
+            maxBatch: 8, waitLimit: .seconds(1),
             late: { item, result in
                 if case .success = result { late.withLock { $0.append(item) } }
             }
         ) { items in
-            // The leader's batch takes 150 ms, the next one 600 ms: its items give up in flight.
-            try? await Task.sleep(for: items.contains(0) ? .milliseconds(150) : .milliseconds(600))
+            // The leader's batch takes 50 ms, the next one 3 s: its items give up in flight (at 1 s).
+            if items.contains(0) { running.yield() }
+            try? await Task.sleep(for: items.contains(0) ? .milliseconds(50) : .seconds(3))
             return items.map { .success($0) }
         }
         let leader = Task { try await queue.submit(0) }
-        try await Task.sleep(for: .milliseconds(30))
+        // The others arrive while the leader's batch is in flight, so they form the next batch.
+        var signal = leaderRunning.makeAsyncIterator()
+        _ = await signal.next()
         let started = ContinuousClock.now
         let results = await withTaskGroup(of: Result<Int, any Error>.self) { group in
             for i in 1...3 {
@@ -110,8 +114,7 @@ struct OverloadTests {
             }
             return await group.reduce(into: []) { $0.append($1) }
         }
-        // They gave up (the failures below: a call that waited for its batch would have its
-        // success); the time is only a sanity bound, loose for a loaded machine.
+        // They gave up at 1 s (the failures below), not when their 3 s batch ended.
         #expect(ContinuousClock.now - started < .seconds(3))
         #expect(results.allSatisfy { if case .failure(let e) = $0 { (e as? BatchQueueRejection) == .waitedTooLong } else { false } })
         #expect(try await leader.value == 0)
