@@ -7,7 +7,7 @@ struct CapGateCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "capgate",
         abstract: "CapGate: a multi-tenant usage-cap gateway for AI provider calls.",
-        subcommands: [Serve.self, Dev.self, Migrate.self, Rollover.self, Verify.self, Database.self, Mock.self]
+        subcommands: [Serve.self, Dev.self, Migrate.self, Rollover.self, Verify.self, Unsettled.self, Database.self, Mock.self]
     )
 }
 
@@ -80,12 +80,14 @@ struct Dev: AsyncParsableCommand {
     )
     @OptionGroup var options: ConfigOptions
     @Option(help: "Folder for the embedded database and demo keys.") var directory: String = ".capgate"
+    @Flag(help: "Embedded PostgreSQL as a primary with a synchronous streaming standby, to try a failover (ignored with --database-url).")
+    var replica = false
 
     func run() async throws {
         try await runCommand {
             let configuration = try await options.load()
             let logger = bootstrapLogging(configuration.logLevel)
-            try await DevEnvironment.run(configuration: configuration, directory: directory, logger: logger)
+            try await DevEnvironment.run(configuration: configuration, directory: directory, replica: replica, logger: logger)
         }
     }
 }
@@ -131,22 +133,25 @@ struct Rollover: AsyncParsableCommand {
 }
 
 struct Verify: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Recompute every counter from the ledger; exit 1 on any mismatch.")
+    static let configuration = CommandConfiguration(
+        abstract: "Recompute every counter from the ledger (exit 1 on any mismatch); report charges left unsettled."
+    )
     @OptionGroup var options: ConfigOptions
+    @Option(name: .customLong("unsettled-after"), help: "Seconds after which a charge with no settlement is reported (default 3600).")
+    var unsettledAfter: Double = UnsettledCharges.defaultGrace
+    @Flag(name: .customLong("strict-unsettled"), help: "Exit 1 when a charge is unsettled too (it is not a counter mismatch).")
+    var strictUnsettled = false
 
     func run() async throws {
         try await runCommand {
             let configuration = try await options.load()
             let url = try configuration.require(configuration.databaseURL, key: "database.url")
+            guard unsettledAfter >= 0 else { throw ConfigurationError(key: "--unsettled-after", problem: "must be 0 or more seconds") }
             let logger = bootstrapLogging(configuration.logLevel == "info" ? "warning" : configuration.logLevel)
-            let mismatches = try await CapGateRunner.verify(url: try DatabaseURL(url), logger: logger)
-            for mismatch in mismatches { print(mismatch) }
-            if mismatches.isEmpty {
-                print("ok: every counter agrees with the ledger")
-            } else {
-                print("\(mismatches.count) mismatches")
-                throw ExitCode(1)
-            }
+            let report = try await CapGateRunner.verifyReport(url: try DatabaseURL(url), unsettledAfter: unsettledAfter, logger: logger)
+            print(report.lines.joined(separator: "\n"))
+            let code = report.exitCode(strictUnsettled: strictUnsettled)
+            if code != 0 { throw ExitCode(code) }
         }
     }
 }

@@ -22,6 +22,9 @@ func dispatch() async -> Never {
         case let c as Migrate: try await runAsync(c)
         case let c as Rollover: try await runAsync(c)
         case let c as Verify: try await runAsync(c)
+        case let c as Unsettled.List: try await runAsync(c)
+        case let c as Unsettled.Keep: try await runAsync(c)
+        case let c as Unsettled.Refund: try await runAsync(c)
         case let c as Database: try await runAsync(c)
         case let c as Mock: try await runAsync(c)
         default:

@@ -133,7 +133,7 @@ struct AdminUsageTests {
                 #expect(row?["period"]?["start"]?.stringValue != nil && row?["period"]?["end"]?.stringValue != nil)
                 let csv = try await h.request(.GET, "/admin/v1/companies/\(a.text)/events", headers: admin + [("accept", "text/csv")])
                 let line = csv.body.split(separator: "\n").first { $0.contains(requestID ?? "-") }
-                #expect(line?.hasSuffix(",\(key)") == true, "\(line ?? "no line")")
+                #expect(line?.hasSuffix(",\(key),settled") == true, "\(line ?? "no line")")
             }
         }
     }

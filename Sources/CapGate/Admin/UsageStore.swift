@@ -103,6 +103,8 @@ public struct UsageStore: Sendable {
         public var upstreamStatus: Int32?
         public var requestID: String
         public var idempotencyKey: String?
+        /// Whether the provider's answer was recorded (see ``UnsettledCharges/State``).
+        public var settlement: UnsettledCharges.State
 
         var json: JSON {
             .obj([
@@ -111,14 +113,14 @@ public struct UsageStore: Sendable {
                 "input_tokens": JSON(inputTokens), "output_tokens": JSON(outputTokens), "method": .string(method),
                 "route": .string(route), "model": JSON(model), "feature": JSON(feature), "outcome": .string(outcome),
                 "upstream_status": JSON(upstreamStatus.map(Int.init)), "request_id": .string(requestID),
-                "idempotency_key": JSON(idempotencyKey),
+                "idempotency_key": JSON(idempotencyKey), "settlement": .string(settlement.rawValue),
             ])
         }
 
         /// The first twelve columns as before the rest were added; new columns go at the end.
         static let csvHeader =
             "id,time,user_id,units,input_tokens,output_tokens,method,route,model,outcome,upstream_status,request_id,"
-            + "company_id,period_start,period_end,feature,idempotency_key\n"
+            + "company_id,period_start,period_end,feature,idempotency_key,settlement\n"
 
         var csvLine: String {
             let fields: [String] = [
@@ -126,6 +128,7 @@ public struct UsageStore: Sendable {
                 inputTokens.map(String.init) ?? "", outputTokens.map(String.init) ?? "", method, route, model ?? "",
                 outcome, upstreamStatus.map(String.init) ?? "", requestID, companyID.uuidString.lowercased(),
                 Timestamp.format(periodStart), Timestamp.format(periodEnd), feature ?? "", idempotencyKey ?? "",
+                settlement.rawValue,
             ]
             return fields.map(Self.csvField).joined(separator: ",") + "\n"
         }
@@ -146,14 +149,19 @@ public struct UsageStore: Sendable {
         }
     }
 
-    /// Ledger rows in `[from, to)` after the keyset cursor (row id), oldest first.
-    public func events(company: UUID, from: Date, to: Date, after cursor: Int64, limit: Int) async throws -> [Event] {
+    /// Ledger rows in `[from, to)` after the keyset cursor (row id), oldest first; a charge with
+    /// no settlement is `unsettled` once older than `grace` seconds at `now`.
+    public func events(
+        company: UUID, from: Date, to: Date, after cursor: Int64, limit: Int, now: Date = Date(),
+        grace: TimeInterval = UnsettledCharges.defaultGrace
+    ) async throws -> [Event] {
         let limit = Int64(limit)
         return try await database.run { client in
             let rows = try await client.query(
                 """
                 SELECT l.id, l.created_at, l.user_id, pp.started_at, pp.ends_at, l.units, l.input_tokens, l.output_tokens,
-                       l.method, l.route, l.model, l.feature, l.outcome, l.upstream_status, l.request_id, l.idempotency_key
+                       l.method, l.route, l.model, l.feature, l.outcome, l.upstream_status, l.request_id, l.idempotency_key,
+                       l.settled_at
                   FROM usage_ledger l
                   JOIN plan_periods pp ON pp.company_id = l.company_id AND pp.id = l.period_id
                  WHERE l.company_id = \(company) AND l.created_at >= \(from) AND l.created_at < \(to) AND l.id > \(cursor)
@@ -164,14 +172,17 @@ public struct UsageStore: Sendable {
             )
             var out: [Event] = []
             for try await r in rows.decode(
-                (Int64, Date, UUID, Date, Date, Int32, Int64?, Int64?, String, String, String?, String?, String, Int32?, String, String?)
-                    .self)
+                (
+                    Int64, Date, UUID, Date, Date, Int32, Int64?, Int64?, String, String, String?, String?, String, Int32?, String, String?,
+                    Date?
+                ).self)
             {
                 out.append(
                     Event(
                         id: r.0, createdAt: r.1, companyID: company, userID: r.2, periodStart: r.3, periodEnd: r.4, units: r.5,
                         inputTokens: r.6, outputTokens: r.7, method: r.8, route: r.9, model: r.10, feature: r.11, outcome: r.12,
-                        upstreamStatus: r.13, requestID: r.14, idempotencyKey: r.15
+                        upstreamStatus: r.13, requestID: r.14, idempotencyKey: r.15,
+                        settlement: .of(outcome: r.12, settledAt: r.16, upstreamStatus: r.13, createdAt: r.1, now: now, grace: grace)
                     )
                 )
             }

@@ -47,9 +47,18 @@ struct GatewayParts {
             url: databaseURL, maxConnections: configuration.databaseMaxConnections, timeout: timeout, logger: dbLogger)
         let upstream = try UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
         let authenticator = try await Authenticator(database: database, configuration: configuration)
+        // The spool's entries name their database by user and name (not host: a failover keeps them).
+        let spool: Spool
+        do {
+            spool = try Spool(
+                directory: configuration.spoolDirectory, database: "\(databaseURL.username)@\(databaseURL.database)", logger: dbLogger)
+        } catch {
+            throw ConfigurationError(
+                key: "spool.directory", problem: "names a folder that cannot be created or read: \(configuration.spoolDirectory)")
+        }
         let metering = MeteringStore(
             database: database, relaxed: configuration.databaseDurability == "relaxed",
-            admissionQueueLimit: configuration.databaseAdmissionQueueLimit)
+            admissionQueueLimit: configuration.databaseAdmissionQueueLimit, spool: spool)
         let billing = BillingStore(database: database)
         GatewayMetrics.pool(maxConnections: configuration.databaseMaxConnections)
 
@@ -64,9 +73,10 @@ struct GatewayParts {
             usage: UsageStore(database: database), billing: billing
         )
         // Shut down in reverse: the server drains first, then queued settlements are written,
-        // then the upstream client and the pool close.
+        // then the upstream client closes, the spool is replayed a last time, and the pool closes.
         var services: [any Service] = [
-            client, ClosingService(name: "upstream-client") { try await upstream.shutdown() },
+            client, SpoolReplayer(spool: spool, database: database, interval: .seconds(2)),
+            ClosingService(name: "upstream-client") { try await upstream.shutdown() },
             ClosingService(name: "settlements") { await metering.flush() },
         ]
         services.append(metering.idempotencyPurgeJob(interval: .seconds(600), logger: logger))

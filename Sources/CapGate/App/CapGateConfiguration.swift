@@ -78,6 +78,10 @@ public struct CapGateConfiguration: Sendable {
     public var proxyBodyBudgetBytes: Int
     /// `billing.rolloverInterval` / `BILLING_ROLLOVER_INTERVAL` (seconds, default `0` = off).
     public var billingRolloverInterval: Int
+    /// `spool.directory` / `SPOOL_DIRECTORY` (default `.capgate/spool`): where a refund, give-back,
+    /// settlement or kept answer waits (fsynced) while the database cannot take it; replayed at
+    /// start, while running and at shutdown. One folder per gateway process.
+    public var spoolDirectory: String
     /// `log.level` / `LOG_LEVEL` (default `info`).
     public var logLevel: String
 
@@ -88,7 +92,8 @@ public struct CapGateConfiguration: Sendable {
         "upstream.url", "upstream.apiKey", "upstream.timeout", "upstream.connectTimeout",
         "upstream.idleTimeout", "upstream.maxConnections", "operator.token", "jwt.secret", "jwt.jwksFile", "jwt.companyClaim",
         "jwt.audience", "jwt.issuer", "jwt.leeway",
-        "proxy.prefix", "proxy.maxBodyBytes", "proxy.idempotencyMaxBytes", "proxy.bodyBudgetBytes", "billing.rolloverInterval", "log.level",
+        "proxy.prefix", "proxy.maxBodyBytes", "proxy.idempotencyMaxBytes", "proxy.bodyBudgetBytes", "billing.rolloverInterval",
+        "spool.directory", "log.level",
     ]
     static let secretKeys: Set<String> = ["database.url", "upstream.apiKey", "operator.token", "jwt.secret"]
 
@@ -131,6 +136,7 @@ public struct CapGateConfiguration: Sendable {
         proxyIdempotencyMaxBytes = try Self.int(reader, "proxy.idempotencyMaxBytes", default: 1 << 20, range: 0...(64 << 20))
         proxyBodyBudgetBytes = try Self.int(reader, "proxy.bodyBudgetBytes", default: 256 << 20, range: 1...(1 << 40))
         billingRolloverInterval = try Self.int(reader, "billing.rolloverInterval", default: 0, range: 0...(86400 * 366))
+        spoolDirectory = reader.string(forKey: "spool.directory", default: ".capgate/spool")
         logLevel = reader.string(forKey: "log.level", default: "info")
 
         if !proxyPrefix.hasPrefix("/") || !proxyPrefix.hasSuffix("/") {

@@ -128,6 +128,13 @@ public enum GatewayMetrics {
         databaseUnavailable.increment()
     }
 
+    private static let spool: Metrics.Gauge = registered { Metrics.Gauge(label: "capgate_spool_depth") }
+
+    /// Writes waiting in the local spool for the database (``Spool``).
+    static func spoolDepth(_ depth: Int) {
+        spool.record(depth)
+    }
+
     static func pool(maxConnections: Int) {
         _ = registry
         Gauge(label: "capgate_db_pool_max_connections").record(maxConnections)

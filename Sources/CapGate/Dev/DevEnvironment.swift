@@ -7,21 +7,37 @@ import ServiceLifecycle
 /// under the dev folder; it migrates, loads the demo data, starts the mock provider when no
 /// `upstream.url` is set, runs the gateway and prints ready-to-paste examples. Ctrl-C (or
 /// SIGTERM) stops the gateway, the mock and the database.
+///
+/// With `replica` (`capgate dev --replica`) the embedded database is a primary with a
+/// synchronous streaming standby (``EmbeddedReplicaSet``) and the gateway gets both hosts in a
+/// multi-host URL, so a failover can be tried by hand: the commands are printed at start.
 public enum DevEnvironment {
-    public static func run(configuration: CapGateConfiguration, directory: String, logger: Logger) async throws {
+    public static func run(configuration: CapGateConfiguration, directory: String, replica: Bool = false, logger: Logger) async throws {
         var configuration = configuration
         let folder = URL(fileURLWithPath: directory, relativeTo: URL(fileURLWithPath: FileManager.default.currentDirectoryPath))
             .standardized.path
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
 
         var embedded: EmbeddedPostgres? = nil
-        if configuration.databaseURL == nil {
+        var replicaSet: EmbeddedReplicaSet? = nil
+        if configuration.databaseURL == nil && replica {
+            logger.info(
+                "starting embedded PostgreSQL with a synchronous standby",
+                metadata: ["primary": "\(folder)/postgres", "standby": "\(folder)/postgres-standby"])
+            let set = try EmbeddedReplicaSet.start(
+                primaryDirectory: folder + "/postgres", standbyDirectory: folder + "/postgres-standby", logger: logger)
+            replicaSet = set
+            embedded = set.primary
+            configuration.databaseURL = set.url.text
+        } else if configuration.databaseURL == nil {
             logger.info("starting embedded PostgreSQL", metadata: ["folder": "\(folder)/postgres"])
             let cluster = try EmbeddedPostgres.start(directory: folder + "/postgres", logger: logger)
             embedded = cluster
             configuration.databaseURL = cluster.url.text
         }
-        defer { embedded?.stop() }
+        defer {
+            if let replicaSet { replicaSet.stop() } else { embedded?.stop() }
+        }
 
         let url = try DatabaseURL(configuration.databaseURL!)
         do {
@@ -52,10 +68,12 @@ public enum DevEnvironment {
             logger.info("mock provider", metadata: ["url": "http://127.0.0.1:\(mockPort)"])
         }
         let finalConfiguration = configuration
+        let printedReplicaSet = replicaSet
         let gateway = try await buildApplication(configuration: configuration, logger: logger) { channel in
             let port = channel.localAddress?.port ?? finalConfiguration.port
-            let text = examples(
+            var text = examples(
                 host: finalConfiguration.host, port: port, seed: seed, mock: finalConfiguration.upstreamURL?.contains("127.0.0.1") ?? false)
+            if let printedReplicaSet { text += failoverExamples(printedReplicaSet) }
             FileHandle.standardOutput.write(Data(text.utf8))
         }
         services.append(gateway)
@@ -64,6 +82,19 @@ public enum DevEnvironment {
                 services: services.map { .init(service: $0) }, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         )
         try await group.run()
+    }
+
+    /// How to try a failover by hand, printed at start under `--replica`.
+    static func failoverExamples(_ set: EmbeddedReplicaSet) -> String {
+        let asPostgres = set.primary.asRoot ? "runuser -u postgres -- " : ""
+        return """
+            Replica mode: primary 127.0.0.1:\(set.primary.port), synchronous standby 127.0.0.1:\(set.standby.port).
+            Try a failover (the gateway moves to the promoted standby by itself; calls in between get 503):
+              kill -9 $(head -1 \(set.primary.dataDirectory)/postmaster.pid)
+              \(asPostgres)\(set.standby.binDirectory)/pg_ctl promote -D \(set.standby.dataDirectory)
+            The next start makes a new standby from the old primary's data (writes made after the failover are dropped).
+
+            """
     }
 
     /// The ready-to-paste curl and SDK examples printed at start.

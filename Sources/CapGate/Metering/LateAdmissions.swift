@@ -23,6 +23,8 @@ struct LateAdmissions: Sendable {
 
     let items: [AdmissionItem]
     let database: Database
+    /// Where a give-back waits while the database cannot take it.
+    var spool: Spool? = nil
     let sent = ContinuousClock.now
 
     /// The admission's `lateResult`: only a commit matters; an error after the deadline either
@@ -52,10 +54,19 @@ struct LateAdmissions: Sendable {
             metadata: ["request_ids": "\(requestIDs)"])
         Task {
             try? await Task.sleep(until: sent + database.timeout + .seconds(1))
-            guard let charges = await retrying("find the charges of an interrupted admission", { try await findCharges() }) else {
-                return
+            do {
+                await giveBack(try await findCharges())
+            } catch DatabaseError.unavailable {
+                PendingWrites(database: database, spool: spool).later(
+                    .giveBack(
+                        keyHashes: items.compactMap { $0.keyHash.map { Data($0.readableBytesView) } },
+                        companies: items.compactMap { $0.keyHash == nil ? $0.request.companyID : nil },
+                        requestIDs: items.map(\.request.requestID), since: items.map(\.request.at).min() ?? Date()))
+            } catch {
+                database.logger.error(
+                    "could not look up the charges of an interrupted admission; these calls may stay charged without having been forwarded",
+                    metadata: ["request_ids": "\(requestIDs)"])
             }
-            await giveBack(charges)
         }
     }
 
@@ -78,14 +89,21 @@ struct LateAdmissions: Sendable {
     func giveBack(_ charges: [Charge]) async {
         var refunded = 0
         for charge in charges {
-            let done = await retrying("give back a charge of an admission answered 503") {
-                try await MeteringStore.refund(
+            do {
+                let done = try await MeteringStore.refund(
                     companyID: charge.company, ledgerID: charge.ledger, requestID: charge.requestID, upstreamStatus: nil,
                     database: database)
-            }
-            if done == true {
-                refunded += 1
-                GatewayMetrics.refund(reason: "late_admission")
+                if done {
+                    refunded += 1
+                    GatewayMetrics.refund(reason: "late_admission")
+                }
+            } catch DatabaseError.unavailable {
+                PendingWrites(database: database, spool: spool).later(
+                    .refund(company: charge.company, ledger: charge.ledger, requestID: charge.requestID, status: nil))
+            } catch {
+                database.logger.error(
+                    "could not give back a charge of an admission answered 503; the call may stay charged without having been forwarded",
+                    metadata: ["request_id": "\(charge.requestID)"])
             }
         }
         if refunded > 0 {
@@ -98,10 +116,14 @@ struct LateAdmissions: Sendable {
     /// request ids within their companies (a key's company, or a token's), from the earliest
     /// call's time on (a ledger row's `created_at` is its call's time).
     func findCharges() async throws -> [Charge] {
-        let hashes = items.compactMap(\.keyHash)
-        let companies = items.compactMap { $0.keyHash == nil ? $0.request.companyID : nil }
-        let ids = items.map(\.request.requestID)
-        let since = items.map(\.request.at).min() ?? Date()
+        try await Self.findCharges(
+            keyHashes: items.compactMap(\.keyHash), companies: items.compactMap { $0.keyHash == nil ? $0.request.companyID : nil },
+            requestIDs: items.map(\.request.requestID), since: items.map(\.request.at).min() ?? Date(), database: database)
+    }
+
+    static func findCharges(
+        keyHashes hashes: [ByteBuffer], companies: [UUID], requestIDs ids: [String], since: Date, database: Database
+    ) async throws -> [Charge] {
         return try await database.run { client in
             let rows = try await client.query(
                 """
@@ -118,19 +140,6 @@ struct LateAdmissions: Sendable {
                 found.append((company, ledger, requestID))
             }
             return found
-        }
-    }
-
-    /// `body`'s result, tried again while the database is unavailable; nil (and the calls
-    /// logged) when it could not be done.
-    func retrying<T: Sendable>(_ what: String, _ body: () async throws -> T) async -> T? {
-        do {
-            return try await database.untilAvailable(body)
-        } catch {
-            database.logger.error(
-                "could not \(what); these calls may stay charged without having been forwarded",
-                metadata: ["request_ids": "\(requestIDs)"])
-            return nil
         }
     }
 }

@@ -11,6 +11,16 @@ extension MeteringStore {
     public func keepAnswer(
         companyID: UUID, userID: UUID, key: String, requestID: String, status: Int, contentType: String?, body: ByteBuffer?
     ) async throws -> Bool {
+        try await Self.keepAnswer(
+            companyID: companyID, userID: userID, key: key, requestID: requestID, status: status, contentType: contentType, body: body,
+            database: database)
+    }
+
+    @discardableResult
+    static func keepAnswer(
+        companyID: UUID, userID: UUID, key: String, requestID: String, status: Int, contentType: String?, body: ByteBuffer?,
+        database: Database
+    ) async throws -> Bool {
         let status32 = Int32(clamping: status)
         return try await database.run { client in
             let rows = try await client.query(
@@ -23,6 +33,9 @@ extension MeteringStore {
             return false
         }
     }
+
+    /// Writes that found the database unavailable wait in the spool (or in memory without one).
+    var pendingWrites: PendingWrites { PendingWrites(database: database, spool: spool) }
 
     /// Forgets `Idempotency-Key`s older than 24 hours, in slices of `slice` rows; returns how many.
     public func purgeIdempotencyKeys(at: Date = Date(), slice: Int = 5_000) async throws -> Int {

@@ -11,13 +11,15 @@ extension MeteringStore {
     /// The default of `database.admissionQueueLimit`.
     public static let defaultAdmissionQueueLimit = 10_000
 
-    static func admissionQueue(database: Database, relaxed: Bool, queueLimit: Int) -> BatchQueue<AdmissionItem, AdmissionRow> {
+    static func admissionQueue(
+        database: Database, relaxed: Bool, queueLimit: Int, spool: Spool?
+    ) -> BatchQueue<AdmissionItem, AdmissionRow> {
         BatchQueue(
             maxBatch: maxBatch, waitLimit: database.timeout, queueLimit: queueLimit, rejection: overloaded,
             late: { item, result in
-                LateAdmissions(items: [item], database: database).committedLate(result.map { [$0] })
+                LateAdmissions(items: [item], database: database, spool: spool).committedLate(result.map { [$0] })
             },
-            process: { items in await admitBatch(items, database: database, relaxed: relaxed) }
+            process: { items in await admitBatch(items, database: database, relaxed: relaxed, spool: spool) }
         )
     }
 

@@ -20,6 +20,9 @@ public struct MeteringStore: Sendable {
     let relaxed: Bool
     let admissions: BatchQueue<AdmissionItem, AdmissionRow>
     let settlements: BatchQueue<Settlement, Void>
+    /// Where a refund, give-back, settlement or kept answer waits while the database cannot take
+    /// it (`spool.directory`); nil: retried in memory only (lost if the process ends).
+    let spool: Spool?
 
     /// The most calls one admission transaction takes; more wait for the next one.
     public static let maxBatch = 256
@@ -30,12 +33,15 @@ public struct MeteringStore: Sendable {
     public static let settlementGather = Duration.milliseconds(50)
 
     /// - Parameter admissionQueueLimit: `database.admissionQueueLimit` (see `MeteringStore+Overload.swift`).
-    public init(database: Database, relaxed: Bool = false, admissionQueueLimit: Int = Self.defaultAdmissionQueueLimit) {
+    public init(
+        database: Database, relaxed: Bool = false, admissionQueueLimit: Int = Self.defaultAdmissionQueueLimit, spool: Spool? = nil
+    ) {
         self.database = database
         self.relaxed = relaxed
-        self.admissions = Self.admissionQueue(database: database, relaxed: relaxed, queueLimit: admissionQueueLimit)
+        self.spool = spool
+        self.admissions = Self.admissionQueue(database: database, relaxed: relaxed, queueLimit: admissionQueueLimit, spool: spool)
         self.settlements = BatchQueue(maxBatch: Self.maxBatch * 4, gather: Self.settlementGather) { items in
-            await Self.settleBatch(items, database: database)
+            await Self.settleBatch(items, database: database, spool: spool)
         }
     }
 
@@ -73,7 +79,7 @@ public struct MeteringStore: Sendable {
     func admissionRow(_ item: AdmissionItem) async throws -> AdmissionRow {
         guard item.request.idempotencyKey != nil else { return try await admissions.submit(item) }
         let relaxed = self.relaxed
-        let rows = try await Self.runAdmission([item], database: database) { client in
+        let rows = try await Self.runAdmission([item], database: database, spool: spool) { client in
             try await client.execute(
                 AdmitIdempotentStatement(keyHash: item.keyHash, request: item.request, relaxed: relaxed), logger: database.logger
             ).collect()
@@ -88,11 +94,13 @@ public struct MeteringStore: Sendable {
     /// fail closed); a transaction that commits after that, or whose connection broke with the
     /// outcome unknown, has its charges given back (``LateAdmissions``): none of its calls was
     /// forwarded.
-    static func admitBatch(_ items: [AdmissionItem], database: Database, relaxed: Bool) async -> [Result<AdmissionRow, any Error>] {
+    static func admitBatch(
+        _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool? = nil
+    ) async -> [Result<AdmissionRow, any Error>] {
         GatewayMetrics.admissionBatch(size: items.count)
         do {
             let started = ContinuousClock.now
-            let rows = try await runAdmitBatch(items, database: database, relaxed: relaxed)
+            let rows = try await runAdmitBatch(items, database: database, relaxed: relaxed, spool: spool)
             GatewayMetrics.admissionBatch(duration: ContinuousClock.now - started)
             guard rows.count == items.count else {
                 throw DatabaseError.other("capgate_admit_batch returned \(rows.count) rows for \(items.count) calls")
@@ -105,17 +113,17 @@ public struct MeteringStore: Sendable {
             var results: [Result<AdmissionRow, any Error>] = []
             results.reserveCapacity(items.count)
             for item in items {
-                results += await admitBatch([item], database: database, relaxed: relaxed)
+                results += await admitBatch([item], database: database, relaxed: relaxed, spool: spool)
             }
             return results
         }
     }
 
-    static func runAdmitBatch(_ items: [AdmissionItem], database: Database, relaxed: Bool) async throws -> [AdmissionRow] {
+    static func runAdmitBatch(_ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool?) async throws -> [AdmissionRow] {
         if items.count == 1 {
-            return try await runAdmitOne(items[0], database: database, relaxed: relaxed)
+            return try await runAdmitOne(items[0], database: database, relaxed: relaxed, spool: spool)
         }
-        return try await runAdmission(items, database: database) { client in
+        return try await runAdmission(items, database: database, spool: spool) { client in
             try await client.execute(AdmitBatchStatement(items: items, relaxed: relaxed), logger: database.logger).collect()
         }
     }
@@ -123,9 +131,10 @@ public struct MeteringStore: Sendable {
     /// Runs an admission statement for `items`; a commit after the deadline, or a connection
     /// that broke with the outcome unknown, has its charges given back (``LateAdmissions``).
     static func runAdmission(
-        _ items: [AdmissionItem], database: Database, _ body: @escaping @Sendable (PostgresClient) async throws -> [AdmissionRow]
+        _ items: [AdmissionItem], database: Database, spool: Spool?,
+        _ body: @escaping @Sendable (PostgresClient) async throws -> [AdmissionRow]
     ) async throws -> [AdmissionRow] {
-        let late = LateAdmissions(items: items, database: database)
+        let late = LateAdmissions(items: items, database: database, spool: spool)
         return try await database.run(lateResult: late.committedLate) { client in
             do {
                 return try await body(client)
@@ -140,9 +149,9 @@ public struct MeteringStore: Sendable {
     /// same decision, same lock order (period, company counter, then user counter), a quarter
     /// of the work of the array version (measured: 0.3 ms against 1.1 ms), which is what a lone
     /// call on an idle gateway waits for.
-    static func runAdmitOne(_ item: AdmissionItem, database: Database, relaxed: Bool) async throws -> [AdmissionRow] {
+    static func runAdmitOne(_ item: AdmissionItem, database: Database, relaxed: Bool, spool: Spool?) async throws -> [AdmissionRow] {
         let r = item.request
-        let rows = try await runAdmission([item], database: database) { client -> [AdmissionRow] in
+        let rows = try await runAdmission([item], database: database, spool: spool) { client -> [AdmissionRow] in
             if let hash = item.keyHash {
                 return try await client.execute(AdmitKeyStatement(keyHash: hash, request: r, relaxed: relaxed), logger: database.logger)
                     .collect()
@@ -216,12 +225,22 @@ public struct MeteringStore: Sendable {
         await settlements.flush()
     }
 
-    static func settleBatch(_ items: [Settlement], database: Database) async -> [Result<Void, any Error>] {
+    static func settleBatch(_ items: [Settlement], database: Database, spool: Spool? = nil) async -> [Result<Void, any Error>] {
         do {
             _ = try await database.run { client in
                 try await client.execute(SettleBatchStatement(items: items), logger: database.logger).collect()
             }
             return items.map { _ in .success(()) }
+        } catch DatabaseError.unavailable where spool != nil {
+            // The charges stand; their token counts wait in the spool until the database is back.
+            let writes = PendingWrites(database: database, spool: spool)
+            for item in items {
+                writes.later(
+                    .settle(
+                        company: item.companyID, ledger: item.ledgerID, status: item.status, inputTokens: item.inputTokens,
+                        outputTokens: item.outputTokens))
+            }
+            return items.map { _ in .failure(DatabaseError.unavailable) }
         } catch {
             // The charges stand; only their token counts are missing (the ledger shows settled_at NULL).
             database.logger.error("could not record token counts", metadata: ["calls": "\(items.count)"])

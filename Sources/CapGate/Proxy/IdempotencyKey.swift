@@ -103,8 +103,8 @@ extension HTTPField.Name {
 }
 
 /// Keeps the answer of a call with an `Idempotency-Key` that succeeded. A database that cannot
-/// be reached delays it (retried in the background, like a refund); until it is kept, retries
-/// get 409 (in flight).
+/// be reached delays it (it waits in the spool, like a refund); until it is kept, retries get
+/// 409 (in flight).
 struct AnswerKeeper: Sendable {
     let metering: MeteringStore
     let user: UserIdentity
@@ -113,24 +113,16 @@ struct AnswerKeeper: Sendable {
     let logger: Logger
 
     func keep(status: Int, contentType: String?, body: ByteBuffer?) async {
-        let metering = self.metering
-        let (user, key, requestID, logger) = (self.user, self.key, self.requestID, self.logger)
-        let write = { @Sendable in
+        do {
             try await metering.keepAnswer(
                 companyID: user.companyID, userID: user.userID, key: key, requestID: requestID, status: status,
                 contentType: contentType, body: body)
-        }
-        do {
-            _ = try await write()
         } catch DatabaseError.unavailable {
-            logger.warning("idempotent answer not kept yet: the database is unavailable; retrying")
-            Task {
-                do {
-                    _ = try await metering.database.untilAvailable(write)
-                } catch {
-                    logger.error("idempotent answer could not be kept; retries of its key get 409 until it expires")
-                }
-            }
+            logger.warning("idempotent answer not kept yet: the database is unavailable; it waits in the spool")
+            metering.pendingWrites.later(
+                .answer(
+                    company: user.companyID, user: user.userID, key: key, requestID: requestID, status: status,
+                    contentType: contentType, body: body.map { Data($0.readableBytesView) }))
         } catch {
             logger.error("idempotent answer could not be kept; retries of its key get 409 until it expires")
         }

@@ -338,35 +338,24 @@ public struct ProxyHandler: Sendable {
     /// Reports this attempt's failure before the caller is answered: the charge is given back
     /// unless another attempt at it (the same Idempotency-Key) is in flight or succeeded. Returns
     /// whether it was given back now. If the database is unavailable the caller is answered
-    /// anyway (false: the outcome is not known yet) and the report is retried in the background
-    /// (it is idempotent), so a call that failed upstream while PostgreSQL was down does not stay
-    /// charged.
+    /// anyway (false: the outcome is not known yet) once the report is in the spool (it is
+    /// idempotent and replayed until the database takes it, across restarts), so a call that
+    /// failed upstream while PostgreSQL was down does not stay charged.
     @discardableResult
     func refund(user: UserIdentity, ledgerID: Int64, requestID: String, status: Int?, reason: String, logger: Logger) async -> Bool {
-        let metering = self.metering
-        let refund = { @Sendable in
-            try await metering.refund(companyID: user.companyID, ledgerID: ledgerID, requestID: requestID, upstreamStatus: status)
-        }
-        let failed = { @Sendable in
-            // The ledger row stays charged; `capgate verify` and the operator see it.
-            logger.error("refund failed", metadata: ["ledger_id": "\(ledgerID)", "reason": "\(reason)"])
-        }
         do {
-            guard try await refund() else { return false }
+            guard
+                try await metering.refund(companyID: user.companyID, ledgerID: ledgerID, requestID: requestID, upstreamStatus: status)
+            else { return false }
             GatewayMetrics.refund(reason: reason)
             return true
         } catch DatabaseError.unavailable {
-            logger.warning("refund delayed: the database is unavailable; retrying", metadata: ["ledger_id": "\(ledgerID)"])
-            Task {
-                do {
-                    if try await metering.database.untilAvailable(refund) { GatewayMetrics.refund(reason: reason) }
-                } catch {
-                    failed()
-                }
-            }
+            logger.warning("refund delayed: the database is unavailable; it waits in the spool", metadata: ["ledger_id": "\(ledgerID)"])
+            metering.pendingWrites.later(.refund(company: user.companyID, ledger: ledgerID, requestID: requestID, status: status))
             return false
         } catch {
-            failed()
+            // The ledger row stays charged; `capgate verify` and the operator see it.
+            logger.error("refund failed", metadata: ["ledger_id": "\(ledgerID)", "reason": "\(reason)"])
             return false
         }
     }

@@ -27,6 +27,12 @@ public struct Database: Sendable {
         func callFailed() {
             if case .following(let follower) = self { follower.callFailed() }
         }
+
+        /// True when `client` is no longer the one calls use (a failover replaced it).
+        func replaced(_ client: PostgresClient) -> Bool {
+            guard case .following(let follower) = self else { return false }
+            return follower.client !== client
+        }
     }
 
     let source: Source
@@ -65,11 +71,12 @@ public struct Database: Sendable {
         _ body: @escaping @Sendable (PostgresClient) async throws -> T
     ) async throws -> T {
         let source = self.source
+        let client = source.client
         do {
             return try await withDeadline(timeout, lateResult: lateResult) {
                 GatewayMetrics.databaseOperation(1)
                 defer { GatewayMetrics.databaseOperation(-1) }
-                return try await body(source.client)
+                return try await body(client)
             }
         } catch let error as PSQLError {
             let mapped = DatabaseError.map(error, logger: logger)
@@ -87,6 +94,11 @@ public struct Database: Sendable {
             source.callFailed()
             throw DatabaseError.unavailable
         } catch {
+            // A pool that a failover closed fails its calls with its own error type.
+            if source.replaced(client) && !(error is DatabaseError) {
+                GatewayMetrics.databaseUnavailableOnce()
+                throw DatabaseError.unavailable
+            }
             // Domain errors thrown by the body pass through unchanged.
             throw error
         }

@@ -32,6 +32,8 @@ public final class EmbeddedPostgres: Sendable {
     public let password: String
     public let binDirectory: String
     let asRoot: Bool
+    /// The `postgres` options it was started with (a restart uses them again).
+    let options: String
     let logger: Logger
 
     /// The URL of the `capgate` database in this cluster (with its password: never log it).
@@ -79,25 +81,38 @@ public final class EmbeddedPostgres: Sendable {
             _ = try? run(bin + "/pg_ctl", ["-D", data, "-m", "fast", "-w", "stop"], asRoot: asRoot)
         }
         let port = try freePort()
-        var options = "-p \(port) -k \(data) -c listen_addresses=127.0.0.1 -c max_connections=300"
-        for (key, value) in settings.sorted(by: { $0.key < $1.key }) { options += " -c \(key)=\(value)" }
+        let options = serverOptions(port: port, data: data, settings: settings)
         try run(bin + "/pg_ctl", ["-D", data, "-l", directory + "/postgres.log", "-o", options, "-w", "-t", "60", "start"], asRoot: asRoot)
         let cluster = EmbeddedPostgres(
-            dataDirectory: data, port: port, password: password, binDirectory: bin, asRoot: asRoot, logger: logger)
-        // The capgate database (initdb made the capgate superuser).
+            dataDirectory: data, port: port, password: password, binDirectory: bin, asRoot: asRoot, options: options, logger: logger)
+        // The capgate database (initdb made the capgate superuser). It commits without waiting
+        // for a synchronous standby: a replica set's primary has none yet at this point.
         _ = try? run(
-            bin + "/psql", ["-h", data, "-p", "\(port)", "-U", "capgate", "-d", "postgres", "-q", "-c", "CREATE DATABASE capgate"],
+            bin + "/psql",
+            [
+                "-h", data, "-p", "\(port)", "-U", "capgate", "-d", "postgres", "-q", "-c", "SET synchronous_commit = local", "-c",
+                "CREATE DATABASE capgate",
+            ],
             asRoot: asRoot)
         return cluster
     }
 
-    init(dataDirectory: String, port: Int, password: String, binDirectory: String, asRoot: Bool, logger: Logger) {
+    init(dataDirectory: String, port: Int, password: String, binDirectory: String, asRoot: Bool, options: String, logger: Logger) {
         self.dataDirectory = dataDirectory
         self.port = port
         self.password = password
         self.binDirectory = binDirectory
         self.asRoot = asRoot
+        self.options = options
         self.logger = logger
+    }
+
+    /// The `postgres` options of a cluster: its port, the socket in the data folder, loopback
+    /// only, and `settings` as `-c name=value`.
+    static func serverOptions(port: Int, data: String, settings: [String: String]) -> String {
+        var options = "-p \(port) -k \(data) -c listen_addresses=127.0.0.1 -c max_connections=300"
+        for (key, value) in settings.sorted(by: { $0.key < $1.key }) { options += " -c \(key)=\(value)" }
+        return options
     }
 
     /// Creates another database in this cluster (tests use one per suite).
@@ -119,9 +134,8 @@ public final class EmbeddedPostgres: Sendable {
         _ = try? Self.run(binDirectory + "/pg_ctl", ["-D", dataDirectory, "-m", "immediate", "-w", "stop"], asRoot: asRoot)
     }
 
-    /// Starts it again on the same port after ``stop()`` or ``kill()``.
+    /// Starts it again on the same port (and settings) after ``stop()`` or ``kill()``.
     public func restart() throws {
-        let options = "-p \(port) -k \(dataDirectory) -c listen_addresses=127.0.0.1 -c max_connections=300"
         try Self.run(
             binDirectory + "/pg_ctl",
             ["-D", dataDirectory, "-l", dataDirectory + "/../postgres.log", "-o", options, "-w", "-t", "60", "start"], asRoot: asRoot)

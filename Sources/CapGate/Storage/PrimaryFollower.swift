@@ -12,8 +12,8 @@ import Synchronization
 /// follower then probes the hosts (``PrimaryLocator``), at most once every `probeInterval`, and
 /// keeps probing at that pace while no host accepts writes. Calls meanwhile fail with
 /// ``DatabaseError/unavailable`` (503: fail closed). When another host turns out writable, a
-/// client for it is started and checked with a query; then calls use it and the old client is
-/// shut down (its calls still in flight fail, as they would have on the dead host).
+/// client for it is started and checked with a query; then calls use it, and the old client is
+/// shut down once the calls that took it have ended (`database.timeout` later).
 ///
 /// It is a service: its `run()` runs the current client (and each one that replaces it) and
 /// ends them at graceful shutdown, as the single client of a single-host URL would.
@@ -136,7 +136,14 @@ public final class PrimaryFollower: Service, Sendable {
             current = Current(client: client, index: index, retire: retireContinuation)
             return old
         }
-        old.retire.finish()
+        // The old pool is closed once every call that took it has been answered (at
+        // database.timeout) and every statement sent on it has ended on its server (the same
+        // time, as statement_timeout): closing it at once would cut statements in flight.
+        let grace = (statementTimeout ?? .seconds(5)) + .seconds(1)
+        group.addTask {
+            try? await Task.sleep(for: grace)
+            old.retire.finish()
+        }
         GatewayMetrics.databaseFailover()
         logger.warning(
             "database failover: calls now go to another host",

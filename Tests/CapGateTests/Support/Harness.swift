@@ -71,6 +71,8 @@ struct Harness: Sendable {
                 // The whole suite shares two cores: a database call can take seconds while the
                 // concurrency tests run. Tests of the timeout itself set their own.
                 "database.timeout": "30",
+                // Each gateway its own spool (a shared one would hold other tests' writes).
+                "spool.directory": NSTemporaryDirectory() + "capgate-spool-" + UUID().uuidString,
             ]
             flags.merge(settings) { _, new in new }
             let configuration = try await CapGateConfiguration.load(flags: flags, environment: [:], file: "/nonexistent/capgate.json")
@@ -174,13 +176,16 @@ struct Harness: Sendable {
     }
 
     /// A Messages API call with a key.
-    func message(key: String, stream: Bool = false, model: String = "claude-test", headers: [(String, String)] = []) async throws -> Reply {
+    func message(
+        key: String, stream: Bool = false, model: String = "claude-test", headers: [(String, String)] = [], base: String? = nil
+    ) async throws -> Reply {
         try await request(
             .POST, "/v1/messages", headers: [("x-api-key", key), ("anthropic-version", "2023-06-01")] + headers,
             json: .obj([
                 "model": .string(model), "max_tokens": 16, "stream": .bool(stream),
                 "messages": .array([.obj(["role": "user", "content": "Hello"])]),
-            ])
+            ]),
+            base: base
         )
     }
 

@@ -1,0 +1,260 @@
+import Foundation
+import Logging
+import PostgresNIO
+
+/// Charges whose provider answer was never recorded: the gateway admitted the call (the charge
+/// is committed, counters include it) and then died, or lost the database, before it settled
+/// the call or gave it back. Such a ledger row stays `charged` with `settled_at` and
+/// `upstream_status` NULL. Counters still agree with the ledger (the row is a charge), so this
+/// is not a mismatch; it is a call nobody knows the fate of, for an operator to decide:
+///
+/// - keep: the charge stands; `settled_at` is set and `upstream_status` stays NULL, which no
+///   other path writes on a charged row (a provider settlement always records a status). The
+///   export shows such a row as `kept`. A real settlement arriving later still overwrites it.
+/// - refund: `capgate_refund(company, id, NULL, NULL)` gives the units back to both counters,
+///   marks the row refunded, and marks its Idempotency-Key failed so a retry is a new attempt.
+///
+/// A charged row without `settled_at` is `pending` for ``defaultGrace`` after its `created_at`
+/// (the call may still be streaming), `unsettled` after.
+public struct UnsettledCharges: Sendable {
+    let database: Database
+    var logger: Logger { database.logger }
+
+    public init(database: Database) {
+        self.database = database
+    }
+
+    /// How long a charge may stay without settlement before it is reported (1 hour): far past
+    /// `upstream.timeout` (600 s) for the answer's head; a stream that runs longer settles late
+    /// and then shows as settled.
+    public static let defaultGrace: TimeInterval = 3600
+
+    /// A ledger row's settlement, as the events export shows it.
+    public enum State: String, Sendable, CaseIterable {
+        /// The provider's answer was recorded (or the charge was given back).
+        case settled
+        /// No answer recorded yet, within the grace time.
+        case pending
+        /// No answer recorded, older than the grace time.
+        case unsettled
+        /// Was unsettled; an operator kept the charge (`capgate unsettled keep`).
+        case kept
+
+        /// The state of a row with these columns at `now`.
+        public static func of(
+            outcome: String, settledAt: Date?, upstreamStatus: Int32?, createdAt: Date, now: Date, grace: TimeInterval = defaultGrace
+        ) -> State {
+            if outcome != "charged" { return .settled }
+            if settledAt != nil { return upstreamStatus == nil ? .kept : .settled }
+            return createdAt > now.addingTimeInterval(-grace) ? .pending : .unsettled
+        }
+    }
+
+    /// One company's unsettled charges.
+    public struct CompanySummary: Sendable, CustomStringConvertible {
+        public var companyID: UUID
+        public var count: Int64
+        public var units: Int64
+        public var oldestID: Int64
+        public var oldestAt: Date
+
+        public var description: String {
+            "unsettled: company \(companyID.uuidString.lowercased()): \(count) charges, \(units) units, "
+                + "oldest \(oldestID) at \(Timestamp.format(oldestAt))"
+        }
+    }
+
+    /// One unsettled charge.
+    public struct Charge: Sendable, CustomStringConvertible {
+        public var id: Int64
+        public var companyID: UUID
+        public var userID: UUID
+        public var units: Int32
+        public var createdAt: Date
+        public var method: String
+        public var route: String
+        public var requestID: String
+        public var idempotencyKey: String?
+
+        public var description: String {
+            "\(id) company \(companyID.uuidString.lowercased()) user \(userID.uuidString.lowercased()) units \(units) "
+                + "created \(Timestamp.format(createdAt)) \(method) \(route) request \(requestID)"
+                + (idempotencyKey.map { " idempotency_key \($0)" } ?? "")
+        }
+    }
+
+    /// What `keep` or `refund` did with one ledger id.
+    public struct Resolution: Sendable, CustomStringConvertible {
+        public enum Outcome: Sendable, Equatable {
+            case kept, refunded
+            /// Already in the asked-for state (a repeated command): nothing changed.
+            case already(String)
+            /// Not acted on, with the reason.
+            case skipped(String)
+        }
+        public var id: Int64
+        public var companyID: UUID?
+        public var outcome: Outcome
+
+        /// False when the id was skipped.
+        public var done: Bool {
+            if case .skipped = outcome { return false }
+            return true
+        }
+
+        public var description: String {
+            let company = companyID.map { " (company \($0.uuidString.lowercased()))" } ?? ""
+            switch outcome {
+            case .kept: return "kept \(id)\(company): the charge stands"
+            case .refunded: return "refunded \(id)\(company): the units are given back"
+            case .already(let what): return "\(id)\(company): \(what) already, nothing changed"
+            case .skipped(let why): return "skipped \(id)\(company): \(why)"
+            }
+        }
+    }
+
+    /// Unsettled charges older than `olderThan` seconds, per company, oldest company first.
+    public func summary(olderThan: TimeInterval = defaultGrace) async throws -> [CompanySummary] {
+        try await database.run { client in
+            let rows = try await client.query(
+                """
+                SELECT company_id, count(*)::bigint, sum(units)::bigint,
+                       (array_agg(id ORDER BY created_at, id))[1], min(created_at)
+                  FROM usage_ledger
+                 WHERE outcome = 'charged' AND settled_at IS NULL
+                   AND created_at <= clock_timestamp() - \(olderThan) * interval '1 second'
+                 GROUP BY company_id
+                 ORDER BY min(created_at), company_id
+                """,
+                logger: logger
+            )
+            var out: [CompanySummary] = []
+            for try await (company, count, units, oldest, at) in rows.decode((UUID, Int64, Int64, Int64, Date).self) {
+                out.append(CompanySummary(companyID: company, count: count, units: units, oldestID: oldest, oldestAt: at))
+            }
+            return out
+        }
+    }
+
+    /// Unsettled charges older than `olderThan` seconds (of one company, or all), oldest first.
+    public func list(company: UUID?, olderThan: TimeInterval = defaultGrace, limit: Int = 1000) async throws -> [Charge] {
+        let limit = Int64(limit)
+        return try await database.run { client in
+            let rows = try await client.query(
+                """
+                SELECT id, company_id, user_id, units, created_at, method, route, request_id, idempotency_key
+                  FROM usage_ledger
+                 WHERE outcome = 'charged' AND settled_at IS NULL
+                   AND created_at <= clock_timestamp() - \(olderThan) * interval '1 second'
+                   AND (\(company)::uuid IS NULL OR company_id = \(company))
+                 ORDER BY created_at, id
+                 LIMIT \(limit)
+                """,
+                logger: logger
+            )
+            var out: [Charge] = []
+            for try await r in rows.decode((Int64, UUID, UUID, Int32, Date, String, String, String, String?).self) {
+                out.append(
+                    Charge(
+                        id: r.0, companyID: r.1, userID: r.2, units: r.3, createdAt: r.4, method: r.5, route: r.6, requestID: r.7,
+                        idempotencyKey: r.8))
+            }
+            return out
+        }
+    }
+
+    /// Keeps each charge (it stands, marked settled without a provider status) if it is
+    /// unsettled for `olderThan` seconds; `company` narrows the look-up to one company.
+    public func keep(_ ids: [Int64], company: UUID? = nil, olderThan: TimeInterval = defaultGrace) async throws -> [Resolution] {
+        try await resolve(ids, company: company, olderThan: olderThan, action: .keep) { connection, row in
+            let rows = try await connection.query(
+                """
+                UPDATE usage_ledger SET settled_at = clock_timestamp()
+                 WHERE company_id = \(row.company) AND id = \(row.id) AND outcome = 'charged' AND settled_at IS NULL
+                   AND created_at <= clock_timestamp() - \(olderThan) * interval '1 second'
+                RETURNING id
+                """,
+                logger: logger
+            ).collect()
+            return rows.isEmpty ? nil : .kept
+        }
+    }
+
+    /// Gives each charge back through `capgate_refund` if it is unsettled for `olderThan`
+    /// seconds; `company` narrows the look-up to one company.
+    public func refund(_ ids: [Int64], company: UUID? = nil, olderThan: TimeInterval = defaultGrace) async throws -> [Resolution] {
+        try await resolve(ids, company: company, olderThan: olderThan, action: .refund) { connection, row in
+            let rows = try await connection.query(
+                """
+                SELECT capgate_refund(l.company_id, l.id, NULL, NULL) FROM usage_ledger l
+                 WHERE l.company_id = \(row.company) AND l.id = \(row.id) AND l.outcome = 'charged' AND l.settled_at IS NULL
+                   AND l.created_at <= clock_timestamp() - \(olderThan) * interval '1 second'
+                """,
+                logger: logger
+            ).decode(Bool.self).collect()
+            guard let refunded = rows.first else { return nil }
+            return refunded ? .refunded : .skipped("a replayed attempt of this charge succeeded or is in flight: the charge stands")
+        }
+    }
+
+    /// What an operator asked for.
+    enum Action { case keep, refund }
+
+    typealias Row = (id: Int64, company: UUID, outcome: String, settledAt: Date?, status: Int32?, createdAt: Date)
+
+    /// Looks every id up at once (without `company`, one scan of the ledger: its key leads with
+    /// the company), then acts on each in its own transaction. `act` returns nil when the row no
+    /// longer qualifies; the row is then read again to say why.
+    func resolve(
+        _ ids: [Int64], company: UUID?, olderThan: TimeInterval, action: Action,
+        act: @escaping @Sendable (PostgresConnection, Row) async throws -> Resolution.Outcome?
+    ) async throws -> [Resolution] {
+        var found: [Int64: Row] = [:]
+        for row in try await rows(ids, company: company) { found[row.id] = row }
+        var out: [Resolution] = []
+        for id in ids {
+            guard let row = found[id] else {
+                out.append(Resolution(id: id, companyID: company, outcome: .skipped("no ledger row with this id")))
+                continue
+            }
+            let acted = try await database.transaction { connection in try await act(connection, row) }
+            if let acted {
+                out.append(Resolution(id: id, companyID: row.company, outcome: acted))
+            } else {
+                let now = try await rows([id], company: row.company).first
+                out.append(Resolution(id: id, companyID: row.company, outcome: Self.why(now, action: action, olderThan: olderThan)))
+            }
+        }
+        return out
+    }
+
+    func rows(_ ids: [Int64], company: UUID?) async throws -> [Row] {
+        try await database.run { client in
+            let rows = try await client.query(
+                """
+                SELECT id, company_id, outcome, settled_at, upstream_status, created_at FROM usage_ledger
+                 WHERE id = ANY(\(ids)) AND (\(company)::uuid IS NULL OR company_id = \(company))
+                """,
+                logger: logger
+            )
+            var out: [Row] = []
+            for try await r in rows.decode((Int64, UUID, String, Date?, Int32?, Date).self) {
+                out.append((r.0, r.1, r.2, r.3, r.4, r.5))
+            }
+            return out
+        }
+    }
+
+    /// Why a row was not acted on.
+    static func why(_ row: Row?, action: Action, olderThan: TimeInterval) -> Resolution.Outcome {
+        guard let row else { return .skipped("no ledger row with this id") }
+        if row.outcome == "refunded" {
+            return action == .refund ? .already("refunded") : .skipped("refunded, not charged")
+        }
+        if row.settledAt != nil {
+            if row.status == nil { return action == .keep ? .already("kept") : .skipped("kept by an operator already") }
+            return .skipped("settled by the provider (status \(row.status.map(String.init) ?? "none"))")
+        }
+        return .skipped("pending: younger than \(Int(olderThan)) s (lower --older-than to act on it)")
+    }
+}

@@ -1,0 +1,114 @@
+import Foundation
+import Logging
+import NIOCore
+import PostgresNIO
+import ServiceLifecycle
+
+/// Writes that must reach the database eventually (a refund, a give-back, token counts, a kept
+/// answer) and that found it unavailable: put in the ``Spool`` before the caller is answered and
+/// replayed by ``SpoolReplayer``; without a spool (or if the disk refuses), retried in memory.
+struct PendingWrites: Sendable {
+    let database: Database
+    let spool: Spool?
+
+    func later(_ write: PendingWrite) {
+        if let spool {
+            do {
+                try spool.put(write)
+                return
+            } catch {
+                database.logger.error("the spool could not be written; retrying in memory (lost if the gateway stops)")
+            }
+        }
+        let database = self.database
+        Task {
+            do {
+                try await database.untilAvailable { try await Self.apply(write, database: database) }
+            } catch {
+                database.logger.error("a write the database could not take was given up", metadata: ["write": "\(write.kind)"])
+            }
+        }
+    }
+
+    /// Applies `write` once (each is idempotent); throws `DatabaseError.unavailable` while the
+    /// database cannot take it.
+    static func apply(_ write: PendingWrite, database: Database) async throws {
+        switch write {
+        case .refund(let company, let ledger, let requestID, let status):
+            if try await MeteringStore.refund(
+                companyID: company, ledgerID: ledger, requestID: requestID, upstreamStatus: status, database: database)
+            {
+                GatewayMetrics.refund(reason: "spooled")
+            }
+        case .settle(let company, let ledger, let status, let input, let output):
+            let settlement = Settlement(companyID: company, ledgerID: ledger, status: status, inputTokens: input, outputTokens: output)
+            _ = try await database.run { client in
+                try await client.execute(SettleBatchStatement(items: [settlement]), logger: database.logger).collect()
+            }
+        case .answer(let company, let user, let key, let requestID, let status, let contentType, let body):
+            try await MeteringStore.keepAnswer(
+                companyID: company, userID: user, key: key, requestID: requestID, status: status, contentType: contentType,
+                body: body.map { ByteBuffer(bytes: $0) }, database: database)
+        case .giveBack(let hashes, let companies, let requestIDs, let since):
+            let charges = try await LateAdmissions.findCharges(
+                keyHashes: hashes.map { ByteBuffer(bytes: $0) }, companies: companies, requestIDs: requestIDs, since: since,
+                database: database)
+            for charge in charges {
+                if try await MeteringStore.refund(
+                    companyID: charge.company, ledgerID: charge.ledger, requestID: charge.requestID, upstreamStatus: nil,
+                    database: database)
+                {
+                    GatewayMetrics.refund(reason: "late_admission")
+                }
+            }
+        }
+    }
+}
+
+extension PendingWrite {
+    /// For logs: what kind of write, never its content.
+    var kind: String {
+        switch self {
+        case .refund: "refund"
+        case .settle: "settle"
+        case .answer: "answer"
+        case .giveBack: "give_back"
+        }
+    }
+}
+
+/// Replays the spool at start, every `interval` while running, and once more at shutdown (after
+/// the server drained and the settlements were flushed, before the pool closes), until the
+/// database takes each write.
+struct SpoolReplayer: Service {
+    let spool: Spool
+    let database: Database
+    let interval: Duration
+
+    func run() async throws {
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            await replay()
+            try? await cancelWhenGracefulShutdown { try await Task.sleep(for: interval) }
+        }
+        await replay()
+        if spool.depth > 0 {
+            database.logger.warning(
+                "writes still in the spool at shutdown; the next start replays them", metadata: ["spool_depth": "\(spool.depth)"])
+        }
+    }
+
+    /// One pass over the spool, oldest first; stops at the first write the database cannot take.
+    func replay() async {
+        for (name, write) in spool.pending() {
+            do {
+                try await PendingWrites.apply(write, database: database)
+                spool.remove(name)
+            } catch DatabaseError.unavailable {
+                return
+            } catch {
+                database.logger.error(
+                    "a spooled write failed; it stays in the spool", metadata: ["write": "\(write.kind)", "file": "\(name)"])
+            }
+        }
+    }
+}

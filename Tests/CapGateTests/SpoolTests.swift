@@ -1,0 +1,123 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import Testing
+
+@testable import CapGate
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Writes the database could not take (a refund, a give-back, token counts, a kept answer) wait
+/// in the local spool, fsynced, and reach the database after a crash of the gateway.
+@Suite("Spool", .serialized)
+struct SpoolTests {
+    static func folder() -> String { NSTemporaryDirectory() + "capgate-spool-test-" + UUID().uuidString }
+
+    @Test("entries are kept in order, only this database's are replayed, an unreadable one is moved aside")
+    func entries() throws {
+        let directory = Self.folder()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let spool = try Spool(directory: directory, database: "capgate@a", logger: TestCluster.logger)
+        let other = try Spool(directory: directory, database: "capgate@b", logger: TestCluster.logger)
+        let company = UUID()
+        try spool.put(.refund(company: company, ledger: 1, requestID: "r1", status: 500))
+        try other.put(.refund(company: company, ledger: 2, requestID: "r2", status: nil))
+        try spool.put(.settle(company: company, ledger: 3, status: 200, inputTokens: 5, outputTokens: nil))
+        FileManager.default.createFile(atPath: directory + "/0000-broken.json", contents: Data("{".utf8))
+        let pending = spool.pending()
+        #expect(
+            pending.map(\.write) == [
+                .refund(company: company, ledger: 1, requestID: "r1", status: 500),
+                .settle(company: company, ledger: 3, status: 200, inputTokens: 5, outputTokens: nil),
+            ])
+        #expect(FileManager.default.fileExists(atPath: directory + "/0000-broken.json.bad"))
+        for entry in pending { spool.remove(entry.name) }
+        #expect(spool.pending().isEmpty)
+        #expect(other.pending().count == 1)
+        // A new spool on the folder counts what is there.
+        #expect(try Spool(directory: directory, database: "capgate@b", logger: TestCluster.logger).depth == 1)
+    }
+
+    static func startServe(_ environment: [String: String]) throws -> Process {
+        let serve = Process()
+        serve.executableURL = URL(fileURLWithPath: CommandTests.binary)
+        serve.arguments = ["serve"]
+        serve.environment = environment.merging(["PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"]) { a, _ in a }
+        serve.standardOutput = FileHandle.nullDevice
+        serve.standardError = FileHandle.nullDevice
+        try serve.run()
+        return serve
+    }
+
+    static func waitReady(_ base: String) async throws -> Bool {
+        for _ in 0..<160 {
+            if (try? await Harness.http.execute(HTTPClientRequest(url: base + "/healthz"), timeout: .seconds(2)).status) == .ok {
+                return true
+            }
+            try await Task.sleep(for: .milliseconds(250))
+        }
+        return false
+    }
+
+    @Test("a refund that meets a stopped database survives kill -9 of the gateway: the next start replays it from the spool")
+    func refundSurvivesCrash() async throws {
+        try #require(FileManager.default.isExecutableFile(atPath: CommandTests.binary), "build the binary first: swift build")
+        try await FailClosedTests.withOwnCluster { cluster in
+            let made = try await FailClosedTests.company(on: cluster.url, users: 1)
+            try await Harness.with(database: cluster.url) { h in
+                let spoolFolder = Self.folder()
+                defer { try? FileManager.default.removeItem(atPath: spoolFolder) }
+                let port = try EmbeddedPostgres.freePort()
+                let base = "http://127.0.0.1:\(port)"
+                let environment = [
+                    "DATABASE_URL": cluster.url.text, "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port), "DATABASE_TIMEOUT": "2",
+                    "SPOOL_DIRECTORY": spoolFolder, "LOG_LEVEL": "warning", "OPERATOR_TOKEN": "op_spool",
+                ]
+                let first = try Self.startServe(environment)
+                defer { if first.isRunning { kill(first.processIdentifier, SIGKILL) } }
+                try #require(try await Self.waitReady(base))
+                let key = made.users[0].key
+                let used = "SELECT coalesce(sum(used), 0) FROM company_usage WHERE company_id = '\(made.company.text)'"
+                #expect(try await h.message(key: key, headers: [], base: base).status == 200)
+
+                // A call the provider fails after 3 s; the database goes away meanwhile.
+                async let failing = h.message(key: key, headers: [("x-mock-delay-ms", "3000"), ("x-mock-status", "500")], base: base)
+                #expect(try await h.eventually(used, equals: 2) == 2)
+                cluster.kill()
+                #expect(try await failing.status == 500)
+                // Answered only after the refund was in the spool.
+                let spooled = Spool.names(in: spoolFolder).compactMap {
+                    FileManager.default.contents(atPath: spoolFolder + "/" + $0).map { String(decoding: $0, as: UTF8.self) }
+                }
+                // (The first call's token counts may be there too, if their write met the stop.)
+                #expect(spooled.filter { $0.contains(#""refund""#) && $0.contains(#""status":500"#) }.count == 1, "\(spooled)")
+                kill(first.processIdentifier, SIGKILL)
+                first.waitUntilExit()
+
+                try cluster.restart()
+                let second = try Self.startServe(environment)
+                defer { if second.isRunning { second.terminate() } }
+                try #require(try await Self.waitReady(base))
+                #expect(try await h.eventually(used, equals: 1, within: .seconds(30)) == 1)
+                #expect(
+                    try await h.scalar(
+                        "SELECT count(*) FROM usage_ledger WHERE company_id = '\(made.company.text)' AND outcome = 'refunded' AND upstream_status = 500"
+                    ) == 1)
+                // The first call's token counts arrived too, whichever way they went.
+                #expect(
+                    try await h.eventually(
+                        "SELECT count(*) FROM usage_ledger WHERE outcome = 'charged' AND settled_at IS NOT NULL AND output_tokens IS NOT NULL",
+                        equals: 1) == 1)
+                for _ in 0..<40 where !Spool.names(in: spoolFolder).isEmpty { try await Task.sleep(for: .milliseconds(250)) }
+                #expect(Spool.names(in: spoolFolder).isEmpty)
+                let metrics = try await h.request(.GET, "/metrics", base: base).body
+                #expect(metrics.contains("capgate_spool_depth 0"), "\(metrics.split(separator: "\n").filter { $0.contains("spool") })")
+                // Calls the provider served (2xx) == calls charged.
+                #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'") == Int64(h.mock.served.count))
+                #expect(try await CapGateRunner.verify(url: cluster.url, logger: TestCluster.logger).isEmpty)
+            }
+        }
+    }
+}
