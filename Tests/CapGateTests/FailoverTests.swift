@@ -68,7 +68,9 @@ struct FailoverTests {
                                 let sent = clock.now
                                 let reply = try? await h.message(key: key)
                                 let status = reply?.status ?? 0
-                                let call = Call(sent: sent, answered: clock.now, status: status, failure: status == 200 ? nil : reply?.body ?? "no answer")
+                                let call = Call(
+                                    sent: sent, answered: clock.now, status: status,
+                                    failure: status == 200 ? nil : reply?.body ?? "no answer")
                                 log.calls.withLock { $0.append(call) }
                                 if status != 200 { try await Task.sleep(for: .milliseconds(20)) }
                             }
@@ -99,11 +101,15 @@ struct FailoverTests {
                     let all = log.calls.withLock { $0 }
                     let statuses = Dictionary(grouping: all, by: \.status).mapValues(\.count)
                     let recoveryTime = recoveredAt - promoted
-                    print("failover: calls by status \(statuses); served before kill \(servedBeforeKill); first success \(recoveryTime) after promote")
+                    print(
+                        "failover: calls by status \(statuses); served before kill \(servedBeforeKill); first success \(recoveryTime) after promote"
+                    )
                     #expect(recoveryTime < .seconds(10))
                     #expect(h.mock.served.count > servedBeforeKill, "calls were served after the failover")
                     // Every call was answered, 200 or (in the gap only) 503.
-                    let unexpected = all.filter { $0.status != 200 && $0.status != 503 }.prefix(5).map { "\($0.status): \($0.failure ?? "")" }
+                    let unexpected = all.filter { $0.status != 200 && $0.status != 503 }.prefix(5).map {
+                        "\($0.status): \($0.failure ?? "")"
+                    }
                     #expect(unexpected.isEmpty, "statuses: \(statuses); \(unexpected)")
                     #expect(all.contains { $0.status == 503 }, "the gap refused calls")
                     let lateFailures = all.filter { $0.status != 200 && $0.sent > recoveredAt + .seconds(1) }
@@ -121,7 +127,8 @@ struct FailoverTests {
                 let deadline = ContinuousClock.now + .seconds(30)
                 while ContinuousClock.now < deadline {
                     charged = try await CapGateRunner.withClient(url: standbyURL, logger: logger) { client in
-                        let rows = try await client.query("SELECT count(*)::int8 FROM usage_ledger WHERE outcome = 'charged'", logger: logger)
+                        let rows = try await client.query(
+                            "SELECT count(*)::int8 FROM usage_ledger WHERE outcome = 'charged'", logger: logger)
                         for try await count in rows.decode(Int64.self) { return count }
                         return -1
                     }

@@ -40,21 +40,30 @@ struct SpoolTests {
         #expect(try Spool(directory: directory, database: "capgate@b", logger: TestCluster.logger).depth == 1)
     }
 
-    static func startServe(_ environment: [String: String]) throws -> Process {
+    static func startServe(_ environment: [String: String], log: String? = nil) throws -> Process {
         let serve = Process()
         serve.executableURL = URL(fileURLWithPath: CommandTests.binary)
         serve.arguments = ["serve"]
         serve.environment = environment.merging(["PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"]) { a, _ in a }
         serve.standardOutput = FileHandle.nullDevice
         serve.standardError = FileHandle.nullDevice
+        if let log, FileManager.default.createFile(atPath: log, contents: nil), let handle = FileHandle(forWritingAtPath: log) {
+            serve.standardOutput = handle
+            serve.standardError = handle
+        }
         try serve.run()
         return serve
     }
 
+    /// Polls `GET /healthz` on a connection of its own each time (a pooled client connection to
+    /// a gateway that was killed must not be what is measured).
     static func waitReady(_ base: String) async throws -> Bool {
+        let port = Int(base.split(separator: ":").last ?? "") ?? 0
         for _ in 0..<160 {
-            if (try? await Harness.http.execute(HTTPClientRequest(url: base + "/healthz"), timeout: .seconds(2)).status) == .ok {
-                return true
+            if let connection = try? await RawConnection.open(port: port) {
+                defer { connection.close() }
+                try? await connection.send("GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n")
+                if await connection.answer(within: .seconds(2))?.status == 200 { return true }
             }
             try await Task.sleep(for: .milliseconds(250))
         }

@@ -48,7 +48,8 @@ public final class PrimaryFollower: Service, Sendable {
         self.probeInterval = probeInterval
         self.logger = logger
         let index = initialHost ?? 0
-        let client = Self.makeClient(url: url, index: index, maxConnections: maxConnections, statementTimeout: statementTimeout, logger: logger)
+        let client = Self.makeClient(
+            url: url, index: index, maxConnections: maxConnections, statementTimeout: statementTimeout, logger: logger)
         let (retire, retireContinuation) = AsyncStream.makeStream(of: Void.self)
         self.initial = (client, retire)
         self.current = Mutex(Current(client: client, index: index, retire: retireContinuation))
@@ -165,7 +166,8 @@ public final class PrimaryFollower: Service, Sendable {
         url: DatabaseURL, index: Int, maxConnections: Int, statementTimeout: Duration?, logger: Logger
     ) -> PostgresClient {
         PostgresClient(
-            configuration: url.only(url.hosts[index]).clientConfiguration(maxConnections: maxConnections, statementTimeout: statementTimeout),
+            configuration: url.only(url.hosts[index]).clientConfiguration(
+                maxConnections: maxConnections, statementTimeout: statementTimeout),
             backgroundLogger: logger)
     }
 }

@@ -1,0 +1,89 @@
+import AsyncHTTPClient
+import CapGate
+import Foundation
+import NIOCore
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+@Suite("capgate dev --replica, the real binary", .timeLimit(.minutes(5)))
+struct DevReplicaTests {
+    @Test(
+        "dev --replica starts a primary and a synchronous standby, prints the failover commands, follows them without a restart, stops both on SIGINT"
+    )
+    func replicaFailover() async throws {
+        let binary = SDKTests.root.appendingPathComponent(".build/debug/capgate").path
+        try #require(FileManager.default.isExecutableFile(atPath: binary), "build the binary first: swift build")
+        let folder = NSTemporaryDirectory() + "capgate-dev-replica-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let port = try EmbeddedPostgres.freePort()
+        let logPath = folder + "/dev.log"
+        FileManager.default.createFile(atPath: logPath, contents: nil)
+        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
+
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: binary)
+        process.arguments = ["dev", "--replica", "--port", String(port), "--directory", folder + "/.capgate"]
+        var environment = ProcessInfo.processInfo.environment
+        for key in ["DATABASE_URL", "UPSTREAM_URL", "OPERATOR_TOKEN", "HTTP_PORT", "CAPGATE_CONFIG"] { environment[key] = nil }
+        process.environment = environment
+        process.currentDirectoryURL = URL(fileURLWithPath: folder)
+        process.standardOutput = log
+        process.standardError = log
+        try process.run()
+        defer { if process.isRunning { process.terminate() } }
+
+        let base = "http://127.0.0.1:\(port)"
+        let output = { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+        var ready = false
+        for _ in 0..<120 {
+            if let reply = try? await Harness.http.execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(2)),
+                reply.status == .ok, output().contains("pg_ctl promote")
+            {
+                ready = true
+                break
+            }
+            try await Task.sleep(for: .milliseconds(500))
+        }
+        try #require(ready, "dev --replica did not become ready:\n\(output())")
+        #expect(output().contains("Replica mode"))
+
+        let demo = try JSON.parse(Array(try Data(contentsOf: URL(fileURLWithPath: folder + "/.capgate/demo.json"))))
+        var call = HTTPClientRequest(url: base + "/v1/messages")
+        call.method = .POST
+        call.headers.add(name: "x-api-key", value: demo["member_key"]!.stringValue!)
+        call.headers.add(name: "content-type", value: "application/json")
+        call.body = .bytes(ByteBuffer(string: #"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#))
+        #expect(try await Harness.http.execute(call, timeout: .seconds(10)).status == .ok)
+
+        // The two printed commands, run as printed.
+        let lines = output().split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) }
+        let killLine = try #require(lines.first { $0.hasPrefix("kill -9") })
+        let promoteLine = try #require(lines.first { $0.contains("pg_ctl promote") })
+        let (killed, killOutput) = try await SDKTests.run("/bin/sh", ["-c", killLine])
+        #expect(killed == 0, "\(killOutput)")
+        let (promoted, promoteOutput) = try await SDKTests.run("/bin/sh", ["-c", promoteLine])
+        #expect(promoted == 0, "\(promoteOutput)")
+
+        var status: UInt = 0
+        let deadline = ContinuousClock.now + .seconds(10)
+        while ContinuousClock.now < deadline {
+            status = (try? await Harness.http.execute(call, timeout: .seconds(10)).status.code) ?? 0
+            if status == 200 { break }
+            #expect(status == 503 || status == 0, "a call in the gap got \(status)")
+            try await Task.sleep(for: .milliseconds(200))
+        }
+        #expect(status == 200, "no call succeeded within 10 s of the promotion:\n\(output())")
+        #expect(output().contains("database failover"))
+
+        kill(process.processIdentifier, SIGINT)
+        for _ in 0..<60 where process.isRunning { try await Task.sleep(for: .milliseconds(250)) }
+        #expect(!process.isRunning, "dev did not stop on SIGINT")
+        #expect(
+            !FileManager.default.fileExists(atPath: folder + "/.capgate/postgres-standby/data/postmaster.pid"),
+            "the standby is still running")
+    }
+}
