@@ -135,12 +135,15 @@ public struct DatabaseURL: Sendable {
         var config = PostgresClient.Configuration(
             host: host, port: port, username: username, password: password, database: database, tls: tls)
         config.options.maximumConnections = maxConnections
-        // Up to 8 connections are opened at start and kept, and none is pinged while idle: the
-        // pool arms an idle-timeout timer for every connection above the minimum and a
-        // keep-alive timer for every idle one each time it is released, on Dispatch's timer
-        // thread (a wake-up of another thread per query). A connection the server dropped is
-        // found out by the next query that uses it (503 for that call, as with any outage).
-        config.options.minimumConnections = min(maxConnections, 8)
+        // No minimum of kept connections: PostgresNIO 1.33's pool asserts (a precondition, so in
+        // release builds too) that it holds at least its minimum when a lease asks for a new
+        // connection, which is false while PostgreSQL is down and the pool is re-opening them;
+        // a crash of PostgreSQL under load then crashed the gateway (CrashTests found it). Idle
+        // connections are kept for a long time instead, and none is pinged while idle: a
+        // connection the server dropped is found out by the next query that uses it (503 for
+        // that call, as with any outage).
+        config.options.minimumConnections = 0
+        config.options.connectionIdleTimeout = .seconds(600)
         config.options.keepAliveBehavior = nil
         config.options.connectTimeout = .seconds(3)
         if let statementTimeout {
