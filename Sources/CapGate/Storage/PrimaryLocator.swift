@@ -79,12 +79,18 @@ public struct PrimaryLocator: Sendable {
 extension DatabaseURL {
     /// This URL pointed at its writable host (itself for a single-host URL, without probing):
     /// what the one-shot commands (`migrate`, `verify`, `rollover`) connect to.
-    /// - Throws: ``NoWritableHost`` when no host accepts writes.
-    public func writable(logger: Logger) async throws -> DatabaseURL {
+    /// - Throws: ``NoWritableHost`` when no host accepts writes for `limit`.
+    public func writable(logger: Logger, within limit: Duration = .seconds(15)) async throws -> DatabaseURL {
         guard isMultiHost else { return self }
-        let roles = await PrimaryLocator(url: self, logger: logger).roles()
-        guard let index = roles.firstIndex(of: .writable) else { throw NoWritableHost(hosts: hosts, roles: roles) }
-        return only(hosts[index])
+        // Asked again for a while: a failover in progress, or a host too busy to answer one probe
+        // in time, is not yet "no primary".
+        let deadline = ContinuousClock.now + limit
+        while true {
+            let roles = await PrimaryLocator(url: self, logger: logger).roles()
+            if let index = roles.firstIndex(of: .writable) { return only(hosts[index]) }
+            guard ContinuousClock.now + .milliseconds(500) < deadline else { throw NoWritableHost(hosts: hosts, roles: roles) }
+            try await Task.sleep(for: .milliseconds(500))
+        }
     }
 }
 
