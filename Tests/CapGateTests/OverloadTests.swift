@@ -142,11 +142,15 @@ struct OverloadTests {
 
     @Test("stalled database, 3000 queued calls: each answered 503 by database.timeout + 1 s from its send; afterwards served == charged")
     func stalledDatabaseLongQueue() async throws {
+        try await HeavyTests.alone { try await Self.stalledDatabase3000() }
+    }
+
+    static func stalledDatabase3000() async throws {
         try await FailClosedTests.withOwnCluster { cluster in
             let made = try await FailClosedTests.company(on: cluster.url, users: 2)
             // Connections are opened before the calls; under a full suite's load that can take a
             // while, so the idle timeout must not close them first.
-            let settings = ["database.timeout": "4", "http.maxConnections": "5000", "http.idleTimeout": "600"]
+            let settings = ["database.timeout": "6", "http.maxConnections": "5000", "http.idleTimeout": "600"]
             try await Harness.with(database: cluster.url, settings: settings) { h in
                 let port = try #require(Int(h.gatewayURL.split(separator: ":").last ?? ""))
                 let calls = 3000
@@ -215,7 +219,7 @@ struct OverloadTests {
                 let slowest = waits.max() ?? .zero
                 let sends = sent.compactMap { $0 }
                 let arrivals = answered.map(\.at)
-                #expect(slowest <= .seconds(5), "the slowest call was answered \(slowest) after its send")
+                #expect(slowest <= .seconds(7), "the slowest call was answered \(slowest) after its send")
                 // They were all waiting at once: the last was sent before the first was answered.
                 #expect(sends.max()! < arrivals.min()!)
                 #expect(h.mock.counter.count == served)

@@ -16,6 +16,10 @@ struct StreamingMemoryTests {
 
     @Test("a 100 MB answer streams through without the process growing by anything near 100 MB")
     func hundredMegabytes() async throws {
+        try await HeavyTests.alone { try await Self.streamHundredMegabytes() }
+    }
+
+    static func streamHundredMegabytes() async throws {
         try await Harness.with { h in
             try await h.createPlan("low", company: 100, user: 25)
             let (company, users) = try await h.createCompany(plan: "low", users: 1)
