@@ -51,9 +51,8 @@ extension CapGateRunner {
         url: DatabaseURL, company: UUID?, olderThan: TimeInterval = UnsettledCharges.defaultGrace, limit: Int = 1000,
         logger: Logger
     ) async throws -> [UnsettledCharges.Charge] {
-        try await withClient(url: url, logger: logger) { client in
-            try await UnsettledCharges(database: Database(client: client, timeout: .seconds(3600), logger: logger))
-                .list(company: company, olderThan: olderThan, limit: limit)
+        try await withUnsettledCharges(url: url, logger: logger) {
+            try await $0.list(company: company, olderThan: olderThan, limit: limit)
         }
     }
 
@@ -62,9 +61,8 @@ extension CapGateRunner {
         url: DatabaseURL, ids: [Int64], company: UUID? = nil, olderThan: TimeInterval = UnsettledCharges.defaultGrace,
         logger: Logger
     ) async throws -> [UnsettledCharges.Resolution] {
-        try await withClient(url: url, logger: logger) { client in
-            try await UnsettledCharges(database: Database(client: client, timeout: .seconds(3600), logger: logger))
-                .keep(ids, company: company, olderThan: olderThan)
+        try await withUnsettledCharges(url: url, logger: logger) {
+            try await $0.keep(ids, company: company, olderThan: olderThan)
         }
     }
 
@@ -73,9 +71,18 @@ extension CapGateRunner {
         url: DatabaseURL, ids: [Int64], company: UUID? = nil, olderThan: TimeInterval = UnsettledCharges.defaultGrace,
         logger: Logger
     ) async throws -> [UnsettledCharges.Resolution] {
+        try await withUnsettledCharges(url: url, logger: logger) {
+            try await $0.refund(ids, company: company, olderThan: olderThan)
+        }
+    }
+
+    /// `body` with the unsettled charges of the database at `url`, over a short-lived client
+    /// (a one-shot command: no deadline of its own).
+    static func withUnsettledCharges<T: Sendable>(
+        url: DatabaseURL, logger: Logger, _ body: @escaping @Sendable (UnsettledCharges) async throws -> T
+    ) async throws -> T {
         try await withClient(url: url, logger: logger) { client in
-            try await UnsettledCharges(database: Database(client: client, timeout: .seconds(3600), logger: logger))
-                .refund(ids, company: company, olderThan: olderThan)
+            try await body(UnsettledCharges(database: Database(client: client, timeout: .seconds(3600), logger: logger)))
         }
     }
 }
