@@ -359,45 +359,4 @@ public struct ProxyHandler: Sendable {
             return false
         }
     }
-
-    /// `Retry-After` of a 402: whole seconds until the refusing window (the period) renews, at
-    /// least 1; with no period (no plan), an hour: nothing renews by itself then.
-    static func retryAfter(_ state: UsageState, now: Date = Date()) -> String {
-        guard let end = state.periodEnd else { return "3600" }
-        return String(max(1, Int(end.timeIntervalSince(now).rounded(.up))))
-    }
-
-    static func refunded(_ state: UsageState) -> UsageState {
-        var s = state
-        s.companyUsed = max(0, s.companyUsed - 1)
-        s.userUsed = s.userUsed.map { max(0, $0 - 1) }
-        return s
-    }
-
-    /// The `model` field of a JSON body, for the ledger (nothing else of the body is kept); the
-    /// last one when the body repeats it, as the provider reads it.
-    static func model(in body: ByteBuffer, contentType: String?) -> String? {
-        guard body.readableBytes > 0, contentType?.lowercased().contains("json") ?? true else { return nil }
-        guard let model = JSON.lastTopLevelString("model", in: body) else { return nil }
-        return ledgerText(model, limit: 200)
-    }
-
-    /// Client-supplied text as the ledger stores it: at most `limit` characters, without NUL
-    /// (which PostgreSQL text cannot hold).
-    static func ledgerText(_ text: some StringProtocol, limit: Int) -> String {
-        let clipped = text.prefix(limit)
-        return clipped.contains("\u{0}") ? String(clipped.filter { $0 != "\u{0}" }) : String(clipped)
-    }
-
-    static func capMessage(scope: String, state: UsageState) -> String {
-        let planName = state.plan?.name ?? "current"
-        let end = state.periodEnd.map { " The allowance renews on \(Timestamp.format($0))." } ?? ""
-        let upgrade = state.upgrade.map { " Upgrading to the \($0.plan) plan raises the limit." } ?? ""
-        if scope == "company" {
-            let limit = state.companyLimit.map(String.init) ?? "unlimited"
-            return "Your company has used all \(limit) analyses included in the \(planName) plan for this period.\(end)\(upgrade)"
-        }
-        let limit = state.userLimit.map(String.init) ?? "unlimited"
-        return "You have used all \(limit) analyses allowed per user in this period.\(end)\(upgrade)"
-    }
 }
