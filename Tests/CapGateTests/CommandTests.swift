@@ -52,7 +52,7 @@ struct CommandTests {
         db.standardOutput = FileHandle.nullDevice
         db.standardError = FileHandle.nullDevice
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
-        try db.run()
+        try EmbeddedPostgres.spawnLock.withLock { _ in try db.run() }
         var url: String?
         for _ in 0..<120 where url == nil {
             url = try? String(contentsOfFile: folder + "/url", encoding: .utf8)
@@ -72,7 +72,7 @@ struct CommandTests {
         mock.arguments = ["mock", "--port", String(port)]
         mock.standardOutput = FileHandle.nullDevice
         mock.standardError = FileHandle.nullDevice
-        try mock.run()
+        try EmbeddedPostgres.spawnLock.withLock { _ in try mock.run() }
         defer { if mock.isRunning { mock.terminate() } }
         var status: HTTPResponseStatus?
         for _ in 0..<80 where status == nil {
@@ -95,7 +95,7 @@ struct CommandTests {
             mock.arguments = ["mock", "--lean", "--port", String(port)]
             mock.standardOutput = FileHandle.nullDevice
             mock.standardError = FileHandle.nullDevice
-            try mock.run()
+            try EmbeddedPostgres.spawnLock.withLock { _ in try mock.run() }
             defer { if mock.isRunning { kill(mock.processIdentifier, SIGKILL) } }
             let base = "http://127.0.0.1:\(port)"
             var models: HTTPClientResponse?
@@ -167,7 +167,7 @@ struct CommandTests {
             ]
             serve.standardOutput = FileHandle.nullDevice
             serve.standardError = FileHandle.nullDevice
-            try serve.run()
+            try EmbeddedPostgres.spawnLock.withLock { _ in try serve.run() }
             defer { if serve.isRunning { serve.terminate() } }
             let base = "http://127.0.0.1:\(port)"
             var ready = false

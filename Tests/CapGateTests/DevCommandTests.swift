@@ -45,7 +45,7 @@ struct DevCommandTests {
         process.currentDirectoryURL = URL(fileURLWithPath: folder)
         process.standardOutput = log
         process.standardError = log
-        try process.run()
+        try EmbeddedPostgres.spawnLock.withLock { _ in try process.run() }
         defer { if process.isRunning { process.terminate() } }
 
         let base = "http://127.0.0.1:\(port)"

@@ -33,7 +33,7 @@ struct DevReplicaTests {
         process.currentDirectoryURL = URL(fileURLWithPath: folder)
         process.standardOutput = log
         process.standardError = log
-        try process.run()
+        try EmbeddedPostgres.spawnLock.withLock { _ in try process.run() }
         defer { if process.isRunning { process.terminate() } }
 
         let base = "http://127.0.0.1:\(port)"

@@ -51,7 +51,7 @@ struct SpoolTests {
             serve.standardOutput = handle
             serve.standardError = handle
         }
-        try serve.run()
+        try EmbeddedPostgres.spawnLock.withLock { _ in try serve.run() }
         return serve
     }
 

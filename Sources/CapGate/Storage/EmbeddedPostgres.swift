@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -190,6 +191,12 @@ public final class EmbeddedPostgres: Sendable {
         return try capture(executable, arguments)
     }
 
+    /// Held while this process starts a program (here, and around `Process.run()` elsewhere):
+    /// Foundation's `Process.run()` crashed once (a bad pointer in its copy of the arguments)
+    /// while other threads were starting programs and marking descriptors close-on-exec, so
+    /// programs are started one at a time. Starting is quick; waiting is not under the lock.
+    public static let spawnLock = Mutex<Void>(())
+
     /// Runs a program and returns its output; throws with the output when it fails.
     ///
     /// It spawns with posix_spawn and waits with waitpid rather than using Foundation's
@@ -201,20 +208,21 @@ public final class EmbeddedPostgres: Sendable {
     static func capture(_ executable: String, _ arguments: [String], name: String? = nil) throws -> String {
         let outputPath = NSTemporaryDirectory() + "capgate-cmd-" + UUID().uuidString
         defer { try? FileManager.default.removeItem(atPath: outputPath) }
-        markDescriptorsCloseOnExec()
-
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
         posix_spawn_file_actions_adddup2(&actions, 1, 2)
-        closeOtherDescriptors(&actions)
 
         let argv = ([executable] + arguments).map { strdup($0) } + [nil]
         defer { for arg in argv { free(arg) } }
         var pid = pid_t()
-        let spawned = posix_spawn(&pid, executable, &actions, nil, argv, environ)
+        let spawned = spawnLock.withLock { _ in
+            markDescriptorsCloseOnExec()
+            closeOtherDescriptors(&actions)
+            return posix_spawn(&pid, executable, &actions, nil, argv, environ)
+        }
         guard spawned == 0 else {
             throw EmbeddedError.commandFailed(executable, "could not start: \(String(cString: strerror(spawned)))")
         }

@@ -1,3 +1,4 @@
+import CapGate
 import Foundation
 
 #if canImport(Glibc)
@@ -100,7 +101,7 @@ enum PythonTools {
         process.standardOutput = output
         process.standardError = output
         do {
-            try process.run()
+            try EmbeddedPostgres.spawnLock.withLock { _ in try process.run() }
         } catch {
             return (127, "\(error)")
         }
