@@ -226,7 +226,7 @@ struct ProxyTests {
                 """
             )
             try await h.exec(
-                "SELECT capgate_admit('\(company.text)', '\(users[0].id.text)', 1, 'POST', '/v1/messages', NULL, NULL, 'r1', NULL, '2026-02-01T00:00:00Z')"
+                "SELECT capgate_charge('\(company.text)', '\(users[0].id.text)', 1, 'POST', '/v1/messages', NULL, NULL, 'r1', NULL, '2026-02-01T00:00:00Z')"
             )
             #expect(
                 try await h.scalar(
@@ -242,7 +242,7 @@ struct ProxyTests {
             let (company, users) = try await h.createCompany(plan: "small", users: 2)
             func admit(_ user: UUID) async throws -> String? {
                 try await h.text(
-                    "SELECT (capgate_admit('\(company.text)', '\(user.text)', 1, 'POST', '/v1/messages', NULL, NULL, 'r', NULL, now())).decision"
+                    "SELECT (capgate_charge('\(company.text)', '\(user.text)', 1, 'POST', '/v1/messages', NULL, NULL, 'r', NULL, now())).decision"
                 )
             }
             func counters() async throws -> [Int64] {
@@ -373,12 +373,25 @@ struct ProxyTests {
             try await h.createPlan("low", company: 100, user: 25)
             let (company, users) = try await h.createCompany(plan: "low", users: 1)
             let user = users[0].id
+            // 0009's rules, as its capgate_admit applied them: a retry with the key of a charge
+            // that stands is recorded as an attempt of that charge ("replayed").
             func admit(_ requestID: String, key: String) async throws -> String {
-                try await h.text(
-                    """
-                    SELECT (a).decision || ':' || (a).ledger_id FROM (SELECT capgate_admit('\(company.text)', '\(user.text)', 1, 'POST',
-                           '/v1/messages', NULL, NULL, '\(requestID)', '\(key)', now()) AS a) s
-                    """) ?? ""
+                if let replayed = try await h.text(
+                    "SELECT id::text FROM usage_ledger WHERE idempotency_key = '\(key)' AND outcome = 'charged'")
+                {
+                    try await h.exec(
+                        "INSERT INTO usage_ledger_attempts (company_id, ledger_id, request_id) VALUES ('\(company.text)', \(replayed), '\(requestID)')"
+                    )
+                    return "replayed:" + replayed
+                }
+                let ledger =
+                    try await h.text(
+                        """
+                        SELECT (capgate_charge('\(company.text)', '\(user.text)', 1, 'POST', '/v1/messages', NULL, NULL,
+                                '\(requestID)', NULL, now())).ledger_id::text
+                        """) ?? ""
+                try await h.exec("UPDATE usage_ledger SET idempotency_key = '\(key)' WHERE id = \(ledger)")
+                return "charged:" + ledger
             }
             func refund(_ ledger: String, _ requestID: String?) async throws -> String? {
                 let id = requestID.map { "'\($0)'" } ?? "NULL"

@@ -80,7 +80,7 @@ struct RenewalTests {
                     ARRAY[''::bytea, '', '', ''], ARRAY['\(renewing.text)', '\(renewing.text)', '\(cancelled.text)', '\(cancelled.text)']::uuid[],
                     ARRAY['\(a[0].id.text)', '\(a[0].id.text)', '\(b[0].id.text)', '\(b[0].id.text)']::uuid[], ARRAY[1, 1, 1, 1],
                     ARRAY['POST', 'POST', 'POST', 'POST'], ARRAY['/v1/m', '/v1/m', '/v1/m', '/v1/m'], ARRAY['', '', '', ''],
-                    ARRAY['', '', '', ''], ARRAY['r1', 'r2', 'r3', 'r4'], ARRAY['', '', '', ''],
+                    ARRAY['', '', '', ''], ARRAY['r1', 'r2', 'r3', 'r4'], ARRAY[-1, -1, -1, -1]::bigint[],
                     ARRAY[\(at), \(at), \(at), \(at)], false)
                 """)
             #expect(decisions == "charged,charged,charged,charged")
@@ -99,7 +99,7 @@ struct RenewalTests {
             // The single-call path the same way, a month on.
             let single = try await h.text(
                 """
-                SELECT (capgate_admit('\(renewing.text)', '\(a[0].id.text)', 1, 'POST', '/v1/m', NULL, NULL, 'r5', NULL,
+                SELECT (capgate_charge('\(renewing.text)', '\(a[0].id.text)', 1, 'POST', '/v1/m', NULL, NULL, 'r5', NULL,
                         '2026-06-01T00:00:00Z')).decision
                 """)
             #expect(single == "charged")

@@ -18,12 +18,12 @@ struct UnsettledTests {
             return try await h.scalar(
                 """
                 SELECT ledger_id FROM capgate_admit_idempotent(NULL, '\(company.text)', '\(user.text)', 1, 'POST', '/v1/messages',
-                       NULL, NULL, 'req_\(idempotencyKey)', '\(idempotencyKey)', '\\x01'::bytea, \(at), false)
+                       NULL, NULL, 'req_\(idempotencyKey)', '\(idempotencyKey)', '\\x01'::bytea, NULL, \(at), false)
                 """)
         }
         return try await h.scalar(
             """
-            SELECT (capgate_admit('\(company.text)', '\(user.text)', 1, 'POST', '/v1/messages', NULL, NULL,
+            SELECT (capgate_charge('\(company.text)', '\(user.text)', 1, 'POST', '/v1/messages', NULL, NULL,
                                   'req_\(UUID().uuidString.prefix(8))', NULL, \(at))).ledger_id
             """)
     }

@@ -64,7 +64,8 @@ struct GatewayParts {
 
         let proxy = ProxyHandler(
             authenticator: authenticator, metering: metering, upstream: upstream, knownKeys: KnownKeys(database: database),
-            maxBodyBytes: configuration.proxyMaxBodyBytes, bodyBudget: BodyBudget(limit: configuration.proxyBodyBudgetBytes),
+            routes: RouteTable(database: database), maxBodyBytes: configuration.proxyMaxBodyBytes,
+            bodyBudget: BodyBudget(limit: configuration.proxyBodyBudgetBytes),
             idempotencyMaxBytes: configuration.proxyIdempotencyMaxBytes
         )
         self.router = buildRouter(

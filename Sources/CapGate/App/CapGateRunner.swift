@@ -42,7 +42,7 @@ public enum CapGateRunner {
         return try await withClient(url: url, logger: logger) { client in
             if dryRun {
                 let pending = try await migrator.pending(client: client, logger: logger)
-                return pending.isEmpty ? ["nothing to apply"] : pending.map { "would apply \($0.version)" }
+                return pending.isEmpty ? ["nothing to apply"] : pending.map { "would apply \($0)" }
             }
             let applied = try await migrator.migrate(client: client, logger: logger)
             return applied.isEmpty ? ["nothing to apply"] : applied.map { "applied \($0)" }

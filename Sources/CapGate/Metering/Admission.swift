@@ -15,12 +15,16 @@ public struct AdmissionRequest: Sendable {
     /// SHA-256 of the request the `Idempotency-Key` is bound to (``IdempotencyKey/fingerprint``).
     public var fingerprint: ByteBuffer?
     public var at: Date
+    /// The route table version the call's units and feature were matched with (``RouteTable``);
+    /// nil: not checked. An older one than the database's is answered ``Admission/Decision/staleRoutes``.
+    public var routesVersion: Int64?
 
     public init(
         companyID: UUID, userID: UUID, units: Int = 1, method: String, route: String, model: String? = nil,
         feature: String? = nil, requestID: String, idempotencyKey: String? = nil, fingerprint: ByteBuffer? = nil,
-        at: Date = Date()
+        at: Date = Date(), routesVersion: Int64? = nil
     ) {
+        self.routesVersion = routesVersion
         self.companyID = companyID
         self.userID = userID
         self.units = units
@@ -44,6 +48,14 @@ public struct Admission: Sendable {
         case userCap = "user_cap"
         case noActivePlan = "no_active_plan"
         case unknownUser = "unknown_user"
+        /// The call names a feature that does not exist or is not active.
+        case unknownFeature = "unknown_feature"
+        /// The company's plan has no enabled entitlement for the call's feature (402).
+        case featureNotInPlan = "feature_not_in_plan"
+        /// A limit of the call's feature is reached (402).
+        case featureLimitExceeded = "feature_limit_exceeded"
+        /// The call was matched against an older route table: nothing changed; match it again.
+        case staleRoutes = "stale_routes"
         /// The `Idempotency-Key`'s attempt succeeded before: its stored answer is returned.
         case idempotencyReplay = "idempotency_replay"
         /// The `Idempotency-Key`'s first attempt is still in flight (409).
@@ -80,7 +92,7 @@ public struct AdmissionItem: Sendable {
     public var request: AdmissionRequest
 }
 
-/// What `capgate_admit_batch` answered for one call.
+/// What an admission function answered for one call (a `capgate_admitted` row).
 public struct AdmissionRow: Sendable {
     /// ok | unknown_key | revoked_key | disabled_user
     var auth: String
@@ -99,6 +111,8 @@ public struct AdmissionRow: Sendable {
     var companyCap: Int64?
     var userUsed: Int64?
     var userCap: Int64?
+    /// The call's feature and its windows (nil without a feature).
+    var feature: FeatureState? = nil
     /// The stored answer, for `idempotency_replay`.
     var answer: StoredAnswer? = nil
 }

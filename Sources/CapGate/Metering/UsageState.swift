@@ -22,6 +22,8 @@ public struct UsageState: Sendable {
     public var userUsed: Int64?
     public var userLimit: Int64?
     public var upgrade: Upgrade?
+    /// The call's feature and its windows (SPEC §8), for the RateLimit fields and a refusal.
+    public var feature: FeatureState?
 
     public init(
         plan: PlanRef?, periodStart: Date?, periodEnd: Date?, companyUsed: Int64, companyLimit: Int64?,
@@ -45,8 +47,9 @@ public struct UsageState: Sendable {
         ])
     }
 
-    /// The SPEC §3 `usage` object.
-    public func json(scope: String, includeUser: Bool = true) -> JSON {
+    /// The SPEC §3 `usage` object; for a refusal by a feature (SPEC §8) with its `feature`
+    /// object and the upgrade's `feature_limit`.
+    public func json(scope: String, includeUser: Bool = true, featureRefusal: Bool = false) -> JSON {
         var fields: [JSON.Field] = [.init("scope", .string(scope))]
         fields.append(.init("plan", plan.map { .obj(["id": .string($0.id), "name": .string($0.name)]) } ?? .null))
         if let periodStart, let periodEnd {
@@ -58,14 +61,27 @@ public struct UsageState: Sendable {
         if includeUser, let userUsed {
             fields.append(.init("user", Self.counter(used: userUsed, limit: userLimit)))
         }
-        fields.append(
-            .init(
-                "upgrade",
-                upgrade.map {
-                    .obj(["plan": .string($0.plan), "company_limit": JSON($0.companyLimit), "user_limit": JSON($0.userLimit)])
-                } ?? .null
-            )
-        )
+        if featureRefusal, let feature {
+            if let refused = feature.refused {
+                fields.append(.init("feature", featureJSON(feature, refused)))
+            } else {
+                // Not in the plan: nothing of it is included.
+                fields.append(
+                    .init(
+                        "feature",
+                        .obj([
+                            "id": .string(feature.id), "name": .string(feature.name), "window": .null, "scope": .string(scope),
+                            "used": .int(0), "limit": .int(0), "remaining": .int(0), "reset_at": .null,
+                        ])))
+            }
+        }
+        var offer: [JSON.Field]? = upgrade.map {
+            [.init("plan", .string($0.plan)), .init("company_limit", JSON($0.companyLimit)), .init("user_limit", JSON($0.userLimit))]
+        }
+        if featureRefusal, offer != nil {
+            offer?.append(.init("feature_limit", JSON(feature?.upgradeLimit)))
+        }
+        fields.append(.init("upgrade", offer.map { .object($0) } ?? .null))
         return .object(fields)
     }
 
@@ -86,10 +102,32 @@ public struct UsageState: Sendable {
             policies.append("\"user\";q=\(userLimit);w=\(window)")
             states.append("\"user\";r=\(max(0, userLimit - userUsed));t=\(reset)")
         }
+        if let feature {
+            let dayWindow = feature.dayStart.flatMap { start in feature.dayEnd.map { Int($0.timeIntervalSince(start).rounded()) } }
+            let dayReset = feature.dayEnd.map { max(0, Int($0.timeIntervalSince(now).rounded(.up))) }
+            for counter in feature.counters {
+                guard let limit = counter.limit else { continue }
+                let day = counter.window == .day
+                guard let w = day ? dayWindow : window, let t = day ? dayReset : reset else { continue }
+                let name = counter.policy(feature: feature.id)
+                policies.append("\"\(name)\";q=\(limit);w=\(w)")
+                states.append("\"\(name)\";r=\(max(0, limit - counter.used));t=\(t)")
+            }
+        }
         if !policies.isEmpty {
             fields[.rateLimitPolicy] = policies.joined(separator: ", ")
             fields[.rateLimit] = states.joined(separator: ", ")
         }
         return fields
+    }
+
+    /// The `usage.feature` object of a refusal: the window that refused.
+    func featureJSON(_ feature: FeatureState, _ counter: FeatureState.Counter) -> JSON {
+        .obj([
+            "id": .string(feature.id), "name": .string(feature.name), "window": .string(counter.window.rawValue),
+            "scope": .string(counter.scope.rawValue), "used": .int(counter.used), "limit": JSON(counter.limit),
+            "remaining": JSON(counter.limit.map { max(0, $0 - counter.used) }),
+            "reset_at": JSON(feature.resetAt(counter, periodEnd: periodEnd)),
+        ])
     }
 }

@@ -11,10 +11,18 @@ extension ProxyHandler {
         return String(max(1, Int(end.timeIntervalSince(now).rounded(.up))))
     }
 
-    static func refunded(_ state: UsageState) -> UsageState {
+    /// The state after this call's `units` were given back (every counter it charged).
+    static func refunded(_ state: UsageState, units: Int) -> UsageState {
         var s = state
-        s.companyUsed = max(0, s.companyUsed - 1)
-        s.userUsed = s.userUsed.map { max(0, $0 - 1) }
+        let units = Int64(units)
+        s.companyUsed = max(0, s.companyUsed - units)
+        s.userUsed = s.userUsed.map { max(0, $0 - units) }
+        if var feature = s.feature {
+            for index in feature.counters.indices {
+                feature.counters[index].used = max(0, feature.counters[index].used - units)
+            }
+            s.feature = feature
+        }
         return s
     }
 

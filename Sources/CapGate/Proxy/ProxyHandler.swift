@@ -23,6 +23,8 @@ public struct ProxyHandler: Sendable {
     let metering: MeteringStore
     let upstream: UpstreamClient
     let knownKeys: KnownKeys
+    /// What calls cost and which feature they use (SPEC §8).
+    let routes: RouteTable
     let maxBodyBytes: Int
     /// `proxy.bodyBudgetBytes`: bounds the bytes of all request bodies being read at once.
     let bodyBudget: BodyBudget
@@ -30,9 +32,10 @@ public struct ProxyHandler: Sendable {
     let idempotencyMaxBytes: Int
 
     public init(
-        authenticator: Authenticator, metering: MeteringStore, upstream: UpstreamClient, knownKeys: KnownKeys, maxBodyBytes: Int,
-        bodyBudget: BodyBudget, idempotencyMaxBytes: Int
+        authenticator: Authenticator, metering: MeteringStore, upstream: UpstreamClient, knownKeys: KnownKeys, routes: RouteTable,
+        maxBodyBytes: Int, bodyBudget: BodyBudget, idempotencyMaxBytes: Int
     ) {
+        self.routes = routes
         self.bodyBudget = bodyBudget
         self.authenticator = authenticator
         self.metering = metering
@@ -47,7 +50,7 @@ public struct ProxyHandler: Sendable {
     static let droppedRequestHeaders: Set<String> = [
         "connection", "keep-alive", "transfer-encoding", "te", "upgrade", "trailer", "proxy-authorization",
         "proxy-authenticate", "proxy-connection", "host", "content-length", "x-api-key", "authorization",
-        "accept-encoding", "expect", "x-capgate-company", "x-company-id", "cookie",
+        "accept-encoding", "expect", "x-capgate-company", "x-company-id", "cookie", "capgate-feature",
     ]
     /// Headers of the provider's answer not passed back (also those its `Connection` header
     /// names, and every `anthropic-organization-*`: see ``forwardsResponseHeader(_:connectionOptions:)``).
@@ -85,20 +88,41 @@ public struct ProxyHandler: Sendable {
         )
 
         let admissionStart = ContinuousClock.now
-        let user: UserIdentity
-        let admission: Admission
-        if let verified {
-            user = verified
-            admissionRequest.companyID = verified.companyID
-            admissionRequest.userID = verified.userID
-            admission = try await metering.admit(admissionRequest)
-        } else if let apiKey {
-            // The key is checked again inside the admission transaction (a revocation since the
-            // check above applies), in the same round trip.
-            (user, admission) = try await metering.admit(key: apiKey, admissionRequest)
-        } else {
-            preconditionFailure("a call is authenticated by an API key or a verified token")
-        }
+        var table = try await routes.snapshot()
+        var admittedUser: UserIdentity
+        var admitted: Admission
+        var callCost: CallCost
+        var attempts = 0
+        repeat {
+            // Matched against the table as this gateway knows it; an admission that finds the
+            // table changed since (stale_routes) changed nothing, and the call is matched again.
+            callCost = try Self.cost(
+                method: request.method.rawValue, path: path, headers: request.headers, body: body, table: table)
+            admissionRequest.units = callCost.units
+            admissionRequest.feature = callCost.feature
+            admissionRequest.routesVersion = table.version
+            if let verified {
+                admittedUser = verified
+                admissionRequest.companyID = verified.companyID
+                admissionRequest.userID = verified.userID
+                admitted = try await metering.admit(admissionRequest)
+            } else if let apiKey {
+                // The key is checked again inside the admission transaction (a revocation since the
+                // check above applies), in the same round trip.
+                (admittedUser, admitted) = try await metering.admit(key: apiKey, admissionRequest)
+            } else {
+                preconditionFailure("a call is authenticated by an API key or a verified token")
+            }
+            guard admitted.decision == .staleRoutes else { break }
+            attempts += 1
+            guard attempts < 3 else {
+                throw GatewayError.overloaded("The gateway's route table is being changed right now; try again.")
+            }
+            table = try await routes.reload()
+        } while true
+        let user = admittedUser
+        let admission = admitted
+        let cost = callCost
         record.update {
             $0.companyID = user.companyID
             $0.userID = user.userID
@@ -131,6 +155,10 @@ public struct ProxyHandler: Sendable {
             )
         case .unknownUser:
             throw GatewayError.authentication("This user is unknown or disabled in its company.")
+        case .unknownFeature, .featureNotInPlan, .featureLimitExceeded:
+            throw Self.featureRefusal(admission, cost: cost)
+        case .staleRoutes:
+            preconditionFailure("stale_routes is matched again above")
         case .idempotencyReplay:
             guard let answer = admission.answer else { throw DatabaseError.other("a replay without its answer") }
             record.update { $0.decision = "replayed" }
@@ -204,7 +232,7 @@ public struct ProxyHandler: Sendable {
             }
             // The provider's own error passes through, so SDKs show it; the charge is gone (unless
             // another attempt at it with the same Idempotency-Key is in flight or succeeded).
-            let refundedState = refunded ? Self.refunded(admission.state) : admission.state
+            let refundedState = refunded ? Self.refunded(admission.state, units: cost.units) : admission.state
             headers[.rateLimit] = nil
             headers[.rateLimitPolicy] = nil
             headers.append(contentsOf: refundedState.rateLimitHeaders())

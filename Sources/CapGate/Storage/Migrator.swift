@@ -6,6 +6,10 @@ import PostgresNIO
 /// Applies `db/migrations/*.sql` in name order, each once, inside a transaction, recorded in
 /// `capgate_migrations` with its checksum, under a session advisory lock so that two runners
 /// never collide. A file changed after it was applied is an error, never silently skipped.
+///
+/// Then the live SQL functions, `db/functions/*.sql` (one file each; see ``FunctionSet``): when
+/// any file's checksum differs from the one recorded in `capgate_functions`, the whole set is
+/// applied again in one transaction.
 public struct Migrator: Sendable {
     /// One migration file.
     public struct Migration: Sendable {
@@ -31,8 +35,12 @@ public struct Migrator: Sendable {
     }
 
     public let migrations: [Migration]
+    /// The live functions, from the `functions` folder beside the migrations' (nil: there is none,
+    /// and they are left as they are).
+    public let functions: FunctionSet?
 
-    /// Loads the migration files from `folder` (default: ``defaultFolder()``).
+    /// Loads the migration files from `folder` (default: ``defaultFolder()``) and the function
+    /// files from the `functions` folder beside it.
     public init(folder: String? = nil) throws {
         let path = folder ?? Self.defaultFolder()
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: path) else {
@@ -40,9 +48,13 @@ public struct Migrator: Sendable {
         }
         migrations = try names.filter { $0.hasSuffix(".sql") }.sorted().map { name in
             let sql = try String(contentsOfFile: path + "/" + name, encoding: .utf8)
-            let digest = SHA256.hash(data: Data(sql.utf8)).map { String(format: "%02x", $0) }.joined()
-            return Migration(version: String(name.dropLast(4)), sql: sql, checksum: digest)
+            return Migration(version: String(name.dropLast(4)), sql: sql, checksum: Self.checksum(sql))
         }
+        functions = try FunctionSet(folder: URL(fileURLWithPath: path).deletingLastPathComponent().appendingPathComponent("functions").path)
+    }
+
+    static func checksum(_ text: String) -> String {
+        SHA256.hash(data: Data(text.utf8)).map { String(format: "%02x", $0) }.joined()
     }
 
     /// `CAPGATE_MIGRATIONS`, else `db/migrations` under the working directory, else the
@@ -58,14 +70,19 @@ public struct Migrator: Sendable {
 
     static let lockKey: Int64 = 0x4361_7047_6174_6501  // "CapGate" + 1
 
-    /// The versions not applied yet. Throws when an applied file changed. Changes nothing (a
-    /// database never migrated has every version pending).
-    public func pending(client: PostgresClient, logger: Logger) async throws -> [Migration] {
+    /// The versions not applied yet, then ``FunctionSet/name`` when the functions differ from
+    /// the applied ones. Throws when an applied file changed. Changes nothing (a database never
+    /// migrated has everything pending).
+    public func pending(client: PostgresClient, logger: Logger) async throws -> [String] {
         try await client.withConnection { connection in
             let table = try await connection.query("SELECT to_regclass('capgate_migrations') IS NOT NULL", logger: logger)
                 .decode(Bool.self).collect()
-            guard table.first == true else { return migrations }
-            return try await pending(connection, logger: logger)
+            let migrations = table.first == true ? try await pending(connection, logger: logger) : migrations
+            var names = migrations.map(\.version)
+            if let functions, try await !functions.isApplied(connection, logger: logger) {
+                names.append(FunctionSet.name)
+            }
+            return names
         }
     }
 
@@ -94,6 +111,10 @@ public struct Migrator: Sendable {
                         throw MigrationError.failed(migration.version, Self.describe(error))
                     }
                     applied.append(migration.version)
+                }
+                if let functions, try await !functions.isApplied(connection, logger: logger) {
+                    try await functions.apply(connection, logger: logger)
+                    applied.append(FunctionSet.name)
                 }
                 try await connection.query("SELECT pg_advisory_unlock(\(Self.lockKey))", logger: logger)
                 return applied

@@ -1,0 +1,20 @@
+-- What one admission decided, as every admission function answers it (one row per call).
+--
+-- decision: charged | company_cap | user_cap | no_active_plan | unknown_user | unknown_feature |
+--   feature_not_in_plan | feature_limit_exceeded | stale_routes (the call was matched against an
+--   older route table: nothing changed, match again) | idempotency_replay | idempotency_in_flight
+--   | idempotency_not_kept | idempotency_mismatch.
+-- auth: ok | unknown_key | revoked_key | disabled_user (everything after role is NULL unless ok).
+-- feature_refused: the limit that refused, company.period | company.day | user.period | user.day.
+-- fc_*: the company's feature counters, fu_*: the user's (used after the call, and the limit).
+CREATE TYPE capgate_admitted AS (
+    item integer, auth text, company_id uuid, user_id uuid, role text,
+    decision text, ledger_id bigint, period_id bigint, plan_id text, plan_name text,
+    period_start timestamptz, period_end timestamptz, company_used bigint, company_cap bigint,
+    user_used bigint, user_cap bigint,
+    feature_id text, feature_name text, feature_refused text, feature_message text,
+    day_start timestamptz, day_end timestamptz,
+    fc_period_used bigint, fc_period_limit bigint, fc_day_used bigint, fc_day_limit bigint,
+    fu_period_used bigint, fu_period_limit bigint, fu_day_used bigint, fu_day_limit bigint,
+    answer_status integer, answer_type text, answer_body bytea
+);

@@ -1,0 +1,37 @@
+-- One call without an Idempotency-Key, in one transaction and one round trip: the API key
+-- (p_key_hash, its SHA-256) is looked up and its user admitted, or, with p_key_hash NULL, the
+-- verified token's p_company and p_user are. p_relaxed: commit with synchronous_commit = off
+-- (database.durability = relaxed). The admission itself is capgate_charge.
+CREATE FUNCTION capgate_admit(
+    p_key_hash bytea, p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
+    p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz, p_relaxed boolean
+) RETURNS SETOF capgate_admitted
+LANGUAGE plpgsql AS $$
+DECLARE
+    r capgate_admitted;
+    v_revoked boolean;
+    v_disabled boolean;
+    v_role text;
+BEGIN
+    IF p_key_hash IS NOT NULL THEN
+        SELECT k.company_id, k.user_id, u.role, k.revoked_at IS NOT NULL, u.disabled
+          INTO p_company, p_user, v_role, v_revoked, v_disabled
+          FROM api_keys k JOIN users u ON u.company_id = k.company_id AND u.id = k.user_id
+         WHERE k.key_hash = p_key_hash;
+        IF NOT FOUND OR v_revoked OR v_disabled THEN
+            r.item := 1;
+            r.auth := CASE WHEN v_revoked IS NULL THEN 'unknown_key' WHEN v_revoked THEN 'revoked_key'
+                           ELSE 'disabled_user' END;
+            RETURN NEXT r;
+            RETURN;
+        END IF;
+    END IF;
+    IF p_relaxed THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    r := capgate_charge(p_company, p_user, p_units, p_method, p_route, p_model, p_feature, p_request_id,
+                        p_routes_version, p_at);
+    r.role := v_role;
+    RETURN NEXT r;
+END;
+$$;

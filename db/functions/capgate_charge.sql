@@ -1,0 +1,218 @@
+-- Admits p_units for one user of one company at p_at, or changes nothing: the single-call
+-- admission every other path builds on (capgate_admit, capgate_admit_idempotent).
+--
+-- 1. p_routes_version (NULL: not checked) older than config_versions.routes: stale_routes.
+-- 2. The period containing p_at, locked FOR KEY SHARE before any counter; none: the company is
+--    moved into it first as `capgate rollover` would (capgate_roll_company locks the company row,
+--    so concurrent calls at the boundary open one period).
+-- 3. p_feature (NULL: none): unknown or inactive: unknown_feature; no entitlement in the plan or
+--    not enabled: feature_not_in_plan. p_units = 0 (a free route): a ledger row and nothing else.
+-- 4. Lock order: company counter, user counter, then the feature's counters (company period,
+--    company day, user period, user day). Each is a conditional update that takes its row lock;
+--    a refusal gives back what this call already added (its rows stay locked until commit).
+CREATE FUNCTION capgate_charge(
+    p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
+    p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz
+) RETURNS capgate_admitted
+LANGUAGE plpgsql AS $$
+DECLARE
+    r capgate_admitted;
+    v_user_found boolean;
+    v_zone text;
+    v_active boolean;
+    e plan_features%ROWTYPE;
+    v_step integer := 0;   -- feature counters charged so far (1..4)
+BEGIN
+    r.item := 1;
+    r.auth := 'ok';
+    r.company_id := p_company;
+    r.user_id := p_user;
+    IF p_routes_version IS NOT NULL AND p_routes_version <> (SELECT routes FROM config_versions WHERE singleton) THEN
+        r.decision := 'stale_routes';
+        RETURN r;
+    END IF;
+
+    FOR pass IN 1..2 LOOP
+        SELECT pp.id, pp.plan_id, pl.name, pp.started_at, pp.ends_at, pl.monthly_company_cap,
+               coalesce(u.monthly_cap, pl.monthly_user_cap), u.id IS NOT NULL, c.time_zone
+          INTO r.period_id, r.plan_id, r.plan_name, r.period_start, r.period_end, r.company_cap, r.user_cap,
+               v_user_found, v_zone
+          FROM plan_periods pp
+          JOIN plans pl ON pl.id = pp.plan_id
+          JOIN companies c ON c.id = pp.company_id
+          LEFT JOIN users u ON u.company_id = pp.company_id AND u.id = p_user AND NOT u.disabled
+         WHERE pp.company_id = p_company AND pp.started_at <= p_at AND pp.ends_at > p_at
+           FOR KEY SHARE OF pp;
+        EXIT WHEN FOUND OR pass = 2;
+        PERFORM capgate_roll_company(p_company, p_at);
+    END LOOP;
+    IF r.period_id IS NULL THEN
+        r.decision := 'no_active_plan';
+        RETURN r;
+    END IF;
+    IF NOT v_user_found THEN
+        r.user_cap := NULL;
+        r.decision := 'unknown_user';
+        RETURN r;
+    END IF;
+
+    IF p_feature IS NOT NULL THEN
+        r.feature_id := p_feature;
+        SELECT f.name, f.is_active INTO r.feature_name, v_active FROM features f WHERE f.id = p_feature;
+        IF NOT coalesce(v_active, false) THEN
+            r.decision := 'unknown_feature';
+            RETURN r;
+        END IF;
+        SELECT * INTO e FROM plan_features WHERE plan_id = r.plan_id AND feature_id = p_feature;
+        r.feature_message := e.message;
+        IF NOT coalesce(e.enabled, false) THEN
+            r.decision := 'feature_not_in_plan';
+            RETURN r;
+        END IF;
+        r.day_start := capgate_day_start(p_at, v_zone);
+        r.day_end := capgate_day_end(p_at, v_zone);
+        r.fc_period_limit := e.period_limit;
+        r.fc_day_limit := e.daily_limit;
+        r.fu_period_limit := e.user_period_limit;
+        r.fu_day_limit := e.user_daily_limit;
+    END IF;
+
+    IF p_units = 0 THEN
+        -- A free route: in the ledger, counted against nothing.
+        SELECT used INTO r.company_used FROM company_usage WHERE company_id = p_company AND period_id = r.period_id;
+        SELECT used INTO r.user_used FROM user_usage
+         WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user;
+        r.company_used := coalesce(r.company_used, 0);
+        r.user_used := coalesce(r.user_used, 0);
+        INSERT INTO usage_ledger (company_id, period_id, user_id, units, method, route, model, feature,
+                                  request_id, outcome, created_at)
+        VALUES (p_company, r.period_id, p_user, 0, p_method, p_route, p_model, p_feature, p_request_id, 'charged', p_at)
+        RETURNING id INTO r.ledger_id;
+        r.decision := 'charged';
+        RETURN r;
+    END IF;
+
+    -- 1. company counter (created at zero by the period's first call)
+    UPDATE company_usage SET used = used + p_units
+     WHERE company_id = p_company AND period_id = r.period_id
+       AND (r.company_cap IS NULL OR used + p_units <= r.company_cap)
+    RETURNING used INTO r.company_used;
+    IF NOT FOUND THEN
+        INSERT INTO company_usage (company_id, period_id, used) VALUES (p_company, r.period_id, 0) ON CONFLICT DO NOTHING;
+        SELECT used INTO r.company_used FROM company_usage
+         WHERE company_id = p_company AND period_id = r.period_id FOR UPDATE;
+        IF r.company_cap IS NOT NULL AND r.company_used + p_units > r.company_cap THEN
+            SELECT used INTO r.user_used FROM user_usage
+             WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user;
+            r.user_used := coalesce(r.user_used, 0);
+            r.decision := 'company_cap';
+            RETURN r;
+        END IF;
+        UPDATE company_usage SET used = used + p_units WHERE company_id = p_company AND period_id = r.period_id
+        RETURNING used INTO r.company_used;
+    END IF;
+
+    -- 2. user counter
+    UPDATE user_usage SET used = used + p_units
+     WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user
+       AND (r.user_cap IS NULL OR used + p_units <= r.user_cap)
+    RETURNING used INTO r.user_used;
+    IF NOT FOUND THEN
+        INSERT INTO user_usage (company_id, period_id, user_id, used) VALUES (p_company, r.period_id, p_user, 0)
+            ON CONFLICT DO NOTHING;
+        SELECT used INTO r.user_used FROM user_usage
+         WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user FOR UPDATE;
+        IF r.user_cap IS NOT NULL AND r.user_used + p_units > r.user_cap THEN
+            UPDATE company_usage SET used = used - p_units WHERE company_id = p_company AND period_id = r.period_id
+            RETURNING used INTO r.company_used;
+            r.decision := 'user_cap';
+            RETURN r;
+        END IF;
+        UPDATE user_usage SET used = used + p_units
+         WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user
+        RETURNING used INTO r.user_used;
+    END IF;
+
+    -- 3. the feature's counters, each created on its window's first call
+    IF p_feature IS NOT NULL THEN
+        INSERT INTO company_feature_usage AS f (company_id, feature_id, span, starts_at, ends_at, used)
+        SELECT p_company, p_feature, 'period', r.period_start, r.period_end, p_units
+         WHERE e.period_limit IS NULL OR p_units <= e.period_limit
+        ON CONFLICT (company_id, feature_id, span, starts_at) DO UPDATE SET used = f.used + p_units
+         WHERE e.period_limit IS NULL OR f.used + p_units <= e.period_limit
+        RETURNING f.used INTO r.fc_period_used;
+        IF FOUND THEN
+            v_step := 1;
+            INSERT INTO company_feature_usage AS f (company_id, feature_id, span, starts_at, ends_at, used)
+            SELECT p_company, p_feature, 'day', r.day_start, r.day_end, p_units
+             WHERE e.daily_limit IS NULL OR p_units <= e.daily_limit
+            ON CONFLICT (company_id, feature_id, span, starts_at) DO UPDATE SET used = f.used + p_units
+             WHERE e.daily_limit IS NULL OR f.used + p_units <= e.daily_limit
+            RETURNING f.used INTO r.fc_day_used;
+        END IF;
+        IF FOUND AND v_step = 1 THEN
+            v_step := 2;
+            INSERT INTO user_feature_usage AS f (company_id, user_id, feature_id, span, starts_at, ends_at, used)
+            SELECT p_company, p_user, p_feature, 'period', r.period_start, r.period_end, p_units
+             WHERE e.user_period_limit IS NULL OR p_units <= e.user_period_limit
+            ON CONFLICT (company_id, user_id, feature_id, span, starts_at) DO UPDATE SET used = f.used + p_units
+             WHERE e.user_period_limit IS NULL OR f.used + p_units <= e.user_period_limit
+            RETURNING f.used INTO r.fu_period_used;
+        END IF;
+        IF FOUND AND v_step = 2 THEN
+            v_step := 3;
+            INSERT INTO user_feature_usage AS f (company_id, user_id, feature_id, span, starts_at, ends_at, used)
+            SELECT p_company, p_user, p_feature, 'day', r.day_start, r.day_end, p_units
+             WHERE e.user_daily_limit IS NULL OR p_units <= e.user_daily_limit
+            ON CONFLICT (company_id, user_id, feature_id, span, starts_at) DO UPDATE SET used = f.used + p_units
+             WHERE e.user_daily_limit IS NULL OR f.used + p_units <= e.user_daily_limit
+            RETURNING f.used INTO r.fu_day_used;
+            IF FOUND THEN
+                v_step := 4;
+            END IF;
+        END IF;
+        IF v_step < 4 THEN
+            r.feature_refused := (ARRAY['company.period', 'company.day', 'user.period', 'user.day'])[v_step + 1];
+            -- Give back what this call added, newest first; report every window as it stands.
+            IF v_step >= 3 THEN
+                UPDATE user_feature_usage SET used = used - p_units
+                 WHERE company_id = p_company AND user_id = p_user AND feature_id = p_feature AND span = 'period'
+                   AND starts_at = r.period_start;
+            END IF;
+            IF v_step >= 2 THEN
+                UPDATE company_feature_usage SET used = used - p_units
+                 WHERE company_id = p_company AND feature_id = p_feature AND span = 'day' AND starts_at = r.day_start;
+            END IF;
+            IF v_step >= 1 THEN
+                UPDATE company_feature_usage SET used = used - p_units
+                 WHERE company_id = p_company AND feature_id = p_feature AND span = 'period' AND starts_at = r.period_start;
+            END IF;
+            UPDATE user_usage SET used = used - p_units
+             WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user
+            RETURNING used INTO r.user_used;
+            UPDATE company_usage SET used = used - p_units WHERE company_id = p_company AND period_id = r.period_id
+            RETURNING used INTO r.company_used;
+            SELECT coalesce(sum(used) FILTER (WHERE span = 'period'), 0), coalesce(sum(used) FILTER (WHERE span = 'day'), 0)
+              INTO r.fc_period_used, r.fc_day_used
+              FROM company_feature_usage
+             WHERE company_id = p_company AND feature_id = p_feature
+               AND ((span = 'period' AND starts_at = r.period_start) OR (span = 'day' AND starts_at = r.day_start));
+            SELECT coalesce(sum(used) FILTER (WHERE span = 'period'), 0), coalesce(sum(used) FILTER (WHERE span = 'day'), 0)
+              INTO r.fu_period_used, r.fu_day_used
+              FROM user_feature_usage
+             WHERE company_id = p_company AND user_id = p_user AND feature_id = p_feature
+               AND ((span = 'period' AND starts_at = r.period_start) OR (span = 'day' AND starts_at = r.day_start));
+            r.decision := 'feature_limit_exceeded';
+            RETURN r;
+        END IF;
+    END IF;
+
+    INSERT INTO usage_ledger (company_id, period_id, user_id, units, method, route, model, feature, feature_day,
+                              request_id, outcome, created_at)
+    VALUES (p_company, r.period_id, p_user, p_units, p_method, p_route, p_model, p_feature, r.day_start,
+            p_request_id, 'charged', p_at)
+    RETURNING id INTO r.ledger_id;
+    r.decision := 'charged';
+    RETURN r;
+END;
+$$;

@@ -1,0 +1,65 @@
+-- Gives back one attempt's charge: the counters it added (company, user, and the feature's
+-- period and day counters it charged) are decremented and the ledger row marked refunded, in
+-- one transaction. Idempotent: a refund retried after a lost answer changes nothing.
+--
+-- Lock order: the attempt's Idempotency-Key row (marked failed, so a retry is a new attempt),
+-- the company counter, the ledger row, the user counter, the feature counters.
+-- A charge replayed under 0009's rules (ledger rows written before 0010) stands until every
+-- attempt at it failed (usage_ledger_attempts).
+CREATE FUNCTION capgate_refund(p_company uuid, p_ledger_id bigint, p_upstream_status integer,
+                               p_request_id text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    l usage_ledger%ROWTYPE;
+    v_period_start timestamptz;
+BEGIN
+    SELECT * INTO l FROM usage_ledger WHERE company_id = p_company AND id = p_ledger_id;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF l.idempotency_key IS NOT NULL THEN
+        UPDATE idempotency_keys SET state = 'failed', updated_at = clock_timestamp()
+         WHERE company_id = p_company AND user_id = l.user_id AND key = l.idempotency_key
+           AND request_id = l.request_id AND state = 'in_flight';
+    END IF;
+    PERFORM 1 FROM company_usage WHERE company_id = p_company AND period_id = l.period_id FOR UPDATE;
+    SELECT * INTO l FROM usage_ledger WHERE company_id = p_company AND id = p_ledger_id FOR UPDATE;
+    IF l.outcome <> 'charged' THEN
+        RETURN false;
+    END IF;
+    IF EXISTS (SELECT 1 FROM usage_ledger_attempts WHERE company_id = p_company AND ledger_id = p_ledger_id) THEN
+        INSERT INTO usage_ledger_attempts (company_id, ledger_id, request_id, failed)
+        VALUES (p_company, p_ledger_id, coalesce(p_request_id, l.request_id), true)
+        ON CONFLICT (company_id, ledger_id, request_id) DO UPDATE SET failed = true;
+        IF EXISTS (SELECT 1 FROM usage_ledger_attempts
+                    WHERE company_id = p_company AND ledger_id = p_ledger_id AND NOT failed)
+           OR NOT EXISTS (SELECT 1 FROM usage_ledger_attempts
+                           WHERE company_id = p_company AND ledger_id = p_ledger_id AND request_id = l.request_id) THEN
+            RETURN false;  -- an attempt is still in flight, or has succeeded: the charge stands
+        END IF;
+    END IF;
+    IF l.units > 0 THEN
+        UPDATE company_usage SET used = used - l.units WHERE company_id = p_company AND period_id = l.period_id;
+        UPDATE user_usage SET used = used - l.units
+         WHERE company_id = p_company AND period_id = l.period_id AND user_id = l.user_id;
+        IF l.feature IS NOT NULL AND l.feature_day IS NOT NULL THEN
+            SELECT started_at INTO v_period_start FROM plan_periods WHERE company_id = p_company AND id = l.period_id;
+            UPDATE company_feature_usage SET used = used - l.units
+             WHERE company_id = p_company AND feature_id = l.feature AND span = 'period' AND starts_at = v_period_start;
+            UPDATE company_feature_usage SET used = used - l.units
+             WHERE company_id = p_company AND feature_id = l.feature AND span = 'day' AND starts_at = l.feature_day;
+            UPDATE user_feature_usage SET used = used - l.units
+             WHERE company_id = p_company AND user_id = l.user_id AND feature_id = l.feature AND span = 'period'
+               AND starts_at = v_period_start;
+            UPDATE user_feature_usage SET used = used - l.units
+             WHERE company_id = p_company AND user_id = l.user_id AND feature_id = l.feature AND span = 'day'
+               AND starts_at = l.feature_day;
+        END IF;
+    END IF;
+    UPDATE usage_ledger
+       SET outcome = 'refunded', upstream_status = p_upstream_status, settled_at = clock_timestamp()
+     WHERE company_id = p_company AND id = p_ledger_id;
+    RETURN true;
+END;
+$$;
