@@ -63,6 +63,12 @@ extension ProxyHandler {
         return CallCost(units: units, feature: rule.feature, featureFromHeader: false, rule: rule)
     }
 
+    /// The path of a request target as it was sent, without its query.
+    static func rawPath(_ target: String?) -> String? {
+        guard let target else { return nil }
+        return String(target.prefix { $0 != "?" && $0 != "#" })
+    }
+
     /// A feature id as `features.id` allows it.
     static func isFeatureID(_ text: String) -> Bool {
         let bytes = Array(text.utf8)

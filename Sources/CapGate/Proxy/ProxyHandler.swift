@@ -96,8 +96,10 @@ public struct ProxyHandler: Sendable {
         repeat {
             // Matched against the table as this gateway knows it; an admission that finds the
             // table changed since (stale_routes) changed nothing, and the call is matched again.
+            // The path as sent (not as decoded here): that is what the provider will read.
             callCost = try Self.cost(
-                method: request.method.rawValue, path: path, headers: request.headers, body: body, table: table)
+                method: request.method.rawValue, path: Self.rawPath(request.head.path) ?? path, headers: request.headers, body: body,
+                table: table)
             admissionRequest.units = callCost.units
             admissionRequest.feature = callCost.feature
             admissionRequest.routesVersion = table.version

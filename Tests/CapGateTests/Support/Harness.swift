@@ -1,5 +1,4 @@
 import AsyncHTTPClient
-import CapGate
 import Foundation
 import Hummingbird
 import Logging
@@ -9,6 +8,8 @@ import NIOPosix
 import PostgresNIO
 import ServiceLifecycle
 import Synchronization
+
+@testable import CapGate
 
 /// A running gateway on a fresh database, with the mock provider, for one test.
 struct Harness: Sendable {
@@ -259,8 +260,11 @@ struct Harness: Sendable {
         }
     }
 
+    /// Runs a script, statement by statement (the extended protocol takes one at a time).
     func exec(_ sql: String) async throws {
-        _ = try await db.query(PostgresQuery(unsafeSQL: sql), logger: TestCluster.logger).collect()
+        for statement in SQLSplitter.statements(in: sql) {
+            _ = try await db.query(PostgresQuery(unsafeSQL: statement), logger: TestCluster.logger).collect()
+        }
     }
 }
 
