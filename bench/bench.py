@@ -204,6 +204,8 @@ def main():
     parser.add_argument("--provider", choices=["lean", "full"], default="lean",
                         help="the mock provider: lean (plain SwiftNIO, `capgate mock --lean`) or full (the Hummingbird mock the tests use)")
     parser.add_argument("--pause", type=int, default=0, help="keep the stack up this many seconds after seeding (for profiling)")
+    parser.add_argument("--features", action="store_true",
+                        help="seed bench/features.sql: a route table and two features with bounded limits, every call charging one")
     args = parser.parse_args()
 
     if not os.access(BIN, os.X_OK):
@@ -229,6 +231,8 @@ def main():
         log("migrating and seeding…")
         subprocess.run([BIN, "migrate"], env={**os.environ, "DATABASE_URL": url}, check=True, capture_output=True)
         psql(url, file=os.path.join(BENCH, "seed.sql"))
+        if args.features:
+            psql(url, file=os.path.join(BENCH, "features.sql"))
         many_keys = os.path.join(WORK, "keys_many.txt")
         hot_keys = os.path.join(WORK, "keys_hot.txt")
         with open(many_keys, "w") as f:
@@ -369,6 +373,7 @@ def write_report(args, results, settings):
              f"Measured by `bench/run` on {time.strftime('%Y-%m-%d')}: {machine()}.",
              "PostgreSQL 15 (embedded launcher), " + ", ".join(f"`{k}={v}`" for k, v in settings.items()) + ".",
              f"Admission durability: `{args.durability}` (rows marked relaxed: a second gateway with `database.durability = relaxed`). Gateway: release build, `LOG_LEVEL=warning` (except the row marked info: one log line per request to a file), pool of 16 connections.",
+             ("Route table and features: `bench/features.sql` (every metered call charges the feature `analysis`: company, user and four feature counters). " if args.features else "Caps only: no routes, no features. ") +
              f"Provider: `capgate mock{' --lean' if args.provider == 'lean' else ''}` ({'the Messages API on plain SwiftNIO handlers' if args.provider == 'lean' else 'the Hummingbird mock the tests use'}).",
              "Load: wrk from a separate process on the same 2 cores (wrk, the mock provider, CapGate and PostgreSQL share them),",
              f"{args.seconds} s per run, non-streaming `POST /v1/messages` unless noted, keys rotated per request. After {args.warmup} s of warm-up load on each",
