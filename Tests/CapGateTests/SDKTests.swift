@@ -47,6 +47,29 @@ struct SDKTests {
         }
     }
 
+    @Test("the Anthropic Python SDK with features on: models and count_tokens free, messages counted per feature, 402 and 400 surfaced")
+    func anthropicSDKWithFeatures() async throws {
+        let python = try await PythonTools.python()
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 100)
+            let (company, users) = try await h.createCompany(plan: "low", users: 1)
+            try await FeatureAdmissionTests.seed(h, plan: "low", daily: 2)
+            try await h.exec("INSERT INTO plan_features (plan_id, feature_id) VALUES ('low', 'chat')")
+            let (status, output) = try await Self.run(
+                python, [Self.root.appendingPathComponent("Tests/sdk/anthropic_sdk_features.py").path],
+                environment: ["CAPGATE_URL": h.gatewayURL, "CAPGATE_KEY": users[0].key]
+            )
+            #expect(status == 0, "\(output)")
+            #expect(output.contains("sdk features ok"))
+            let c = company.text
+            #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(c)'") == 3)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE company_id = '\(c)' AND units = 0") == 4)
+            #expect(
+                try await h.scalar(
+                    "SELECT used FROM company_feature_usage WHERE company_id = '\(c)' AND feature_id = 'analysis' AND span = 'day'") == 2)
+        }
+    }
+
     @Test("sources follow .swift-format (swift format lint --strict)")
     func formatted() async throws {
         let (status, output) = try await Self.run("swift-format", ["lint", "--strict", "--recursive", "Sources", "Tests", "Package.swift"])

@@ -10,7 +10,7 @@ import Synchronization
 ///
 /// - `POST /v1/messages`: a message (JSON) or, with `"stream": true`, the SSE event sequence
 ///   (`message_start` … `message_stop`) with `usage` in `message_start` and `message_delta`.
-/// - `GET /v1/models`: a model list. Any other path: a JSON echo of method, path, query and the
+/// - `GET /v1/models`: a model list; `POST /v1/messages/count_tokens`: `{"input_tokens": 7}`. Any other path: a JSON echo of method, path, query and the
 ///   header names received (so tests can see which credentials reached the provider).
 /// - Test controls, as request headers (or as the `model` name, so an SDK can steer them):
 ///   `x-mock-status: 500` (or model `mock-error-500`), `x-mock-delay-ms: N` before the head
@@ -49,6 +49,12 @@ public struct MockProvider: Sendable {
             counter.increment()
             served.increment()
             return Self.json(Self.models)
+        }
+        router.post("/v1/messages/count_tokens") { request, _ -> Response in
+            counter.increment()
+            served.increment()
+            _ = try await request.body.collect(upTo: 64 << 20)
+            return Self.json(.obj(["input_tokens": 7]))
         }
         router.get("/__mock/requests") { _, _ -> Response in
             Self.json(.obj(["count": .int(Int64(counter.count))]))
