@@ -2,8 +2,8 @@ import Foundation
 import Logging
 import PostgresNIO
 
-/// The demo data `capgate dev` loads once: plans, a company on `low`, an admin and a member
-/// with API keys. Keys are shown once, so the dev folder keeps them in `demo.json`.
+/// The demo data `capgate dev` loads once: plans, features with their entitlements and the
+/// route table (`DemoSeed+Features.swift`), a company on `low`, an admin and a member with API keys. Keys are shown once, so the dev folder keeps them in `demo.json`.
 public struct DemoSeed: Sendable {
     public var companyID: UUID
     public var adminID: UUID
@@ -20,6 +20,8 @@ public struct DemoSeed: Sendable {
         {
             var seed = seed
             if let operatorToken { seed.operatorToken = operatorToken }
+            let database = Database(client: client, timeout: .seconds(60), logger: logger)
+            try await database.transaction { try await seedFeatures($0, logger: logger) }
             return seed
         }
         let seed = try await seed(
@@ -68,6 +70,7 @@ public struct DemoSeed: Sendable {
                     logger: logger
                 )
             }
+            try await seedFeatures(connection, logger: logger)
             try await connection.query("INSERT INTO companies (id, name) VALUES (\(company), 'Demo Company')", logger: logger)
             try await connection.query(
                 """

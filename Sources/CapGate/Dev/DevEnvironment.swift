@@ -119,6 +119,15 @@ public enum DevEnvironment {
               curl -sN \(base)/v1/messages -H 'x-api-key: \(seed.memberKey)' -H 'content-type: application/json' \\
                 -d '{"model":"claude-sonnet-4-6","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Hello"}]}'
 
+            Features (plan low: 10 analyses a day for the company, 5 per user; chat unlimited;
+            compatibility not included). The route table makes GET /v1/models* and count_tokens
+            free, and POST /v1/messages cost one analysis unless CapGate-Feature names another:
+              curl -s \(base)/v1/messages -H 'x-api-key: \(seed.memberKey)' -H 'CapGate-Feature: compatibility' \
+                -H 'content-type: application/json' \
+                -d '{"model":"claude-sonnet-4-6","max_tokens":64,"messages":[{"role":"user","content":"Hello"}]}'
+              (402 feature_not_in_plan, naming the medium plan; a sixth analysis today is 402 feature_limit_exceeded)
+              curl -s \(base)/v1/models -H 'x-api-key: \(seed.memberKey)'   (free)
+
             Your usage:
               curl -s \(base)/v1/usage -H 'x-api-key: \(seed.memberKey)'
 
