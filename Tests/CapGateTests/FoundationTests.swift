@@ -53,6 +53,54 @@ struct FoundationTests {
     }
 
     @Test(
+        "db/functions: an edited file re-applies the set; a file removed takes its function away; a function file that fails changes nothing"
+    )
+    func functionFiles() async throws {
+        let url = try await offPool { try TestCluster.shared.get().createDatabase("f_" + UUID().uuidString.prefix(8).lowercased()) }
+        let logger = TestCluster.logger
+        _ = try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger)
+        // A copy of db/ whose functions are edited.
+        let root = NSTemporaryDirectory() + "db-\(UUID().uuidString)"
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let source = URL(fileURLWithPath: Migrator.defaultFolder()).deletingLastPathComponent().path
+        try FileManager.default.copyItem(atPath: source, toPath: root)
+        func migrate() async throws -> [String] {
+            let migrator = try Migrator(folder: root + "/migrations")
+            return try await CapGateRunner.withClient(url: url, logger: logger) { try await migrator.migrate(client: $0, logger: logger) }
+        }
+        func scalar(_ sql: String) async throws -> String? {
+            try await CapGateRunner.withClient(url: url, logger: logger) { client in
+                try await client.query(PostgresQuery(unsafeSQL: sql), logger: logger).decode(String?.self).collect().first ?? nil
+            }
+        }
+        #expect(try await migrate() == [])
+        let probe = root + "/functions/capgate_probe.sql"
+        try "CREATE FUNCTION capgate_probe() RETURNS text LANGUAGE sql AS $$ SELECT 'one' $$;".write(
+            toFile: probe, atomically: true, encoding: .utf8)
+        #expect(try await migrate() == [FunctionSet.name])
+        #expect(try await scalar("SELECT capgate_probe()") == "one")
+        try "CREATE FUNCTION capgate_probe() RETURNS text LANGUAGE sql AS $$ SELECT 'two' $$;".write(
+            toFile: probe, atomically: true, encoding: .utf8)
+        #expect(try await migrate() == [FunctionSet.name])
+        #expect(try await scalar("SELECT capgate_probe()") == "two")
+        #expect(try await migrate() == [])
+        // A broken file: the whole set is rolled back, the old functions stay.
+        try "CREATE FUNCTION capgate_probe() RETURNS text LANGUAGE sql AS $$ SELECT nope $$;".write(
+            toFile: probe, atomically: true, encoding: .utf8)
+        await #expect(throws: Migrator.MigrationError.self) { try await migrate() }
+        #expect(try await scalar("SELECT capgate_probe()") == "two")
+        #expect(
+            try await scalar(
+                "SELECT to_regprocedure('capgate_charge(uuid,uuid,integer,text,text,text,text,text,bigint,timestamptz)')::text") != nil)
+        try FileManager.default.removeItem(atPath: probe)
+        #expect(try await migrate() == [FunctionSet.name])
+        #expect(try await scalar("SELECT to_regprocedure('capgate_probe()')::text") == nil)
+        #expect(
+            try await scalar(
+                "SELECT to_regprocedure('capgate_charge(uuid,uuid,integer,text,text,text,text,text,bigint,timestamptz)')::text") != nil)
+    }
+
+    @Test(
         "withDeadline: a quick body's value or error passes through; a slow body is answered at the limit, even one that ignores cancellation, and its late outcome is reported"
     )
     func deadline() async throws {
