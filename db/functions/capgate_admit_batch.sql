@@ -9,7 +9,9 @@
 --    companies moved into it (capgate_roll_company, in company order) and are read again.
 -- 2. Lock (or create) the counters, each kind in key order: company, user, company feature
 --    period, company feature day, user feature period, user feature day.
--- 3. Decide in arrival order against the locked values; 4. write what moved and the ledger.
+-- 3. Decide in arrival order against the locked values (a charge that brings a bounded counter
+--    to a notification threshold writes its notification row: capgate_notify); 4. write what
+--    moved and the ledger.
 CREATE FUNCTION capgate_admit_batch(
     p_key_hash bytea[], p_company uuid[], p_user uuid[], p_units integer[], p_method text[], p_route text[],
     p_model text[], p_feature text[], p_request_id text[], p_routes_version bigint[], p_at timestamptz[],
@@ -23,6 +25,8 @@ AS $$
 DECLARE
     n integer := coalesce(cardinality(p_units), 0);
     v_routes bigint;
+    v_thresholds integer[];
+    v_low integer;
     v_gaps uuid[];
     v_company uuid;
     v_at timestamptz;
@@ -51,7 +55,8 @@ BEGIN
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    SELECT routes INTO v_routes FROM config_versions WHERE singleton;
+    SELECT routes, thresholds, (SELECT min(t) FROM unnest(thresholds) t) INTO v_routes, v_thresholds, v_low
+      FROM config_versions WHERE singleton;
 
     -- 1. The calls as the database knows them.
     FOR pass IN 1..2 LOOP
@@ -300,6 +305,35 @@ BEGIN
             END IF;
             a_decision[i] := 'charged';
             a_ledger[i] := nextval('usage_ledger_id_seq'::regclass);
+            -- Threshold notifications (SPEC §9), only for a counter at or past the lowest threshold.
+            IF v_low IS NOT NULL AND u > 0 THEN
+                IF a_ccap[i] IS NOT NULL AND c_used[cs] * 100 >= v_low::bigint * a_ccap[i] THEN
+                    PERFORM capgate_notify(a_company[i], NULL, NULL, 'period', a_start[i], a_end[i], c_used[cs], u, a_ccap[i],
+                                           v_thresholds);
+                END IF;
+                IF a_ucap[i] IS NOT NULL AND u_used[us] * 100 >= v_low::bigint * a_ucap[i] THEN
+                    PERFORM capgate_notify(a_company[i], a_user[i], NULL, 'period', a_start[i], a_end[i], u_used[us], u,
+                                           a_ucap[i], v_thresholds);
+                END IF;
+                IF fps IS NOT NULL THEN
+                    IF a_lp[i] IS NOT NULL AND fp_used[fps] * 100 >= v_low::bigint * a_lp[i] THEN
+                        PERFORM capgate_notify(a_company[i], NULL, a_feature[i], 'period', a_start[i], a_end[i], fp_used[fps], u,
+                                               a_lp[i], v_thresholds);
+                    END IF;
+                    IF a_ld[i] IS NOT NULL AND fd_used[fds] * 100 >= v_low::bigint * a_ld[i] THEN
+                        PERFORM capgate_notify(a_company[i], NULL, a_feature[i], 'day', a_dstart[i], a_dend[i], fd_used[fds], u,
+                                               a_ld[i], v_thresholds);
+                    END IF;
+                    IF a_lup[i] IS NOT NULL AND up_used[ups] * 100 >= v_low::bigint * a_lup[i] THEN
+                        PERFORM capgate_notify(a_company[i], a_user[i], a_feature[i], 'period', a_start[i], a_end[i], up_used[ups],
+                                               u, a_lup[i], v_thresholds);
+                    END IF;
+                    IF a_lud[i] IS NOT NULL AND ud_used[uds] * 100 >= v_low::bigint * a_lud[i] THEN
+                        PERFORM capgate_notify(a_company[i], a_user[i], a_feature[i], 'day', a_dstart[i], a_dend[i], ud_used[uds],
+                                               u, a_lud[i], v_thresholds);
+                    END IF;
+                END IF;
+            END IF;
         END IF;
         a_cused[i] := c_used[cs];
         a_uused[i] := u_used[us];

@@ -10,6 +10,8 @@
 -- 4. Lock order: company counter, user counter, then the feature's counters (company period,
 --    company day, user period, user day). Each is a conditional update that takes its row lock;
 --    a refusal gives back what this call already added (its rows stay locked until commit).
+-- 5. A charge that brings a bounded counter to a notification threshold (config_versions.
+--    thresholds, percent) writes its notification row here too (capgate_notify).
 CREATE FUNCTION capgate_charge(
     p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
     p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz
@@ -22,12 +24,17 @@ DECLARE
     v_active boolean;
     e plan_features%ROWTYPE;
     v_step integer := 0;   -- feature counters charged so far (1..4)
+    v_routes bigint;
+    v_thresholds integer[];
+    v_low integer;         -- the lowest notification threshold, percent
 BEGIN
     r.item := 1;
     r.auth := 'ok';
     r.company_id := p_company;
     r.user_id := p_user;
-    IF p_routes_version IS NOT NULL AND p_routes_version <> (SELECT routes FROM config_versions WHERE singleton) THEN
+    SELECT routes, thresholds, (SELECT min(t) FROM unnest(thresholds) t) INTO v_routes, v_thresholds, v_low
+      FROM config_versions WHERE singleton;
+    IF p_routes_version IS NOT NULL AND p_routes_version <> v_routes THEN
         r.decision := 'stale_routes';
         RETURN r;
     END IF;
@@ -204,6 +211,36 @@ BEGIN
                AND ((span = 'period' AND starts_at = r.period_start) OR (span = 'day' AND starts_at = r.day_start));
             r.decision := 'feature_limit_exceeded';
             RETURN r;
+        END IF;
+    END IF;
+
+    -- 4. Threshold notifications (SPEC §9), only for a counter at or past the lowest threshold.
+    IF v_low IS NOT NULL THEN
+        IF r.company_cap IS NOT NULL AND r.company_used * 100 >= v_low::bigint * r.company_cap THEN
+            PERFORM capgate_notify(p_company, NULL, NULL, 'period', r.period_start, r.period_end, r.company_used, p_units,
+                                   r.company_cap, v_thresholds);
+        END IF;
+        IF r.user_cap IS NOT NULL AND r.user_used * 100 >= v_low::bigint * r.user_cap THEN
+            PERFORM capgate_notify(p_company, p_user, NULL, 'period', r.period_start, r.period_end, r.user_used, p_units,
+                                   r.user_cap, v_thresholds);
+        END IF;
+        IF p_feature IS NOT NULL THEN
+            IF e.period_limit IS NOT NULL AND r.fc_period_used * 100 >= v_low::bigint * e.period_limit THEN
+                PERFORM capgate_notify(p_company, NULL, p_feature, 'period', r.period_start, r.period_end, r.fc_period_used,
+                                       p_units, e.period_limit, v_thresholds);
+            END IF;
+            IF e.daily_limit IS NOT NULL AND r.fc_day_used * 100 >= v_low::bigint * e.daily_limit THEN
+                PERFORM capgate_notify(p_company, NULL, p_feature, 'day', r.day_start, r.day_end, r.fc_day_used, p_units,
+                                       e.daily_limit, v_thresholds);
+            END IF;
+            IF e.user_period_limit IS NOT NULL AND r.fu_period_used * 100 >= v_low::bigint * e.user_period_limit THEN
+                PERFORM capgate_notify(p_company, p_user, p_feature, 'period', r.period_start, r.period_end, r.fu_period_used,
+                                       p_units, e.user_period_limit, v_thresholds);
+            END IF;
+            IF e.user_daily_limit IS NOT NULL AND r.fu_day_used * 100 >= v_low::bigint * e.user_daily_limit THEN
+                PERFORM capgate_notify(p_company, p_user, p_feature, 'day', r.day_start, r.day_end, r.fu_day_used, p_units,
+                                       e.user_daily_limit, v_thresholds);
+            END IF;
         END IF;
     END IF;
 

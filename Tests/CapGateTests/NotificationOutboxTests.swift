@@ -1,0 +1,109 @@
+import CapGate
+import Foundation
+import Testing
+
+/// SPEC §9, the outbox half: the admission that brings a bounded counter to a threshold writes
+/// exactly one notification row per counter, window and threshold, under any concurrency.
+@Suite("Threshold notifications written by the admission", .timeLimit(.minutes(5)))
+struct NotificationOutboxTests {
+    static func count(_ h: Harness, _ filter: String) async throws -> Int64 {
+        try await h.scalar("SELECT count(*) FROM notifications WHERE \(filter)")
+    }
+
+    @Test(
+        "200 concurrent calls against a cap of 100: one 80 % and one 100 % row for the company, one per user who crossed; a refund and a new crossing add nothing; the next period notifies again"
+    )
+    func exactlyOncePerCrossing() async throws {
+        try await HeavyTests.alone {
+            try await Harness.with { h in
+                try await h.createPlan("p", company: 100, user: 10)
+                let (company, users) = try await h.createCompany(plan: "p", users: 20)
+                // Two users send most calls (they reach their own cap of 10), the others a few each.
+                let keys = Array(repeating: users[0].key, count: 10) + Array(repeating: users[1].key, count: 10) + users.map(\.key)
+                let counts = try await ConcurrencyTests.burst(h, keys: keys, count: 200, gateways: [h.gatewayURL])
+                #expect(counts[200] == 100)
+                let c = company.text
+                #expect(try await Self.count(h, "company_id = '\(c)' AND scope = 'company' AND threshold = 80") == 1)
+                #expect(try await Self.count(h, "company_id = '\(c)' AND scope = 'company' AND threshold = 100") == 1)
+                #expect(try await h.scalar("SELECT used FROM notifications WHERE scope = 'company' AND threshold = 80") == 80)
+                #expect(try await h.scalar("SELECT limit_value FROM notifications WHERE scope = 'company' AND threshold = 100") == 100)
+                // One row per user whose counter reached 8 (80 % of 10) and 10, derived from the counters.
+                let at80 = try await h.scalar("SELECT count(*) FROM user_usage WHERE company_id = '\(c)' AND used >= 8")
+                let at100 = try await h.scalar("SELECT count(*) FROM user_usage WHERE company_id = '\(c)' AND used >= 10")
+                #expect(at80 > 0)
+                #expect(try await Self.count(h, "scope = 'user' AND threshold = 80") == at80)
+                #expect(try await Self.count(h, "scope = 'user' AND threshold = 100") == at100)
+                #expect(
+                    try await Self.count(
+                        h, "scope = 'user' AND user_id NOT IN (SELECT user_id FROM user_usage WHERE used >= threshold / 10)") == 0)
+
+                // A refund below 100 % and a new crossing: nothing new.
+                let ledger = try await h.scalar("SELECT min(id) FROM usage_ledger WHERE outcome = 'charged'")
+                #expect(try await h.text("SELECT capgate_refund('\(c)', \(ledger), 500, NULL)") == "true")
+                let user = try #require(
+                    try await h.text(
+                        "SELECT user_id::text FROM user_usage WHERE company_id = '\(c)' AND used < 10 ORDER BY used DESC LIMIT 1"))
+                #expect(
+                    try await h.text(
+                        "SELECT (capgate_charge('\(c)', '\(user)', 1, 'POST', '/v1/m', NULL, NULL, 'again', NULL, now())).decision")
+                        == "charged")
+                #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(c)'") == 100)
+                #expect(try await Self.count(h, "scope = 'company'") == 2)
+
+                // The next period starts over.
+                try await h.exec(
+                    """
+                    UPDATE plan_periods SET ends_at = now() + interval '1 hour' WHERE company_id = '\(c)';
+                    INSERT INTO plan_periods (company_id, plan_id, started_at, ends_at, anchor)
+                    VALUES ('\(c)', 'p', now() + interval '1 hour', now() + interval '1 month', now() + interval '1 hour')
+                    """)
+                for i in 0..<80 {
+                    let member = users[i % 20].id.text
+                    _ = try await h.text(
+                        """
+                        SELECT (capgate_charge('\(c)', '\(member)', 1, 'POST', '/v1/m', NULL, NULL, 'next\(i)', NULL,
+                                now() + interval '2 hours')).decision
+                        """)
+                }
+                #expect(try await Self.count(h, "scope = 'company' AND threshold = 80") == 2)
+                #expect(try await Self.count(h, "scope = 'company' AND threshold = 100") == 1)
+                #expect(try await Self.count(h, "status <> 'pending'") == 0)
+            }
+        }
+    }
+
+    @Test("feature windows notify too, on the batched path as on the single one; thresholds come from config_versions")
+    func featureWindowsAndThresholds() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: 1000, user: 1000)
+            let (company, users) = try await h.createCompany(plan: "p", users: 1)
+            try await FeatureAdmissionTests.seed(h, plan: "p", daily: 10, userPeriod: 4)
+            try await h.exec("UPDATE config_versions SET thresholds = '{50,100}'")
+            let c = company.text
+            let u = users[0].id.text
+            // Batched: four calls in one transaction.
+            let decisions = try await h.text(
+                """
+                SELECT string_agg(decision, ',' ORDER BY item) FROM capgate_admit_batch(
+                    array_fill(''::bytea, ARRAY[4]), array_fill('\(c)'::uuid, ARRAY[4]), array_fill('\(u)'::uuid, ARRAY[4]),
+                    array_fill(1, ARRAY[4]), array_fill('POST'::text, ARRAY[4]), array_fill('/v1/messages'::text, ARRAY[4]),
+                    array_fill(''::text, ARRAY[4]), array_fill('analysis'::text, ARRAY[4]), ARRAY['a', 'b', 'c', 'd'],
+                    array_fill(-1::bigint, ARRAY[4]), array_fill(now(), ARRAY[4]), false)
+                """)
+            #expect(decisions == "charged,charged,charged,charged")
+            #expect(try await Self.count(h, "feature_id = 'analysis' AND scope = 'user' AND span = 'period' AND threshold = 50") == 1)
+            #expect(try await Self.count(h, "feature_id = 'analysis' AND scope = 'user' AND span = 'period' AND threshold = 100") == 1)
+            #expect(try await Self.count(h, "feature_id = 'analysis' AND scope = 'company' AND span = 'day'") == 0)
+            // Single: the company's day window reaches 50 % at its fifth call.
+            try await h.exec("UPDATE plan_features SET user_period_limit = NULL")
+            _ = try await h.text(
+                "SELECT (capgate_charge('\(c)', '\(u)', 1, 'POST', '/v1/messages', NULL, 'analysis', 'e', NULL, now())).decision")
+            let day = try await h.text(
+                "SELECT threshold || ':' || used || '/' || limit_value FROM notifications WHERE scope = 'company' AND span = 'day'")
+            #expect(day == "50:5/10")
+            #expect(
+                try await h.text("SELECT window_end = capgate_day_end(now(), 'UTC') FROM notifications WHERE span = 'day'") == "true")
+            #expect(try await Self.count(h, "feature_id IS NULL") == 0)
+        }
+    }
+}
