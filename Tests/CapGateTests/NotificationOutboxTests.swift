@@ -72,13 +72,13 @@ struct NotificationOutboxTests {
         }
     }
 
-    @Test("feature windows notify too, on the batched path as on the single one; thresholds come from config_versions")
+    @Test("feature windows notify too, on the batched path as on the single one; notifications.thresholds reach every admission")
     func featureWindowsAndThresholds() async throws {
-        try await Harness.with { h in
+        try await Harness.with(settings: ["notifications.thresholds": "100, 50"]) { h in
             try await h.createPlan("p", company: 1000, user: 1000)
             let (company, users) = try await h.createCompany(plan: "p", users: 1)
             try await FeatureAdmissionTests.seed(h, plan: "p", daily: 10, userPeriod: 4)
-            try await h.exec("UPDATE config_versions SET thresholds = '{50,100}'")
+            #expect(try await h.text("SELECT thresholds FROM config_versions") == "{50,100}")
             let c = company.text
             let u = users[0].id.text
             // Batched: four calls in one transaction.

@@ -81,6 +81,14 @@ struct GatewayParts {
             ClosingService(name: "settlements") { await metering.flush() },
         ]
         services.append(metering.idempotencyPurgeJob(interval: .seconds(600), logger: logger))
+        // Threshold notifications (SPEC §9): the thresholds for every admission, the deliverer,
+        // and the outbox's numbers for /metrics.
+        var notificationLogger = logger
+        notificationLogger[metadataKey: "component"] = "notifications"
+        services.append(
+            NotificationDeliverer(
+                database: database, settings: configuration.notifications, configuration: configuration, logger: notificationLogger))
+        services.append(PeriodicJob(interval: .seconds(10)) { await NotificationDeliverer.refreshMetrics(database: database) })
         if configuration.billingRolloverInterval > 0 {
             services.append(billing.rolloverJob(interval: .seconds(configuration.billingRolloverInterval), logger: logger))
         }

@@ -84,6 +84,8 @@ public struct CapGateConfiguration: Sendable {
     public var spoolDirectory: String
     /// `log.level` / `LOG_LEVEL` (default `info`).
     public var logLevel: String
+    /// `notifications.*`: threshold webhooks (SPEC §9; see ``NotificationSettings``).
+    public var notifications: NotificationSettings
 
     /// Every key CapGate reads, with its environment variable (used by docs and `--help`).
     public static let keys: [String] = [
@@ -93,9 +95,18 @@ public struct CapGateConfiguration: Sendable {
         "upstream.idleTimeout", "upstream.maxConnections", "operator.token", "jwt.secret", "jwt.jwksFile", "jwt.companyClaim",
         "jwt.audience", "jwt.issuer", "jwt.leeway",
         "proxy.prefix", "proxy.maxBodyBytes", "proxy.idempotencyMaxBytes", "proxy.bodyBudgetBytes", "billing.rolloverInterval",
-        "spool.directory", "log.level",
+        "spool.directory", "log.level", "notifications.webhookUrl", "notifications.webhookSecret", "notifications.thresholds",
+        "notifications.timeout", "notifications.retryFor", "notifications.retryDelay", "notifications.maxRetryDelay",
+        "notifications.pollInterval",
     ]
-    static let secretKeys: Set<String> = ["database.url", "upstream.apiKey", "operator.token", "jwt.secret"]
+    static let secretKeys: Set<String> = [
+        "database.url", "upstream.apiKey", "operator.token", "jwt.secret", "notifications.webhookSecret",
+    ]
+    /// Environment variables the SPEC names differently from the keys' own (`NOTIFICATIONS_…`).
+    static let environmentAliases: [String: String] = [
+        "NOTIFY_WEBHOOK_URL": "notifications.webhookUrl", "NOTIFY_WEBHOOK_SECRET": "notifications.webhookSecret",
+        "NOTIFY_THRESHOLDS": "notifications.thresholds",
+    ]
 
     /// An absolute `http://` or `https://` URL with a host.
     static func isHTTPURL(_ text: String) -> Bool {
@@ -138,6 +149,19 @@ public struct CapGateConfiguration: Sendable {
         billingRolloverInterval = try Self.int(reader, "billing.rolloverInterval", default: 0, range: 0...(86400 * 366))
         spoolDirectory = reader.string(forKey: "spool.directory", default: ".capgate/spool")
         logLevel = reader.string(forKey: "log.level", default: "info")
+        notifications = NotificationSettings(
+            webhookURL: Self.nonEmpty(reader.string(forKey: "notifications.webhookUrl")),
+            webhookSecret: Self.nonEmpty(reader.string(forKey: "notifications.webhookSecret", isSecret: true)),
+            thresholds: try Self.thresholds(reader),
+            timeout: try Self.double(reader, "notifications.timeout", default: 10),
+            retryFor: try Self.double(reader, "notifications.retryFor", default: 86400),
+            retryDelay: try Self.double(reader, "notifications.retryDelay", default: 5),
+            maxRetryDelay: try Self.double(reader, "notifications.maxRetryDelay", default: 900),
+            pollInterval: try Self.double(reader, "notifications.pollInterval", default: 1)
+        )
+        if let url = notifications.webhookURL, !Self.isHTTPURL(url) {
+            throw ConfigurationError(key: "notifications.webhookUrl", problem: "is not an absolute http(s) URL")
+        }
 
         if !proxyPrefix.hasPrefix("/") || !proxyPrefix.hasSuffix("/") {
             throw ConfigurationError(key: "proxy.prefix", problem: "must start and end with '/', such as /v1/")
@@ -174,7 +198,15 @@ public struct CapGateConfiguration: Sendable {
             }
         }
         providers.append(InMemoryProvider(name: "flags", values: flagValues))
-        let secretVariables: Set<String> = ["DATABASE_URL", "UPSTREAM_API_KEY", "OPERATOR_TOKEN", "JWT_SECRET"]
+        var aliasValues: [AbsoluteConfigKey: ConfigValue] = [:]
+        for (variable, key) in environmentAliases {
+            guard let value = environment[variable] else { continue }
+            aliasValues[AbsoluteConfigKey(ConfigKey(key))] = ConfigValue(.string(value), isSecret: secretKeys.contains(key))
+        }
+        providers.append(InMemoryProvider(name: "environment (SPEC names)", values: aliasValues))
+        let secretVariables: Set<String> = [
+            "DATABASE_URL", "UPSTREAM_API_KEY", "OPERATOR_TOKEN", "JWT_SECRET", "NOTIFY_WEBHOOK_SECRET", "NOTIFICATIONS_WEBHOOK_SECRET",
+        ]
         providers.append(
             EnvironmentVariablesProvider(
                 environmentVariables: environment,
@@ -188,6 +220,27 @@ public struct CapGateConfiguration: Sendable {
             throw ConfigurationError(key: "config file", problem: "\(path) could not be read as JSON")
         }
         return try CapGateConfiguration(reader: ConfigReader(providers: providers))
+    }
+
+    /// `notifications.thresholds`: a JSON array in the file, or `80,100` / `[80, 100]` as text.
+    static func thresholds(_ reader: ConfigReader) throws -> [Int] {
+        let problem = ConfigurationError(
+            key: "notifications.thresholds", problem: "must be a list of whole percentages from 1 to 100, such as [80, 100]")
+        var values: [Int]
+        if let list = reader.intArray(forKey: "notifications.thresholds") {
+            values = list
+        } else if let text = reader.string(forKey: "notifications.thresholds") {
+            let inner = text.trimmingCharacters(in: CharacterSet(charactersIn: "[] "))
+            values = []
+            for part in inner.split(separator: ",") {
+                guard let value = Int(part.trimmingCharacters(in: .whitespaces)) else { throw problem }
+                values.append(value)
+            }
+        } else {
+            return [80, 100]
+        }
+        guard values.count <= 10, values.allSatisfy({ (1...100).contains($0) }) else { throw problem }
+        return Array(Set(values)).sorted()
     }
 
     static func nonEmpty(_ s: String?) -> String? {

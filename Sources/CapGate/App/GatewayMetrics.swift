@@ -135,6 +135,24 @@ public enum GatewayMetrics {
         spool.record(depth)
     }
 
+    /// One webhook attempt of this gateway (SPEC §9), by result.
+    static func notificationAttempt(delivered: Bool) {
+        _ = registry
+        Metrics.Counter(label: "capgate_notification_attempts_total", dimensions: [("result", delivered ? "delivered" : "failed")])
+            .increment()
+    }
+
+    /// The outbox as the database holds it (every gateway reports the same numbers): rows written,
+    /// delivered and failed, rows waiting for a retry, and the age of the oldest pending one.
+    static func notificationOutbox(written: Int64, delivered: Int64, failed: Int64, retrying: Int64, oldestPendingSeconds: Double) {
+        _ = registry
+        Gauge(label: "capgate_notifications_written").record(written)
+        Gauge(label: "capgate_notifications_delivered").record(delivered)
+        Gauge(label: "capgate_notifications_failed").record(failed)
+        Gauge(label: "capgate_notifications_retry_backlog").record(retrying)
+        Gauge(label: "capgate_notifications_oldest_pending_seconds").record(oldestPendingSeconds)
+    }
+
     static func pool(maxConnections: Int) {
         _ = registry
         Gauge(label: "capgate_db_pool_max_connections").record(maxConnections)

@@ -1,0 +1,267 @@
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import PostgresNIO
+import ServiceLifecycle
+import Synchronization
+
+/// Delivers the notification rows the admissions write (SPEC §9) as signed webhooks, from
+/// `capgate serve`, never on a request's path.
+///
+/// A worker takes one due row (`status = 'pending'`, `next_attempt_at` passed, a URL to send it
+/// to) with `FOR UPDATE SKIP LOCKED` inside a transaction it holds while it POSTs: another
+/// gateway skips that row, and a gateway killed mid-attempt leaves it pending for the next one
+/// (at least once; the receiver dedupes on `webhook-id`). The outcome is written in the same
+/// transaction: 2xx `delivered`; anything else (timeout, connection refused, 3xx-5xx) counts an
+/// attempt, records `last_error` and schedules the next with exponential backoff and jitter, or
+/// marks the row `failed` once `notifications.retryFor` has passed since it was written.
+/// Admissions never wait on any of this: their inserts do not lock existing rows.
+public struct NotificationDeliverer: Service {
+    let database: Database
+    let client: @Sendable () -> PostgresClient
+    let settings: NotificationSettings
+    let webhooks: WebhookClients
+    let logger: Logger
+
+    public init(database: Database, settings: NotificationSettings, configuration: CapGateConfiguration, logger: Logger) {
+        self.database = database
+        self.client = { database.client }
+        self.settings = settings
+        self.webhooks = WebhookClients(configuration: configuration, timeout: settings.timeout)
+        self.logger = logger
+    }
+
+    public func run() async throws {
+        do {
+            try await Self.publishThresholds(settings.thresholds, database: database)
+        } catch {
+            logger.warning(
+                "notifications.thresholds not written; admissions use the database's list",
+                metadata: ["error": "\(String(reflecting: error))"])
+        }
+        guard settings.webhookSecret != nil else {
+            logger.info("notifications are kept, not sent: notifications.webhookSecret is not set")
+            try? await gracefulShutdown()
+            return
+        }
+        let wake = WakeSignal()
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await listen(wake) }
+            for _ in 0..<settings.workers {
+                group.addTask {
+                    while !Task.isShuttingDownGracefully && !Task.isCancelled {
+                        while await deliverOne() {}
+                        await wake.wait(upTo: .milliseconds(Int64(settings.pollInterval * 1000)))
+                    }
+                }
+            }
+            try? await gracefulShutdown()
+            wake.stop()
+            group.cancelAll()
+        }
+        await webhooks.shutdown()
+    }
+
+    /// LISTEN capgate_notifications: an admission that writes a row wakes the workers at commit.
+    func listen(_ wake: WakeSignal) async {
+        while !Task.isShuttingDownGracefully && !Task.isCancelled && !wake.stopped {
+            do {
+                try await client().withConnection { connection in
+                    for try await _ in try await connection.listen("capgate_notifications") {
+                        wake.signal()
+                        if wake.stopped { break }
+                    }
+                }
+            } catch {
+                try? await Task.sleep(for: .seconds(1))
+            }
+        }
+    }
+
+    struct Due: Sendable {
+        var company: UUID
+        var id: UUID
+        var url: String
+        var attempts: Int
+        var createdAt: Date
+        var payload: JSON
+    }
+
+    /// Takes one due row, sends it and records the outcome; false when nothing was due.
+    func deliverOne() async -> Bool {
+        do {
+            return try await client().withTransaction(logger: logger) { connection in
+                guard let due = try await claim(connection) else { return false }
+                let outcome = await send(due)
+                try await record(outcome, for: due, connection)
+                return true
+            }
+        } catch {
+            logger.warning("notification delivery could not reach the database", metadata: ["error": "\(String(reflecting: error))"])
+            try? await Task.sleep(for: .seconds(1))
+            return false
+        }
+    }
+
+    func claim(_ connection: PostgresConnection) async throws -> Due? {
+        let rows = try await connection.query(
+            """
+            SELECT n.company_id, n.id, coalesce(c.webhook_url, \(settings.webhookURL)), n.attempts, n.created_at, c.name,
+                   n.user_id, u.email, n.scope, n.feature_id, n.span, n.window_start, n.window_end, n.threshold, n.used,
+                   n.limit_value
+              FROM notifications n
+              JOIN companies c ON c.id = n.company_id
+              LEFT JOIN users u ON u.company_id = n.company_id AND u.id = n.user_id
+             WHERE n.status = 'pending' AND n.next_attempt_at <= clock_timestamp()
+               AND coalesce(c.webhook_url, \(settings.webhookURL)) IS NOT NULL
+             ORDER BY n.next_attempt_at
+             LIMIT 1
+               FOR UPDATE OF n SKIP LOCKED
+            """, logger: logger)
+        for try await r in rows.decode(
+            (UUID, UUID, String, Int32, Date, String, UUID?, String?, String, String?, String, Date, Date, Int32, Int64, Int64).self)
+        {
+            let payload = JSON.obj([
+                "id": .string(r.1.uuidString.lowercased()), "type": "usage.threshold", "created_at": JSON(r.4),
+                "company": .obj(["id": .string(r.0.uuidString.lowercased()), "name": .string(r.5)]),
+                "user": r.6.map { .obj(["id": .string($0.uuidString.lowercased()), "email": JSON(r.7)]) } ?? .null,
+                "scope": .string(r.8), "feature": JSON(r.9), "window": .string(r.10), "window_start": JSON(r.11),
+                "window_end": JSON(r.12), "threshold": .int(Int64(r.13)), "used": .int(r.14), "limit": .int(r.15),
+            ])
+            return Due(company: r.0, id: r.1, url: r.2, attempts: Int(r.3), createdAt: r.4, payload: payload)
+        }
+        return nil
+    }
+
+    enum Outcome: Sendable {
+        case delivered(status: Int)
+        case failed(String)
+    }
+
+    func send(_ due: Due) async -> Outcome {
+        guard let secret = settings.webhookSecret else { return .failed("no signing secret") }
+        let id = due.id.uuidString.lowercased()
+        let body = due.payload.byteBuffer()
+        let timestamp = Int(Date().timeIntervalSince1970)
+        var headers = HTTPHeaders()
+        headers.add(name: "content-type", value: "application/json")
+        headers.add(name: "user-agent", value: "CapGate-Webhooks/1")
+        headers.add(name: "webhook-id", value: id)
+        headers.add(name: "webhook-timestamp", value: String(timestamp))
+        headers.add(
+            name: "webhook-signature",
+            value: WebhookSignature.sign(id: id, timestamp: timestamp, body: Array(body.readableBytesView), secret: secret))
+        let started = ContinuousClock.now
+        let outcome: Outcome
+        do {
+            let status = try await webhooks.post(url: due.url, headers: headers, body: body)
+            outcome = (200..<300).contains(status) ? .delivered(status: status) : .failed("HTTP \(status)")
+        } catch {
+            outcome = .failed(Self.describe(error))
+        }
+        var metadata: Logger.Metadata = [
+            "notification_id": .string(id), "company_id": .string(due.company.uuidString.lowercased()),
+            "attempt": "\(due.attempts + 1)", "duration_ms": "\((ContinuousClock.now - started).milliseconds)",
+        ]
+        switch outcome {
+        case .delivered(let status):
+            metadata["result"] = "delivered"
+            metadata["status"] = "\(status)"
+        case .failed(let reason):
+            metadata["result"] = "failed"
+            metadata["error"] = .string(reason)
+        }
+        logger.info("notification delivery attempt", metadata: metadata)
+        GatewayMetrics.notificationAttempt(delivered: { if case .delivered = outcome { true } else { false } }())
+        return outcome
+    }
+
+    func record(_ outcome: Outcome, for due: Due, _ connection: PostgresConnection) async throws {
+        switch outcome {
+        case .delivered:
+            try await connection.query(
+                """
+                UPDATE notifications SET status = 'delivered', attempts = attempts + 1, delivered_at = clock_timestamp(),
+                       last_error = NULL
+                 WHERE company_id = \(due.company) AND id = \(due.id)
+                """, logger: logger)
+        case .failed(let reason):
+            let attempts = due.attempts + 1
+            let giveUp = Date().timeIntervalSince(due.createdAt) >= settings.retryFor
+            let delay = settings.delay(afterAttempts: attempts)
+            try await connection.query(
+                """
+                UPDATE notifications
+                   SET attempts = attempts + 1, last_error = \(String(reason.prefix(500))),
+                       status = CASE WHEN \(giveUp) THEN 'failed' ELSE 'pending' END,
+                       next_attempt_at = clock_timestamp() + make_interval(secs => \(delay))
+                 WHERE company_id = \(due.company) AND id = \(due.id)
+                """, logger: logger)
+        }
+    }
+
+    static func describe(_ error: any Error) -> String {
+        if let upstream = error as? UpstreamError { return String(describing: upstream) }
+        if let channel = error as? ChannelError { return "connection failed: \(channel)" }
+        if let io = error as? IOError { return "connection failed: \(io.description)" }
+        return String(describing: type(of: error))
+    }
+}
+
+/// Wakes waiting workers early (a NOTIFY arrived) or lets them sleep out their poll interval.
+final class WakeSignal: Sendable {
+    private let state = Mutex<(generation: Int, stopped: Bool)>((0, false))
+
+    var stopped: Bool { state.withLock { $0.stopped } }
+
+    func signal() { state.withLock { $0.generation += 1 } }
+
+    func stop() { state.withLock { $0.stopped = true } }
+
+    /// Returns after `limit`, or sooner once signalled (checked every 20 ms: cheap and simple).
+    func wait(upTo limit: Duration) async {
+        let start = state.withLock { $0.generation }
+        let deadline = ContinuousClock.now + limit
+        while ContinuousClock.now < deadline, !Task.isCancelled {
+            if state.withLock({ $0.generation != start || $0.stopped }) { return }
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+    }
+}
+
+extension NotificationDeliverer {
+    /// Reads the outbox's numbers for `/metrics` (a periodic job of `capgate serve`).
+    static func refreshMetrics(database: Database) async {
+        do {
+            let rows = try await database.run { client in
+                try await client.query(
+                    """
+                    SELECT count(*)::bigint, count(*) FILTER (WHERE status = 'delivered')::bigint,
+                           count(*) FILTER (WHERE status = 'failed')::bigint,
+                           count(*) FILTER (WHERE status = 'pending' AND attempts > 0)::bigint,
+                           coalesce(extract(epoch FROM clock_timestamp() - min(created_at) FILTER (WHERE status = 'pending')), 0)::float8
+                      FROM notifications
+                    """, logger: database.logger
+                ).decode((Int64, Int64, Int64, Int64, Double).self).collect()
+            }
+            if let r = rows.first {
+                GatewayMetrics.notificationOutbox(written: r.0, delivered: r.1, failed: r.2, retrying: r.3, oldestPendingSeconds: r.4)
+            }
+        } catch {
+            database.logger.debug("notification metrics not read", metadata: ["error": "\(String(reflecting: error))"])
+        }
+    }
+
+    /// Writes `notifications.thresholds` where every admission reads them (one list per database).
+    static func publishThresholds(_ thresholds: [Int], database: Database) async throws {
+        let values = thresholds.map(Int32.init)
+        try await database.run { client in
+            _ = try await client.query(
+                "UPDATE config_versions SET thresholds = \(values) WHERE singleton AND thresholds IS DISTINCT FROM \(values)",
+                logger: database.logger
+            ).collect()
+        }
+    }
+}

@@ -1,0 +1,33 @@
+import Foundation
+
+/// How threshold notifications are delivered (SPEC §9): the `notifications.*` keys.
+public struct NotificationSettings: Sendable {
+    /// `notifications.webhookUrl` / `NOTIFY_WEBHOOK_URL`: where a company without its own
+    /// `webhook_url` is notified; nil: such rows are kept (readable through the API), not sent.
+    public var webhookURL: String?
+    /// `notifications.webhookSecret` / `NOTIFY_WEBHOOK_SECRET` (secret): the signing secret; nil:
+    /// nothing is sent (an unsigned webhook could not be trusted by its receiver).
+    public var webhookSecret: String?
+    /// `notifications.thresholds` (default `[80, 100]`): percentages of a limit, 1-100.
+    public var thresholds: [Int]
+    /// `notifications.timeout` (seconds, default `10`): one attempt, connecting included.
+    public var timeout: Double
+    /// `notifications.retryFor` (seconds, default `86400`): a row is retried at least this long
+    /// after it was written, then marked `failed`.
+    public var retryFor: Double
+    /// `notifications.retryDelay` (seconds, default `5`): the first retry's delay; each next one
+    /// doubles, with ±20 % jitter, up to `notifications.maxRetryDelay` (default `900`).
+    public var retryDelay: Double
+    public var maxRetryDelay: Double
+    /// `notifications.pollInterval` (seconds, default `1`): how often due rows are looked for when
+    /// no admission woke the deliverer (a new row wakes it at once through LISTEN/NOTIFY).
+    public var pollInterval: Double
+    /// Deliveries in flight at once per gateway.
+    public var workers = 4
+
+    /// The delay before attempt `attempts + 1` after `attempts` failed ones.
+    func delay(afterAttempts attempts: Int) -> Double {
+        let base = min(maxRetryDelay, retryDelay * pow(2, Double(max(0, attempts - 1))))
+        return base * Double.random(in: 0.8...1.2)
+    }
+}

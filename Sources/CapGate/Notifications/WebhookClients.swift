@@ -1,0 +1,70 @@
+import Foundation
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import Synchronization
+
+/// HTTP/1.1 clients for webhook receivers, one per origin (scheme, host, port), made on first
+/// use: the project's own ``UpstreamClient`` (strict framing, timeouts, TLS for `https`), with
+/// the notification timeout for connecting, the head and the body. The provider's key is never
+/// sent: ``UpstreamClient`` adds no credential by itself.
+final class WebhookClients: Sendable {
+    let configuration: CapGateConfiguration
+    private let clients = Mutex<[String: UpstreamClient]>([:])
+
+    init(configuration: CapGateConfiguration, timeout: Double) {
+        var settings = configuration
+        settings.upstreamTimeout = timeout
+        settings.upstreamConnectTimeout = timeout
+        settings.upstreamIdleTimeout = timeout
+        settings.upstreamMaxConnections = 16
+        settings.upstreamAPIKey = nil
+        self.configuration = settings
+    }
+
+    /// POSTs `body` to `url`; returns the answer's status once its body was read (at most 1 MiB
+    /// of it is looked at; a receiver's answer means nothing but its status).
+    func post(url: String, headers: HTTPHeaders, body: ByteBuffer) async throws -> Int {
+        guard let parsed = URL(string: url), let scheme = parsed.scheme, let host = parsed.host else {
+            throw WebhookURLError(url: url)
+        }
+        let hostLiteral = host.contains(":") ? "[\(host)]" : host
+        let origin = "\(scheme.lowercased())://\(hostLiteral)" + (parsed.port.map { ":\($0)" } ?? "")
+        var target = parsed.path(percentEncoded: true)
+        if target.isEmpty { target = "/" }
+        if let query = parsed.query(percentEncoded: true) { target += "?" + query }
+        let client = try self.client(for: origin)
+        let response = try await client.execute(method: .POST, target: target, headers: headers, body: body)
+        if case .stream(let stream) = response.body {
+            var read = 0
+            for try await chunk in stream {
+                read += chunk.readableBytes
+                if read > 1 << 20 { break }
+            }
+        }
+        return Int(response.head.status.code)
+    }
+
+    private func client(for origin: String) throws -> UpstreamClient {
+        try clients.withLock { clients in
+            if let existing = clients[origin] { return existing }
+            let made = try UpstreamClient(
+                configuration: configuration, baseURL: origin, eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
+            clients[origin] = made
+            return made
+        }
+    }
+
+    func shutdown() async {
+        let all = clients.withLock { clients in
+            defer { clients = [:] }
+            return Array(clients.values)
+        }
+        for client in all { try? await client.shutdown() }
+    }
+}
+
+struct WebhookURLError: Error, CustomStringConvertible {
+    var url: String
+    var description: String { "not an absolute http(s) URL" }
+}

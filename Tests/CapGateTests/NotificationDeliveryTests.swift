@@ -1,0 +1,173 @@
+import CapGate
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// SPEC §9, the delivery half: signed webhooks to a real receiver on loopback, retried until
+/// they arrive, once per gateway fleet, across a kill -9.
+@Suite("Threshold notifications delivered as signed webhooks", .serialized, .timeLimit(.minutes(5)))
+struct NotificationDeliveryTests {
+    static let secret = "whsec_" + Data("capgate-test-webhook-secret-0123456789".utf8).base64EncodedString()
+
+    static func settings(_ receiver: WebhookReceiver) -> [String: String] {
+        [
+            "notifications.webhookUrl": receiver.url, "notifications.webhookSecret": secret, "notifications.pollInterval": "0.2",
+            "notifications.retryDelay": "0.2", "notifications.maxRetryDelay": "0.5", "notifications.timeout": "2",
+        ]
+    }
+
+    /// Polls until `condition` holds or `limit` passes; returns whether it held.
+    static func eventually(within limit: Duration = .seconds(20), _ condition: () async throws -> Bool) async throws -> Bool {
+        let deadline = ContinuousClock.now + limit
+        while ContinuousClock.now < deadline {
+            if try await condition() { return true }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        return try await condition()
+    }
+
+    @Test("each row is POSTed once with the SPEC's JSON and a Standard Webhooks signature the receiver verifies; a wrong secret does not")
+    func signedPayload() async throws {
+        let receiver = WebhookReceiver(port: try WebhookReceiver.freePort(), secret: Self.secret)
+        try await receiver.start()
+        defer { Task { await receiver.stop() } }
+        try await Harness.with(settings: Self.settings(receiver)) { h in
+            try await h.createPlan("p", company: 10, user: nil)
+            let (company, users) = try await h.createCompany(plan: "p", users: 1)
+            for _ in 0..<10 { #expect(try await h.message(key: users[0].key).status == 200) }
+            #expect(try await Self.eventually { receiver.deliveries.count == 2 })
+            try await Task.sleep(for: .milliseconds(500))
+            let deliveries = receiver.deliveries.sorted { ($0.json["threshold"]?.intValue ?? 0) < ($1.json["threshold"]?.intValue ?? 0) }
+            #expect(deliveries.count == 2)
+            #expect(deliveries.allSatisfy { $0.validSignature })
+            for delivery in deliveries {
+                #expect(
+                    !WebhookSignature.verify(
+                        id: delivery.id, timestamp: delivery.timestamp, body: Array(delivery.body.utf8), secret: "whsec_d3Jvbmc=",
+                        header: delivery.signature))
+                #expect(abs(delivery.timestamp - Int(Date().timeIntervalSince1970)) < 60)
+                #expect(delivery.json["id"]?.stringValue == delivery.id)
+            }
+            let first = deliveries[0].json
+            #expect(first["type"]?.stringValue == "usage.threshold")
+            #expect(first["company"]?["id"]?.stringValue == company.text)
+            #expect(first["company"]?["name"]?.stringValue == "Test Co")
+            #expect(first["user"] == .null)
+            #expect(first["scope"]?.stringValue == "company")
+            #expect(first["feature"] == .null)
+            #expect(first["window"]?.stringValue == "period")
+            #expect(first["threshold"]?.intValue == 80)
+            #expect(first["used"]?.intValue == 8)
+            #expect(first["limit"]?.intValue == 10)
+            #expect(first["window_start"]?.stringValue != nil && first["window_end"]?.stringValue != nil)
+            #expect(deliveries[1].json["threshold"]?.intValue == 100)
+            #expect(try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'delivered' AND attempts = 1") == 2)
+            let metrics = try await h.request(.GET, "/metrics").body
+            // (Counters are per process, shared by the tests running in it.)
+            #expect(metrics.contains("capgate_notification_attempts_total{result=\"delivered\"}"))
+            #expect(metrics.contains("capgate_notifications_oldest_pending_seconds"))
+        }
+    }
+
+    @Test(
+        "a receiver that refuses connections, then answers 500, then comes up: every notification arrives, each webhook-id delivered, none lost"
+    )
+    func retriesUntilDelivered() async throws {
+        let receiver = WebhookReceiver(port: try WebhookReceiver.freePort(), secret: Self.secret)
+        defer { Task { await receiver.stop() } }
+        try await Harness.with(settings: Self.settings(receiver)) { h in
+            try await h.createPlan("p", company: 10, user: 5)
+            let (_, users) = try await h.createCompany(plan: "p", users: 2)
+            for i in 0..<10 { #expect(try await h.message(key: users[i % 2].key).status == 200) }
+            let rows = try await h.scalar("SELECT count(*) FROM notifications")
+            #expect(rows == 6)  // company 80 and 100, each user 80 and 100
+            // Down: connection refused, recorded and retried.
+            #expect(
+                try await Self.eventually {
+                    try await h.scalar("SELECT count(*) FROM notifications WHERE attempts >= 2 AND last_error IS NOT NULL") == rows
+                })
+            #expect(try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'pending'") == rows)
+            // Up, answering 500.
+            receiver.answer(500)
+            try await receiver.start()
+            #expect(try await Self.eventually { receiver.attempts >= Int(rows) })
+            #expect(try await h.text("SELECT min(last_error) FROM notifications") == "HTTP 500")
+            // Then 200: everything arrives.
+            receiver.answer(200)
+            #expect(
+                try await Self.eventually { try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'delivered'") == rows })
+            let ids = try await h.text("SELECT string_agg(id::text, ',' ORDER BY id) FROM notifications") ?? ""
+            #expect(Set(receiver.deliveries.map(\.id)) == Set(ids.split(separator: ",").map(String.init)))
+            #expect(receiver.deliveries.allSatisfy { $0.validSignature })
+        }
+    }
+
+    @Test("two gateways on one database: each notification is delivered once (one POST per webhook-id)")
+    func twoGatewaysDeliverOnce() async throws {
+        let receiver = WebhookReceiver(port: try WebhookReceiver.freePort(), secret: Self.secret)
+        try await receiver.start()
+        defer { Task { await receiver.stop() } }
+        try await HeavyTests.alone {
+            try await Harness.with(settings: Self.settings(receiver)) { first in
+                try await first.createPlan("p", company: 100, user: 10)
+                let (_, users) = try await first.createCompany(plan: "p", users: 20)
+                try await Harness.with(database: first.databaseURL, settings: Self.settings(receiver)) { second in
+                    let counts = try await ConcurrencyTests.burst(
+                        first, keys: users.map(\.key), count: 200, gateways: [first.gatewayURL, second.gatewayURL])
+                    #expect(counts[200] == 100)
+                    let rows = try await first.scalar("SELECT count(*) FROM notifications")
+                    #expect(rows >= 2)
+                    #expect(
+                        try await Self.eventually {
+                            try await first.scalar("SELECT count(*) FROM notifications WHERE status = 'delivered'") == rows
+                        })
+                    try await Task.sleep(for: .seconds(1))
+                    let perID = Dictionary(grouping: receiver.deliveries, by: \.id).mapValues(\.count)
+                    #expect(perID.count == Int(rows))
+                    #expect(perID.values.allSatisfy { $0 == 1 }, "\(perID.filter { $0.value > 1 })")
+                    #expect(receiver.attempts == Int(rows))
+                }
+            }
+        }
+    }
+
+    @Test("rows pending when the gateway is killed (kill -9) are delivered after it starts again")
+    func survivesKill() async throws {
+        try #require(FileManager.default.isExecutableFile(atPath: CommandTests.binary), "build the binary first: swift build")
+        let receiver = WebhookReceiver(port: try WebhookReceiver.freePort(), secret: Self.secret)
+        defer { Task { await receiver.stop() } }
+        try await Harness.with { h in
+            try await h.createPlan("p", company: 10, user: nil)
+            let (_, users) = try await h.createCompany(plan: "p", users: 1)
+            let port = try EmbeddedPostgres.freePort()
+            let base = "http://127.0.0.1:\(port)"
+            let environment = [
+                "DATABASE_URL": h.databaseURL.text, "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port), "LOG_LEVEL": "warning",
+                "OPERATOR_TOKEN": "op_notify", "SPOOL_DIRECTORY": SpoolTests.folder(),
+                // The SPEC's variable names.
+                "NOTIFY_WEBHOOK_URL": receiver.url, "NOTIFY_WEBHOOK_SECRET": Self.secret,
+                "NOTIFICATIONS_RETRY_DELAY": "0.2", "NOTIFICATIONS_MAX_RETRY_DELAY": "0.5", "NOTIFICATIONS_POLL_INTERVAL": "0.2",
+            ]
+            let first = try SpoolTests.startServe(environment)
+            defer { if first.isRunning { kill(first.processIdentifier, SIGKILL) } }
+            try #require(try await SpoolTests.waitReady(base))
+            for _ in 0..<10 { #expect(try await h.message(key: users[0].key, base: base).status == 200) }
+            // The receiver is down: both rows stay pending while the gateway retries.
+            #expect(try await Self.eventually { try await h.scalar("SELECT min(attempts) FROM notifications") >= 1 })
+            kill(first.processIdentifier, SIGKILL)
+            first.waitUntilExit()
+            #expect(try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'pending'") == 2)
+
+            try await receiver.start()
+            let second = try SpoolTests.startServe(environment)
+            defer { if second.isRunning { second.terminate() } }
+            try #require(try await SpoolTests.waitReady(base))
+            #expect(try await Self.eventually { try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'delivered'") == 2 })
+            #expect(Set(receiver.deliveries.map(\.id)).count == 2)
+            #expect(receiver.deliveries.allSatisfy { $0.validSignature })
+        }
+    }
+}
