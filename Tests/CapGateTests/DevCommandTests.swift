@@ -88,6 +88,21 @@ struct DevCommandTests {
         }
         #expect(statuses == [200: 4, 402: 116], "\(statuses)")
 
+        // Five analyses by the member crossed 80 % and 100 % of their daily 5 (and the company's
+        // 10 stays below 80 %): the admin reads those two rows; the printed text says how.
+        let company = demo["company_id"]!.stringValue!
+        #expect(output().contains("/admin/v1/companies/\(company)/notifications"))
+        var read = HTTPClientRequest(url: base + "/admin/v1/companies/\(company)/notifications")
+        read.headers.add(name: "x-api-key", value: demo["admin_key"]!.stringValue!)
+        let answer = try await Harness.http.execute(read, timeout: .seconds(10))
+        let notes = try JSON.parse(Array(String(buffer: try await answer.body.collect(upTo: 1 << 20)).utf8))["data"]?.arrayValue ?? []
+        #expect(
+            Set(
+                notes.map {
+                    "\($0["scope"]?.stringValue ?? "")/\($0["feature"]?.stringValue ?? "")/\($0["window"]?.stringValue ?? "")/\($0["threshold"]?.intValue ?? 0)"
+                })
+                == ["user/analysis/day/80", "user/analysis/day/100"], "\(notes)")
+
         kill(process.processIdentifier, SIGINT)
         for _ in 0..<60 where process.isRunning { try await Task.sleep(for: .milliseconds(250)) }
         #expect(!process.isRunning, "dev did not stop on SIGINT")

@@ -29,6 +29,40 @@ struct NotificationDeliveryTests {
         return try await condition()
     }
 
+    /// Verifies deliveries with the Standard Webhooks reference library for Python, as a receiver would.
+    static func referenceVerify(_ deliveries: [WebhookReceiver.Delivery]) async throws {
+        let file = NSTemporaryDirectory() + "capgate-webhooks-\(UUID().uuidString).json"
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let items = JSON.array(
+            deliveries.map {
+                .obj([
+                    "body": .string($0.body),
+                    "headers": .obj([
+                        "webhook-id": .string($0.id), "webhook-timestamp": .string(String($0.timestamp)),
+                        "webhook-signature": .string($0.signature),
+                    ]),
+                ])
+            })
+        try Data(items.byteBuffer().readableBytesView).write(to: URL(fileURLWithPath: file))
+        let script = """
+            import json, sys
+            from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+            items = json.load(open(sys.argv[1]))
+            for item in items:
+                assert Webhook(sys.argv[2]).verify(item["body"], item["headers"])["id"] == item["headers"]["webhook-id"]
+                try:
+                    Webhook("whsec_d3Jvbmc=").verify(item["body"], item["headers"])
+                    sys.exit("a wrong secret verified")
+                except WebhookVerificationError:
+                    pass
+            print("verified", len(items))
+            """
+        let python = try await PythonTools.python()
+        let (status, output) = try await SDKTests.run(python, ["-c", script, file, secret])
+        #expect(status == 0, "\(output)")
+        #expect(output.contains("verified \(deliveries.count)"), "\(output)")
+    }
+
     @Test("each row is POSTed once with the SPEC's JSON and a Standard Webhooks signature the receiver verifies; a wrong secret does not")
     func signedPayload() async throws {
         let receiver = WebhookReceiver(port: try WebhookReceiver.freePort(), secret: Self.secret)
@@ -65,6 +99,8 @@ struct NotificationDeliveryTests {
             #expect(first["window_start"]?.stringValue != nil && first["window_end"]?.stringValue != nil)
             #expect(deliveries[1].json["threshold"]?.intValue == 100)
             #expect(try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'delivered' AND attempts = 1") == 2)
+            // The reference verifier (the `standardwebhooks` package from PyPI) accepts every delivery.
+            try await Self.referenceVerify(deliveries)
             let metrics = try await h.request(.GET, "/metrics").body
             // (Counters are per process, shared by the tests running in it.)
             #expect(metrics.contains("capgate_notification_attempts_total{result=\"delivered\"}"))

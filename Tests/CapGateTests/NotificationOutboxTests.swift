@@ -106,4 +106,64 @@ struct NotificationOutboxTests {
             #expect(try await Self.count(h, "feature_id IS NULL") == 0)
         }
     }
+
+    @Test(
+        "the company's admin and the operator read its notifications newest first, paginated, with status and attempts; another company's admin gets 403; no URL configured keeps rows pending, unsent"
+    )
+    func readsThroughTheAPI() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: 10, user: 5)
+            let (a, aUsers) = try await h.createCompany(plan: "p", users: 2, role: "admin")
+            let (b, bUsers) = try await h.createCompany(plan: "p", users: 1, role: "admin")
+            for i in 0..<10 { #expect(try await h.message(key: aUsers[i % 2].key).status == 200) }
+            #expect(try await h.message(key: bUsers[0].key).status == 200)
+            // Company 80 and 100 %, each user 80 and 100 % (user cap 5).
+            #expect(try await Self.count(h, "company_id = '\(a.text)'") == 6)
+            let path = "/admin/v1/companies/\(a.text)/notifications"
+            let asAdmin = [("x-api-key", aUsers[0].key)]
+
+            let all = try await h.request(.GET, path, headers: asAdmin)
+            #expect(all.status == 200)
+            let items = all.json["data"]?.arrayValue ?? []
+            #expect(items.count == 6)
+            let times = items.compactMap { $0["created_at"]?.stringValue }
+            #expect(times == times.sorted(by: >))
+            let first = try #require(items.first)
+            #expect(first["type"]?.stringValue == "usage.threshold")
+            #expect(first["company"]?["id"]?.stringValue == a.text)
+            #expect(first["status"]?.stringValue == "pending")
+            #expect(first["attempts"]?.intValue == 0)
+            #expect(first["last_error"] == .null)
+            #expect(Set(items.compactMap { $0["threshold"]?.intValue }) == [80, 100])
+            #expect(items.filter { $0["scope"]?.stringValue == "user" }.allSatisfy { $0["user"]?["email"]?.stringValue != nil })
+
+            // Pages of 4 then 2 walk the same rows, none twice.
+            let page1 = try await h.request(.GET, path + "?limit=4", headers: asAdmin).json
+            #expect(page1["data"]?.arrayValue?.count == 4)
+            #expect(page1["has_more"] == .bool(true))
+            let cursor = try #require(page1["next_cursor"]?.stringValue)
+            let page2 = try await h.request(.GET, path + "?limit=4&cursor=\(cursor)", headers: asAdmin).json
+            #expect(page2["data"]?.arrayValue?.count == 2)
+            #expect(page2["has_more"] == .bool(false))
+            let walked = ((page1["data"]?.arrayValue ?? []) + (page2["data"]?.arrayValue ?? [])).compactMap { $0["id"]?.stringValue }
+            #expect(walked == items.compactMap { $0["id"]?.stringValue })
+
+            // The operator reads it too; a status filter; bad input is 400.
+            #expect(try await h.op(.GET, path).json["data"]?.arrayValue?.count == 6)
+            #expect(try await h.op(.GET, path + "?status=delivered").json["data"]?.arrayValue?.count == 0)
+            #expect(try await h.op(.GET, path + "?status=sent").status == 400)
+            #expect(try await h.op(.GET, path + "?cursor=1_x").status == 400)
+            #expect(try await h.op(.GET, path + "?limit=0").status == 400)
+            #expect(try await h.op(.GET, "/admin/v1/companies/\(UUID().uuidString)/notifications").status == 404)
+
+            // Company B's admin learns nothing about A; a member of A is not an admin.
+            let other = try await h.request(.GET, path, headers: [("x-api-key", bUsers[0].key)])
+            #expect(other.status == 403)
+            #expect(!other.body.contains(a.text))
+            let member = try await h.createUser(company: a)
+            #expect(try await h.request(.GET, path, headers: [("x-api-key", member.key)]).status == 403)
+            #expect(try await h.request(.GET, path).status == 401)
+            #expect(try await h.request(.GET, "/admin/v1/companies/\(b.text)/notifications", headers: asAdmin).status == 403)
+        }
+    }
 }

@@ -128,6 +128,13 @@ public enum DevEnvironment {
               (402 feature_not_in_plan, naming the medium plan; a sixth analysis today is 402 feature_limit_exceeded)
               curl -s \(base)/v1/models -H 'x-api-key: \(seed.memberKey)'   (free)
 
+            Threshold notifications (80 % and 100 % of every limit): four analyses by the member
+            today reach 80 % of their 5; each crossing is one row, read it as the admin:
+              curl -s \(base)/admin/v1/companies/\(company)/notifications -H 'x-api-key: \(seed.adminKey)'
+            To receive them as signed webhooks (Standard Webhooks), start with
+              NOTIFY_WEBHOOK_URL=http://127.0.0.1:9000/hooks NOTIFY_WEBHOOK_SECRET=whsec_$(head -c 24 /dev/urandom | base64)
+            and run any receiver on that port (README, "Threshold notifications", has one in Python).
+
             Your usage:
               curl -s \(base)/v1/usage -H 'x-api-key: \(seed.memberKey)'
 

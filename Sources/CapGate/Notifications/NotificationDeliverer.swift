@@ -108,29 +108,21 @@ public struct NotificationDeliverer: Service {
     func claim(_ connection: PostgresConnection) async throws -> Due? {
         let rows = try await connection.query(
             """
-            SELECT n.company_id, n.id, coalesce(c.webhook_url, \(settings.webhookURL)), n.attempts, n.created_at, c.name,
-                   n.user_id, u.email, n.scope, n.feature_id, n.span, n.window_start, n.window_end, n.threshold, n.used,
-                   n.limit_value
-              FROM notifications n
-              JOIN companies c ON c.id = n.company_id
-              LEFT JOIN users u ON u.company_id = n.company_id AND u.id = n.user_id
+            SELECT \(unescaped: NotificationStore.payloadColumns), coalesce(c.webhook_url, \(settings.webhookURL)), n.attempts
+              FROM \(unescaped: NotificationStore.payloadSource)
              WHERE n.status = 'pending' AND n.next_attempt_at <= clock_timestamp()
                AND coalesce(c.webhook_url, \(settings.webhookURL)) IS NOT NULL
              ORDER BY n.next_attempt_at
              LIMIT 1
                FOR UPDATE OF n SKIP LOCKED
             """, logger: logger)
-        for try await r in rows.decode(
-            (UUID, UUID, String, Int32, Date, String, UUID?, String?, String, String?, String, Date, Date, Int32, Int64, Int64).self)
-        {
-            let payload = JSON.obj([
-                "id": .string(r.1.uuidString.lowercased()), "type": "usage.threshold", "created_at": JSON(r.4),
-                "company": .obj(["id": .string(r.0.uuidString.lowercased()), "name": .string(r.5)]),
-                "user": r.6.map { .obj(["id": .string($0.uuidString.lowercased()), "email": JSON(r.7)]) } ?? .null,
-                "scope": .string(r.8), "feature": JSON(r.9), "window": .string(r.10), "window_start": JSON(r.11),
-                "window_end": JSON(r.12), "threshold": .int(Int64(r.13)), "used": .int(r.14), "limit": .int(r.15),
-            ])
-            return Due(company: r.0, id: r.1, url: r.2, attempts: Int(r.3), createdAt: r.4, payload: payload)
+        for try await row in rows {
+            let cells = row.makeRandomAccess()
+            let n = NotificationStore.payloadColumnCount
+            return Due(
+                company: try cells[0].decode(UUID.self), id: try cells[1].decode(UUID.self), url: try cells[n].decode(String.self),
+                attempts: Int(try cells[n + 1].decode(Int32.self)), createdAt: try cells[2].decode(Date.self),
+                payload: try NotificationStore.payload(row))
         }
         return nil
     }

@@ -1,0 +1,241 @@
+import Foundation
+import Logging
+import PostgresNIO
+
+/// Features, plan entitlements and the route table (SPEC §8) in PostgreSQL, returned as the
+/// operator API's JSON objects. SQLSTATE codes are mapped to domain errors here, at the
+/// repository edge. A route change bumps `config_versions.routes` (a trigger), so every gateway
+/// matches the next call against the new table.
+struct FeatureStore: Sendable {
+    let database: Database
+    var logger: Logger { database.logger }
+
+    // MARK: features
+
+    /// A feature as written by a create or an update.
+    struct FeatureInput: Sendable {
+        var id: String
+        var name: String
+        var isActive: Bool
+        var sortOrder: Int32
+    }
+
+    static func featureJSON(_ r: (String, String, Bool, Int32)) -> JSON {
+        .obj(["id": .string(r.0), "name": .string(r.1), "is_active": .bool(r.2), "sort_order": .int(Int64(r.3))])
+    }
+
+    /// Every feature, by `sort_order` then `id`.
+    func features() async throws -> [JSON] {
+        try await database.run { client in
+            let rows = try await client.query("SELECT id, name, is_active, sort_order FROM features ORDER BY sort_order, id", logger: logger)
+            return try await rows.decode((String, String, Bool, Int32).self).collect().map(Self.featureJSON)
+        }
+    }
+
+    func feature(_ id: String) async throws -> JSON? {
+        try await database.run { client in
+            let rows = try await client.query("SELECT id, name, is_active, sort_order FROM features WHERE id = \(id)", logger: logger)
+            return try await rows.decode((String, String, Bool, Int32).self).collect().first.map(Self.featureJSON)
+        }
+    }
+
+    func createFeature(_ f: FeatureInput) async throws -> JSON {
+        do {
+            try await database.run { client in
+                try await client.query(
+                    "INSERT INTO features (id, name, is_active, sort_order) VALUES (\(f.id), \(f.name), \(f.isActive), \(f.sortOrder))",
+                    logger: logger)
+            }
+        } catch DatabaseError.constraint(let state, _, _) {
+            guard state == "23505" else { throw GatewayError.invalidRequest("The feature's fields are not valid.") }
+            throw GatewayError.conflict("A feature with id '\(f.id)' already exists.")
+        }
+        return try await feature(f.id) ?? .null
+    }
+
+    /// Replaces a feature's name, `is_active` and `sort_order`; nil when there is no such feature.
+    func updateFeature(_ f: FeatureInput) async throws -> JSON? {
+        try await database.run { client in
+            let rows = try await client.query(
+                """
+                UPDATE features SET name = \(f.name), is_active = \(f.isActive), sort_order = \(f.sortOrder), updated_at = now()
+                 WHERE id = \(f.id) RETURNING id, name, is_active, sort_order
+                """, logger: logger)
+            return try await rows.decode((String, String, Bool, Int32).self).collect().first.map(Self.featureJSON)
+        }
+    }
+
+    // MARK: entitlements
+
+    /// One plan × one feature; nil limits are unlimited.
+    struct EntitlementInput: Sendable {
+        var plan: String
+        var feature: String
+        var enabled: Bool
+        var dailyLimit: Int64?
+        var periodLimit: Int64?
+        var userDailyLimit: Int64?
+        var userPeriodLimit: Int64?
+        var message: String?
+    }
+
+    static let entitlementColumns = "plan_id, feature_id, enabled, daily_limit, period_limit, user_daily_limit, user_period_limit, message"
+    typealias EntitlementRow = (String, String, Bool, Int64?, Int64?, Int64?, Int64?, String?)
+
+    static func entitlementJSON(_ r: EntitlementRow) -> JSON {
+        .obj([
+            "plan_id": .string(r.0), "feature_id": .string(r.1), "enabled": .bool(r.2), "daily_limit": JSON(r.3),
+            "period_limit": JSON(r.4), "user_daily_limit": JSON(r.5), "user_period_limit": JSON(r.6), "message": JSON(r.7),
+        ])
+    }
+
+    /// The plan's entitlements, in the features' order.
+    func entitlements(plan: String) async throws -> [JSON] {
+        try await database.run { client in
+            let rows = try await client.query(
+                """
+                SELECT pf.plan_id, pf.feature_id, pf.enabled, pf.daily_limit, pf.period_limit, pf.user_daily_limit,
+                       pf.user_period_limit, pf.message
+                  FROM plan_features pf JOIN features f ON f.id = pf.feature_id
+                 WHERE pf.plan_id = \(plan) ORDER BY f.sort_order, f.id
+                """, logger: logger)
+            return try await rows.decode(EntitlementRow.self).collect().map(Self.entitlementJSON)
+        }
+    }
+
+    func entitlement(plan: String, feature: String) async throws -> JSON? {
+        try await database.run { client in
+            let rows = try await client.query(
+                "SELECT \(unescaped: Self.entitlementColumns) FROM plan_features WHERE plan_id = \(plan) AND feature_id = \(feature)",
+                logger: logger)
+            return try await rows.decode(EntitlementRow.self).collect().first.map(Self.entitlementJSON)
+        }
+    }
+
+    /// Creates or replaces the entitlement. An unknown plan or feature is 404.
+    func putEntitlement(_ e: EntitlementInput) async throws -> JSON {
+        do {
+            return try await database.run { client in
+                let rows = try await client.query(
+                    """
+                    INSERT INTO plan_features (plan_id, feature_id, enabled, daily_limit, period_limit, user_daily_limit, user_period_limit, message)
+                    VALUES (\(e.plan), \(e.feature), \(e.enabled), \(e.dailyLimit), \(e.periodLimit), \(e.userDailyLimit), \(e.userPeriodLimit), \(e.message))
+                    ON CONFLICT (plan_id, feature_id) DO UPDATE SET
+                        enabled = EXCLUDED.enabled, daily_limit = EXCLUDED.daily_limit, period_limit = EXCLUDED.period_limit,
+                        user_daily_limit = EXCLUDED.user_daily_limit, user_period_limit = EXCLUDED.user_period_limit,
+                        message = EXCLUDED.message, updated_at = now()
+                    RETURNING \(unescaped: Self.entitlementColumns)
+                    """, logger: logger)
+                return try await rows.decode(EntitlementRow.self).collect().first.map(Self.entitlementJSON) ?? .null
+            }
+        } catch DatabaseError.constraint(let state, let constraint, _) {
+            guard state == "23503" else { throw GatewayError.invalidRequest("The entitlement's fields are not valid.") }
+            if constraint == "plan_features_plan_id_fkey" { throw GatewayError.notFound("No plan with id '\(e.plan)'.") }
+            throw GatewayError.notFound("No feature with id '\(e.feature)'.")
+        }
+    }
+
+    /// Removes the entitlement (the feature leaves the plan); false when there was none.
+    func deleteEntitlement(plan: String, feature: String) async throws -> Bool {
+        try await database.run { client in
+            let rows = try await client.query(
+                "DELETE FROM plan_features WHERE plan_id = \(plan) AND feature_id = \(feature) RETURNING 1", logger: logger)
+            return try await !rows.collect().isEmpty
+        }
+    }
+
+    // MARK: routes
+
+    /// A route as written by a create or an update; `method` upper case or `*`.
+    struct RouteInput: Sendable {
+        var id: String
+        var method: String
+        var path: String
+        var units: Int32
+        var itemsField: String?
+        var feature: String?
+        var featureHeader: Bool
+        var allowed: Bool
+    }
+
+    static let routeColumns = "id, method, path, units, items_field, feature, feature_header, allowed"
+    typealias RouteRow = (String, String, String, Int32, String?, String?, Bool, Bool)
+
+    static func routeJSON(_ r: RouteRow) -> JSON {
+        .obj([
+            "id": .string(r.0), "method": .string(r.1), "path": .string(r.2), "units": .int(Int64(r.3)), "items_field": JSON(r.4),
+            "feature": JSON(r.5), "feature_header": .bool(r.6), "allowed": .bool(r.7),
+        ])
+    }
+
+    /// Every route, by path then method.
+    func routes() async throws -> [JSON] {
+        try await database.run { client in
+            let rows = try await client.query(
+                "SELECT \(unescaped: Self.routeColumns) FROM routes ORDER BY path, method, id", logger: logger)
+            return try await rows.decode(RouteRow.self).collect().map(Self.routeJSON)
+        }
+    }
+
+    func route(_ id: String) async throws -> JSON? {
+        try await database.run { client in
+            let rows = try await client.query(
+                "SELECT \(unescaped: Self.routeColumns) FROM routes WHERE id = \(id)", logger: logger)
+            return try await rows.decode(RouteRow.self).collect().first.map(Self.routeJSON)
+        }
+    }
+
+    func createRoute(_ r: RouteInput) async throws -> JSON {
+        try await writeRoute(r) { client in
+            try await client.query(
+                """
+                INSERT INTO routes (id, method, path, units, items_field, feature, feature_header, allowed)
+                VALUES (\(r.id), \(r.method), \(r.path), \(r.units), \(r.itemsField), \(r.feature), \(r.featureHeader), \(r.allowed))
+                RETURNING \(unescaped: Self.routeColumns)
+                """, logger: logger)
+        } ?? .null
+    }
+
+    /// Replaces a route's fields; nil when there is no such route.
+    func updateRoute(_ r: RouteInput) async throws -> JSON? {
+        try await writeRoute(r) { client in
+            try await client.query(
+                """
+                UPDATE routes SET method = \(r.method), path = \(r.path), units = \(r.units), items_field = \(r.itemsField),
+                       feature = \(r.feature), feature_header = \(r.featureHeader), allowed = \(r.allowed), updated_at = now()
+                 WHERE id = \(r.id)
+                RETURNING \(unescaped: Self.routeColumns)
+                """, logger: logger)
+        }
+    }
+
+    /// false when there was no such route.
+    func deleteRoute(_ id: String) async throws -> Bool {
+        try await database.run { client in
+            try await !client.query("DELETE FROM routes WHERE id = \(id) RETURNING 1", logger: logger).collect().isEmpty
+        }
+    }
+
+    /// Runs an insert or update of a route, mapping a duplicate id or (method, path) to 409 and an
+    /// unknown feature to 400.
+    private func writeRoute(
+        _ r: RouteInput, _ statement: @escaping @Sendable (PostgresClient) async throws -> PostgresRowSequence
+    ) async throws -> JSON? {
+        do {
+            return try await database.run { client in
+                try await statement(client).decode(RouteRow.self).collect().first.map(Self.routeJSON)
+            }
+        } catch DatabaseError.constraint(let state, let constraint, _) {
+            switch state {
+            case "23505" where constraint == "routes_pkey":
+                throw GatewayError.conflict("A route with id '\(r.id)' already exists.")
+            case "23505":
+                throw GatewayError.conflict("A route for \(r.method) \(r.path) already exists; change that route instead.")
+            case "23503":
+                throw GatewayError.invalidRequest("'feature' names no feature: '\(r.feature ?? "")'. Create it first.")
+            default:
+                throw GatewayError.invalidRequest("The route's fields are not valid.")
+            }
+        }
+    }
+}
