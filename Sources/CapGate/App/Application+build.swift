@@ -142,6 +142,8 @@ func buildRouter(
         return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: text)))
     }
 
+    let console = ConsoleRoutes(database: database, tenants: tenants)
+    console.registerPage(on: router)
     let usageRoutes = UsageRoutes(metering: metering, usage: usage, tenants: tenants)
     let client = router.group("v1").add(middleware: AuthMiddleware(authenticator: authenticator)).group(context: AuthenticatedContext.self)
     usageRoutes.registerClient(on: client)
@@ -152,6 +154,7 @@ func buildRouter(
     usageRoutes.registerAdmin(on: admin)
     BillingRoutes(billing: billing).register(on: admin)
     FeatureRoutes(features: FeatureStore(database: tenants.database)).register(on: admin)
+    console.register(on: admin)
     NotificationRoutes(notifications: NotificationStore(database: tenants.database), tenants: tenants).register(on: admin)
     methods.record(router)
     return router

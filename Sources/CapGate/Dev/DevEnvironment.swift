@@ -135,6 +135,9 @@ public enum DevEnvironment {
               NOTIFY_WEBHOOK_URL=http://127.0.0.1:9000/hooks NOTIFY_WEBHOOK_SECRET=whsec_$(head -c 24 /dev/urandom | base64)
             and run any receiver on that port (README, "Threshold notifications", has one in Python).
 
+            The usage console in a browser (paste the admin key, or the operator token):
+              \(base)/console
+
             Your usage:
               curl -s \(base)/v1/usage -H 'x-api-key: \(seed.memberKey)'
 

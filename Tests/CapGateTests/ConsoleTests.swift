@@ -1,0 +1,142 @@
+import Foundation
+import Testing
+
+@testable import CapGate
+
+/// SPEC §10: the usage console's files, its daily read, and the page itself in a real headless
+/// Chromium driven by Selenium against the real gateway and database.
+@Suite("Usage console", .timeLimit(.minutes(5)))
+struct ConsoleTests {
+    @Test("the page's files: content types, a strict Content-Security-Policy, no caching of stale code; nothing else is served")
+    func files() async throws {
+        try await Harness.with { h in
+            for (path, type) in [
+                ("/console", "text/html"), ("/console/index.html", "text/html"), ("/console/console.js", "text/javascript"),
+                ("/console/console.css", "text/css"),
+            ] {
+                let reply = try await h.request(.GET, path)
+                #expect(reply.status == 200, "\(path)")
+                #expect(reply.headers.first(name: "content-type")?.hasPrefix(type) == true, "\(path)")
+                let csp = reply.headers.first(name: "content-security-policy") ?? ""
+                #expect(csp.contains("default-src 'none'") && csp.contains("script-src 'self'") && csp.contains("connect-src 'self'"))
+                #expect(!csp.contains("unsafe-inline") && !csp.contains("http"))
+                #expect(reply.headers.first(name: "cache-control") == "no-cache")
+                #expect(reply.headers.first(name: "x-content-type-options") == "nosniff")
+            }
+            let page = try await h.request(.GET, "/console").body
+            // Nothing off the machine: no absolute URL to another host, no inline script or style.
+            #expect(!page.contains("http://") && !page.contains("https://") && !page.contains("//cdn"))
+            #expect(!page.contains("<script>") && !page.contains("style=") && !page.contains("onclick"))
+            let script = try await h.request(.GET, "/console/console.js").body
+            #expect(!script.contains("innerHTML") && !script.contains("localStorage") && !script.contains("document.cookie"))
+            for path in ["/console/Package.swift", "/console/..%2FPackage.swift", "/console/%2e%2e", "/console/x.js"] {
+                let reply = try await h.request(.GET, path)
+                #expect(reply.status == 404 || reply.status == 400, "\(path): \(reply.status)")
+                #expect(!reply.body.contains("swift-tools-version"))
+            }
+        }
+    }
+
+    @Test(
+        "/usage/daily: days in the company's zone, every day of the range, split by feature; refunds not counted; 400 for bad from/to; other tenants get 403"
+    )
+    func daily() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: 1000, user: nil)
+            let (a, aUsers) = try await h.createCompany(plan: "p", users: 2, role: "admin")
+            let (b, bUsers) = try await h.createCompany(plan: "p", users: 1, role: "admin")
+            try await h.exec("INSERT INTO features (id, name) VALUES ('chat', 'Chat')")
+            for _ in 0..<4 { #expect(try await h.message(key: aUsers[1].key).status == 200) }
+            #expect(try await h.message(key: bUsers[0].key).status == 200)
+            // Four ledger rows of A placed around New York's midnight of 7/8 March 2026 (EST, UTC-5).
+            try await h.exec(
+                """
+                UPDATE companies SET time_zone = 'America/New_York' WHERE id = '\(a.text)';
+                WITH r AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM usage_ledger WHERE company_id = '\(a.text)')
+                UPDATE usage_ledger l SET created_at = CASE r.n WHEN 1 THEN timestamptz '2026-03-08 04:30:00+00'
+                                                               WHEN 2 THEN timestamptz '2026-03-08 05:30:00+00'
+                                                               WHEN 3 THEN timestamptz '2026-03-08 06:00:00+00'
+                                                               ELSE timestamptz '2026-03-10 03:00:00+00' END,
+                                          feature = CASE WHEN r.n = 3 THEN 'chat' END,
+                                          outcome = CASE WHEN r.n = 4 THEN 'refunded' ELSE outcome END
+                  FROM r WHERE l.company_id = '\(a.text)' AND l.id = r.id
+                """)
+            let path = "/admin/v1/companies/\(a.text)/usage/daily"
+            let asAdmin = [("x-api-key", aUsers[0].key)]
+            let reply = try await h.request(.GET, path + "?from=2026-03-07&to=2026-03-09", headers: asAdmin)
+            #expect(reply.status == 200, "\(reply.body)")
+            let days = reply.json.arrayValue ?? []
+            #expect(days.compactMap { $0["date"]?.stringValue } == ["2026-03-07", "2026-03-08", "2026-03-09"])
+            #expect(days.compactMap { $0["units"]?.intValue } == [1, 2, 0])
+            #expect(days[1]["features"]?["chat"]?.intValue == 1)
+            #expect(days[0]["features"] == .obj([:]))
+            // A time instead of a day means that time's day in the zone; the refunded call counts nothing.
+            let times = try await h.request(.GET, path + "?from=2026-03-08T04:00:00Z&to=2026-03-10T12:00:00Z", headers: asAdmin)
+            #expect(times.json.arrayValue?.compactMap { $0["units"]?.intValue } == [1, 2, 0, 0])
+            // In UTC the same rows are one day.
+            try await h.exec("UPDATE companies SET time_zone = 'UTC' WHERE id = '\(a.text)'")
+            let utc = try await h.request(.GET, path + "?from=2026-03-07&to=2026-03-09", headers: asAdmin).json.arrayValue ?? []
+            #expect(utc.compactMap { $0["units"]?.intValue } == [0, 3, 0])
+            // Default: the current period's days up to today.
+            let current = try await h.request(.GET, path, headers: asAdmin).json.arrayValue ?? []
+            #expect(current.count >= 1)
+
+            for bad in [
+                "from=2026-02-30", "from=yesterday", "to=2026-13-01", "from=2026-03-09&to=2026-03-07", "from=2020-01-01&to=2026-01-01",
+                "from=1'--",
+            ] {
+                let r = try await h.request(.GET, path + "?" + bad, headers: asAdmin)
+                #expect(r.status == 400, "\(bad): \(r.status) \(r.body)")
+                #expect(r.json["error"]?["type"]?.stringValue == "invalid_request_error")
+            }
+            // B's admin, A's member and nobody learn nothing of A; the operator reads it.
+            let other = try await h.request(.GET, path, headers: [("x-api-key", bUsers[0].key)])
+            #expect(other.status == 403)
+            #expect(try await h.request(.GET, path, headers: [("x-api-key", aUsers[1].key)]).status == 403)
+            #expect(try await h.request(.GET, path).status == 401)
+            #expect(try await h.op(.GET, path + "?from=2026-03-07&to=2026-03-09").json.arrayValue?.count == 3)
+            #expect(try await h.op(.GET, "/admin/v1/companies/\(UUID().uuidString)/usage/daily").status == 404)
+            // Who am I: the console's first call.
+            let me = try await h.request(.GET, "/admin/v1/me", headers: asAdmin).json
+            #expect(me["role"]?.stringValue == "admin" && me["company_id"]?.stringValue == a.text)
+            #expect(try await h.op(.GET, "/admin/v1/me").json["role"]?.stringValue == "operator")
+            _ = b
+        }
+    }
+
+    @Test(
+        "in a real Chromium: sign in as admin and see the API's numbers, one bar per day with data, CSV download, sign-out; a member refused; A cannot open B; the operator's list sorts; no request off the gateway"
+    )
+    func browser() async throws {
+        let python = try await PythonTools.python()
+        try #require(FileManager.default.isExecutableFile(atPath: "/usr/bin/chromium"), "apt-get install -y chromium chromium-driver")
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 40, user: 20)
+            let start = Timestamp.format(Date().addingTimeInterval(-6 * 86400))
+            let (a, aUsers) = try await h.createCompany(plan: "low", users: 4, role: "admin", startedAt: start)
+            let (b, _) = try await h.createCompany(plan: "low", users: 1, role: "admin")
+            try await h.exec(
+                "UPDATE companies SET name = 'Acme Skin' WHERE id = '\(a.text)'; UPDATE companies SET name = 'Beta Labs' WHERE id = '\(b.text)'"
+            )
+            for i in 0..<33 { #expect(try await h.message(key: aUsers[i % 4].key).status == 200) }
+            // Spread the calls over the last days of the period (several bars).
+            try await h.exec(
+                """
+                UPDATE usage_ledger SET created_at = created_at - ((id % 4) || ' days')::interval
+                 WHERE company_id = '\(a.text)'
+                """)
+            let folder = SDKTests.root.appendingPathComponent(".build/console-screenshots").path
+            let downloads = NSTemporaryDirectory() + "capgate-console-\(UUID().uuidString)"
+            defer { try? FileManager.default.removeItem(atPath: downloads) }
+            let (status, output) = try await SDKTests.run(
+                python, [SDKTests.root.appendingPathComponent("Tests/console/console_browser_check.py").path],
+                environment: [
+                    "CAPGATE_URL": h.gatewayURL, "ADMIN_KEY": aUsers[0].key, "MEMBER_KEY": aUsers[1].key,
+                    "OPERATOR_TOKEN": h.operatorToken, "COMPANY_A": a.text, "COMPANY_B": b.text, "SCREENSHOTS": folder,
+                    "DOWNLOADS": downloads,
+                ])
+            #expect(status == 0, "\(output)")
+            #expect(output.contains("console ok"), "\(output)")
+        }
+    }
+}
