@@ -103,6 +103,22 @@ struct DevCommandTests {
                 })
                 == ["user/analysis/day/80", "user/analysis/day/100"], "\(notes)")
 
+        // A month of history for the console: a past period and calls on the days before today.
+        #expect(output().contains(base + "/console"))
+        let adminKey = demo["admin_key"]!.stringValue!
+        func adminRead(_ path: String) async throws -> JSON {
+            var request = HTTPClientRequest(url: base + path)
+            request.headers.add(name: "x-api-key", value: adminKey)
+            let answer = try await Harness.http.execute(request, timeout: .seconds(10))
+            return try JSON.parse(Array(String(buffer: try await answer.body.collect(upTo: 1 << 20)).utf8))
+        }
+        let history = try await adminRead("/admin/v1/companies/\(company)/usage/history")["data"]?.arrayValue ?? []
+        #expect(history.count == 1 && (history.first?["used"]?.intValue ?? 0) > 20, "\(history)")
+        let days = try await adminRead("/admin/v1/companies/\(company)/usage/daily").arrayValue ?? []
+        let today = String(Timestamp.format(Date()).prefix(10))
+        #expect(days.last?["date"]?.stringValue == today)
+        if days.count > 3 { #expect(days.dropLast().filter { ($0["units"]?.intValue ?? 0) > 0 }.count >= 2, "\(days)") }
+
         kill(process.processIdentifier, SIGINT)
         for _ in 0..<60 where process.isRunning { try await Task.sleep(for: .milliseconds(250)) }
         #expect(!process.isRunning, "dev did not stop on SIGINT")

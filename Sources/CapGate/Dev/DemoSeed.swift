@@ -79,6 +79,13 @@ public struct DemoSeed: Sendable {
                 """,
                 logger: logger
             )
+            var everyone = [admin, member]
+            for email in historyUsers {
+                let id = UUID()
+                try await connection.query(
+                    "INSERT INTO users (company_id, id, email, role) VALUES (\(company), \(id), \(email), 'member')", logger: logger)
+                everyone.append(id)
+            }
             for (user, key) in [(admin, adminKey), (member, memberKey)] {
                 try await connection.query(
                     "INSERT INTO api_keys (company_id, id, user_id, prefix, key_hash) VALUES (\(company), \(UUID()), \(user), \(key.prefix), \(key.hash))",
@@ -87,8 +94,13 @@ public struct DemoSeed: Sendable {
             }
             let now = Date()
             let start = PeriodMath.calendar.date(from: PeriodMath.calendar.dateComponents([.year, .month], from: now))!
+            let previous = PeriodMath.calendar.date(byAdding: .month, value: -1, to: start)!
+            try await PeriodStore.startPeriod(
+                connection, logger: logger, company: company, plan: "low", start: previous, end: start, autoRenew: true,
+                source: "demo")
             try await PeriodStore.startPeriod(
                 connection, logger: logger, company: company, plan: "low", start: start, autoRenew: true, source: "demo")
+            try await seedHistory(connection, logger: logger, company: company, users: everyone, periodStart: start, now: now)
         }
         return DemoSeed(
             companyID: company, adminID: admin, memberID: member, adminKey: adminKey.key, memberKey: memberKey.key,
