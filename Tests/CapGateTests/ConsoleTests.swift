@@ -119,6 +119,14 @@ struct ConsoleTests {
                 "UPDATE companies SET name = 'Acme Skin' WHERE id = '\(a.text)'; UPDATE companies SET name = 'Beta Labs' WHERE id = '\(b.text)'"
             )
             for i in 0..<33 { #expect(try await h.message(key: aUsers[i % 4].key).status == 200) }
+            // The states a person meets: a company with no plan, one at its cap.
+            try await h.createPlan("tiny", company: 2, user: nil)
+            let (noPlan, _) = try await h.createCompany(plan: nil, users: 1)
+            let (full, fullUsers) = try await h.createCompany(plan: "tiny", users: 1)
+            for _ in 0..<3 { _ = try await h.message(key: fullUsers[0].key) }
+            try await h.exec(
+                "UPDATE companies SET name = 'Gamma Planless' WHERE id = '\(noPlan.text)'; UPDATE companies SET name = 'Delta Full' WHERE id = '\(full.text)'"
+            )
             // Spread the calls over the last days of the period (several bars).
             try await h.exec(
                 """
@@ -132,7 +140,8 @@ struct ConsoleTests {
                 python, [SDKTests.root.appendingPathComponent("Tests/console/console_browser_check.py").path],
                 environment: [
                     "CAPGATE_URL": h.gatewayURL, "ADMIN_KEY": aUsers[0].key, "MEMBER_KEY": aUsers[1].key,
-                    "OPERATOR_TOKEN": h.operatorToken, "COMPANY_A": a.text, "COMPANY_B": b.text, "SCREENSHOTS": folder,
+                    "OPERATOR_TOKEN": h.operatorToken, "COMPANY_A": a.text, "COMPANY_B": b.text, "COMPANY_NO_PLAN": noPlan.text,
+                    "COMPANY_FULL": full.text, "SCREENSHOTS": folder,
                     "DOWNLOADS": downloads,
                 ])
             #expect(status == 0, "\(output)")

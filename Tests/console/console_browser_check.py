@@ -18,6 +18,7 @@ import urllib.request
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -191,6 +192,27 @@ try:
     shoot("operator-desktop")
     driver.find_element(By.CSS_SELECTOR, f"#companies tr[data-company='{A}'] button").click()
     wait.until(lambda d: "Up to date" in text("#status") and text("#company-title") == name_a)
+
+    # The states a person meets: no plan, cap reached.
+    for company, words in ((os.environ["COMPANY_NO_PLAN"], "no plan"), (os.environ["COMPANY_FULL"], "cap is reached")):
+        driver.find_element(By.ID, "back").click()
+        wait.until(EC.visibility_of_element_located((By.ID, "operator")))
+        search = driver.find_element(By.ID, "search")
+        search.send_keys(Keys.CONTROL, "a")
+        search.send_keys(Keys.DELETE)
+        driver.find_element(By.CSS_SELECTOR, f"#companies tr[data-company='{company}'] button").click()
+        wait.until(lambda d: "Up to date" in text("#status") or words in text("#banner"))
+        check(words in text("#banner"), f"{company}: banner {text('#banner')!r}")
+    shoot("company-cap-reached")
+
+    # Basic accessibility: every input has a label, every button a name, the document a language.
+    unlabeled = driver.execute_script(
+        "return [...document.querySelectorAll('input')].filter(i => !i.labels || !i.labels.length).map(i => i.id)")
+    check(not unlabeled, f"inputs without a label: {unlabeled}")
+    nameless = driver.execute_script(
+        "return [...document.querySelectorAll('button')].filter(b => !b.textContent.trim() && !b.getAttribute('aria-label')).length")
+    check(nameless == 0, f"{nameless} buttons without a name")
+    check(driver.execute_script("return document.documentElement.lang") == "en", "no document language")
 
     # No request left for any other host.
     drain_network()
