@@ -141,6 +141,47 @@ struct NotificationDeliveryTests {
         }
     }
 
+    @Test("a company's webhook_url overrides the configured URL; with no URL at all rows stay pending and are sent once one is set")
+    func perCompanyURL() async throws {
+        let configured = WebhookReceiver(port: try WebhookReceiver.freePort(), secret: Self.secret)
+        let own = WebhookReceiver(port: try WebhookReceiver.freePort(), secret: Self.secret)
+        try await configured.start()
+        try await own.start()
+        defer {
+            Task {
+                await configured.stop()
+                await own.stop()
+            }
+        }
+        try await Harness.with(settings: Self.settings(configured)) { h in
+            try await h.createPlan("p", company: 5, user: nil)
+            let (first, firstUsers) = try await h.createCompany(plan: "p", users: 1)
+            let (second, secondUsers) = try await h.createCompany(plan: "p", users: 1)
+            try await h.exec("UPDATE companies SET webhook_url = '\(own.url)' WHERE id = '\(second.text)'")
+            for _ in 0..<5 {
+                #expect(try await h.message(key: firstUsers[0].key).status == 200)
+                #expect(try await h.message(key: secondUsers[0].key).status == 200)
+            }
+            #expect(try await Self.eventually { try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'delivered'") == 4 })
+            #expect(Set(configured.deliveries.compactMap { $0.json["company"]?["id"]?.stringValue }) == [first.text])
+            #expect(Set(own.deliveries.compactMap { $0.json["company"]?["id"]?.stringValue }) == [second.text])
+            #expect(configured.deliveries.count == 2 && own.deliveries.count == 2)
+        }
+        // No configured URL: rows wait, untouched, until the company gets one.
+        let settings = Self.settings(configured).filter { $0.key != "notifications.webhookUrl" }
+        try await Harness.with(settings: settings) { h in
+            try await h.createPlan("p", company: 5, user: nil)
+            let (company, users) = try await h.createCompany(plan: "p", users: 1)
+            for _ in 0..<5 { #expect(try await h.message(key: users[0].key).status == 200) }
+            try await Task.sleep(for: .seconds(1))
+            #expect(try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'pending' AND attempts = 0") == 2)
+            let before = own.deliveries.count
+            try await h.exec("UPDATE companies SET webhook_url = '\(own.url)' WHERE id = '\(company.text)'")
+            #expect(try await Self.eventually { try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'delivered'") == 2 })
+            #expect(own.deliveries.count == before + 2)
+        }
+    }
+
     @Test("two gateways on one database: each notification is delivered once (one POST per webhook-id)")
     func twoGatewaysDeliverOnce() async throws {
         let receiver = WebhookReceiver(port: try WebhookReceiver.freePort(), secret: Self.secret)
