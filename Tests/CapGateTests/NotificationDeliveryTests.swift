@@ -1,5 +1,6 @@
 import CapGate
 import Foundation
+import NIOHTTP1
 import Testing
 
 #if canImport(Glibc)
@@ -141,6 +142,32 @@ struct NotificationDeliveryTests {
         }
     }
 
+    @Test("a receiver that answers 500 past notifications.retryFor: the row is marked failed, its attempts and last error kept")
+    func failsAfterRetryFor() async throws {
+        let receiver = WebhookReceiver(port: try WebhookReceiver.freePort(), secret: Self.secret)
+        receiver.answer(500)
+        try await receiver.start()
+        defer { Task { await receiver.stop() } }
+        var settings = Self.settings(receiver)
+        settings["notifications.retryFor"] = "2"
+        try await Harness.with(settings: settings) { h in
+            try await h.createPlan("p", company: 5, user: nil)
+            let (company, users) = try await h.createCompany(plan: "p", users: 1)
+            for _ in 0..<4 { #expect(try await h.message(key: users[0].key).status == 200) }
+            #expect(try await h.scalar("SELECT count(*) FROM notifications") == 1)
+            // Pending while the window lasts, failed after it: never delivered, never retried again.
+            #expect(try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'pending'") == 1)
+            #expect(try await Self.eventually { try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'failed'") == 1 })
+            #expect(try await h.scalar("SELECT attempts FROM notifications") >= 2)
+            #expect(try await h.text("SELECT last_error FROM notifications") == "HTTP 500")
+            let attempts = receiver.attempts
+            try await Task.sleep(for: .seconds(1))
+            #expect(receiver.attempts == attempts)
+            let read = try await h.op(.GET, "/admin/v1/companies/\(company.text)/notifications")
+            #expect(read.json["data"]?.arrayValue?.first?["status"]?.stringValue == "failed")
+        }
+    }
+
     @Test("a company's webhook_url overrides the configured URL; with no URL at all rows stay pending and are sent once one is set")
     func perCompanyURL() async throws {
         let configured = WebhookReceiver(port: try WebhookReceiver.freePort(), secret: Self.secret)
@@ -157,7 +184,8 @@ struct NotificationDeliveryTests {
             try await h.createPlan("p", company: 5, user: nil)
             let (first, firstUsers) = try await h.createCompany(plan: "p", users: 1)
             let (second, secondUsers) = try await h.createCompany(plan: "p", users: 1)
-            try await h.exec("UPDATE companies SET webhook_url = '\(own.url)' WHERE id = '\(second.text)'")
+            let patched = try await h.op(.PATCH, "/admin/v1/companies/\(second.text)", .obj(["webhook_url": .string(own.url)]))
+            #expect(patched.json["webhook_url"]?.stringValue == own.url)
             for _ in 0..<5 {
                 #expect(try await h.message(key: firstUsers[0].key).status == 200)
                 #expect(try await h.message(key: secondUsers[0].key).status == 200)
@@ -176,7 +204,7 @@ struct NotificationDeliveryTests {
             try await Task.sleep(for: .seconds(1))
             #expect(try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'pending' AND attempts = 0") == 2)
             let before = own.deliveries.count
-            try await h.exec("UPDATE companies SET webhook_url = '\(own.url)' WHERE id = '\(company.text)'")
+            #expect(try await h.op(.PATCH, "/admin/v1/companies/\(company.text)", .obj(["webhook_url": .string(own.url)])).status == 200)
             #expect(try await Self.eventually { try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'delivered'") == 2 })
             #expect(own.deliveries.count == before + 2)
         }

@@ -56,11 +56,29 @@ struct OperatorRoutes {
             let plan = try fields.string("plan", maxLength: 64)
             let autoRenew = try fields.bool("auto_renew") ?? true
             let start = try fields.date("started_at") ?? Date()
+            let timeZone = try await timeZone(fields) ?? "UTC"
+            let webhookURL = try Self.webhookURL(fields) ?? nil
             if let plan, try await tenants.plan(plan) == nil {
                 throw GatewayError.notFound("No plan with id '\(plan)'.")
             }
-            try await periods.createCompany(id: id, name: name, plan: plan, start: start, autoRenew: autoRenew)
+            try await periods.createCompany(
+                id: id, name: name, plan: plan, start: start, autoRenew: autoRenew, timeZone: timeZone, webhookURL: webhookURL)
             return jsonResponse(try await tenants.company(id) ?? .null, status: .created)
+        }
+        group.patch("companies/{id}") { request, context in
+            try context.requireOperator()
+            let id = try context.parameters.uuid("id", what: "company")
+            let fields = try await BodyFields.read(request, context: context)
+            for key in ["plan", "period", "auto_renew"] where fields.has(key) {
+                throw GatewayError.invalidRequest("'\(key)' is changed with PUT /admin/v1/companies/{id}/plan, not here.")
+            }
+            if let bodyID = try fields.uuid("id"), bodyID != id {
+                throw GatewayError.invalidRequest("'id' in the body does not match the company in the path.")
+            }
+            let changes = TenantStore.CompanyChanges(
+                name: try fields.string("name"), timeZone: try await timeZone(fields), webhookURL: try Self.webhookURL(fields))
+            guard try await tenants.updateCompany(id, changes) else { throw GatewayError.notFound("No company with that id.") }
+            return jsonResponse(try await tenants.company(id) ?? .null)
         }
         group.get("companies/{id}") { _, context in
             let id = try context.parameters.uuid("id", what: "company")
@@ -153,6 +171,34 @@ struct OperatorRoutes {
             }
             return jsonResponse(revoked)
         }
+    }
+
+    /// `time_zone`: an IANA name PostgreSQL knows (days are computed by its rules); nil when absent.
+    func timeZone(_ fields: BodyFields) async throws -> String? {
+        guard let zone = try fields.string("time_zone", maxLength: 64) else {
+            if fields.has("time_zone") { throw GatewayError.invalidRequest("'time_zone' cannot be null; UTC is 'UTC'.") }
+            return nil
+        }
+        guard try await tenants.isTimeZone(zone) else {
+            throw GatewayError.invalidRequest("'time_zone' must be an IANA time zone name such as Europe/Berlin or UTC; '\(zone)' is not.")
+        }
+        return zone
+    }
+
+    /// `webhook_url`: nil when absent, `.some(nil)` for `null` (the configured URL applies), else an
+    /// absolute http(s) URL with a host and no user name or password (the signature is the
+    /// receiver's proof, not a password in the URL).
+    static func webhookURL(_ fields: BodyFields) throws -> String?? {
+        guard fields.has("webhook_url") else { return nil }
+        guard let text = try fields.string("webhook_url", maxLength: 2000) else { return .some(nil) }
+        guard text.hasPrefix("http://") || text.hasPrefix("https://"), let url = URLComponents(string: text),
+            let host = url.host, !host.isEmpty, url.user == nil, url.password == nil, url.fragment == nil,
+            !text.unicodeScalars.contains(where: { $0.value <= 0x20 || $0.value >= 0x7f })
+        else {
+            throw GatewayError.invalidRequest(
+                "'webhook_url' must be an absolute http:// or https:// URL with a host, without a user name, password or fragment.")
+        }
+        return .some(text)
     }
 
     /// `^[a-z0-9][a-z0-9_.-]{0,63}$`, checked character by character.

@@ -153,7 +153,7 @@ func buildRouter(
     OperatorRoutes(tenants: tenants, periods: periods).register(on: admin)
     usageRoutes.registerAdmin(on: admin)
     BillingRoutes(billing: billing).register(on: admin)
-    FeatureRoutes(features: FeatureStore(database: tenants.database)).register(on: admin)
+    FeatureRoutes(features: FeatureStore(database: tenants.database), prefix: prefix).register(on: admin)
     console.register(on: admin)
     NotificationRoutes(notifications: NotificationStore(database: tenants.database), tenants: tenants).register(on: admin)
     methods.record(router)

@@ -99,10 +99,15 @@ extension BillingStore {
         public var userID: UUID?
         public var counter: Int64
         public var ledger: Int64
+        /// For a feature counter (SPEC §8): its feature and window, e.g. `day 2026-11-24T05:00:00Z`.
+        public var feature: String? = nil
+        public var window: String? = nil
 
         public var description: String {
             let who = userID.map { "user \($0.uuidString.lowercased())" } ?? "company"
-            return "mismatch: company \(companyID.uuidString.lowercased()) period \(periodID) \(who): counter \(counter), ledger \(ledger)"
+            let what = feature.map { " feature \($0) \(window ?? "")" } ?? ""
+            let company = companyID.uuidString.lowercased()
+            return "mismatch: company \(company) period \(periodID) \(who)\(what): counter \(counter), ledger \(ledger)"
         }
     }
 
@@ -134,7 +139,57 @@ extension BillingStore {
             for try await (company, period, user, counter, ledger) in rows.decode((UUID, Int64, UUID?, Int64, Int64).self) {
                 out.append(Mismatch(companyID: company, periodID: period, userID: user, counter: counter, ledger: ledger))
             }
-            return out
+            return out + (try await featureMismatches(client))
         }
+    }
+
+    /// The feature counters (SPEC §8) recomputed from the ledger: a period window is keyed by its
+    /// plan period's start, a day window by the `feature_day` the admission charged (the company's
+    /// zone then; a later zone change moves no charged day).
+    func featureMismatches(_ client: PostgresClient) async throws -> [Mismatch] {
+        let rows = try await client.query(
+            """
+            WITH charged AS (
+                SELECT l.company_id, l.user_id, l.feature, l.period_id, pp.started_at, l.feature_day, l.units
+                  FROM usage_ledger l JOIN plan_periods pp ON pp.id = l.period_id
+                 WHERE l.outcome = 'charged' AND l.feature IS NOT NULL AND l.units > 0),
+            ledger AS (
+                SELECT company_id, NULL::uuid AS user_id, feature, 'period' AS span, started_at AS starts_at,
+                       max(period_id) AS period_id, sum(units)::bigint AS units
+                  FROM charged GROUP BY company_id, feature, started_at
+                UNION ALL
+                SELECT company_id, NULL::uuid, feature, 'day', feature_day, max(period_id), sum(units)::bigint
+                  FROM charged WHERE feature_day IS NOT NULL GROUP BY company_id, feature, feature_day
+                UNION ALL
+                SELECT company_id, user_id, feature, 'period', started_at, max(period_id), sum(units)::bigint
+                  FROM charged GROUP BY company_id, user_id, feature, started_at
+                UNION ALL
+                SELECT company_id, user_id, feature, 'day', feature_day, max(period_id), sum(units)::bigint
+                  FROM charged WHERE feature_day IS NOT NULL GROUP BY company_id, user_id, feature, feature_day),
+            counters AS (
+                SELECT company_id, NULL::uuid AS user_id, feature_id AS feature, span, starts_at, used FROM company_feature_usage
+                UNION ALL
+                SELECT company_id, user_id, feature_id, span, starts_at, used FROM user_feature_usage),
+            keyed_ledger AS (SELECT *, coalesce(user_id, '00000000-0000-0000-0000-000000000000') AS who FROM ledger),
+            keyed_counters AS (SELECT *, coalesce(user_id, '00000000-0000-0000-0000-000000000000') AS who FROM counters)
+            SELECT coalesce(c.company_id, l.company_id), coalesce(l.period_id, (
+                       SELECT max(pp.id) FROM plan_periods pp WHERE pp.company_id = c.company_id AND pp.started_at <= c.starts_at)),
+                   coalesce(c.user_id, l.user_id), coalesce(c.feature, l.feature), coalesce(c.span, l.span),
+                   coalesce(c.starts_at, l.starts_at), coalesce(c.used, 0), coalesce(l.units, 0)
+              FROM keyed_counters c FULL JOIN keyed_ledger l
+                ON l.company_id = c.company_id AND l.who = c.who AND l.feature = c.feature AND l.span = c.span
+               AND l.starts_at = c.starts_at
+             WHERE coalesce(c.used, 0) <> coalesce(l.units, 0)
+            """, logger: logger)
+        var out: [Mismatch] = []
+        for try await (company, period, user, feature, span, start, counter, ledger) in rows.decode(
+            (UUID, Int64?, UUID?, String, String, Date, Int64, Int64).self)
+        {
+            out.append(
+                Mismatch(
+                    companyID: company, periodID: period ?? 0, userID: user, counter: counter, ledger: ledger, feature: feature,
+                    window: "\(span) \(Timestamp.format(start))"))
+        }
+        return out
     }
 }

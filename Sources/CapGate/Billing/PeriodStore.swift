@@ -91,10 +91,14 @@ public struct PeriodStore: Sendable {
 
     /// `POST /admin/v1/companies`: the company and, when a plan is given, its first period, in
     /// one transaction.
-    public func createCompany(id: UUID, name: String, plan: String?, start: Date, autoRenew: Bool) async throws {
+    public func createCompany(
+        id: UUID, name: String, plan: String?, start: Date, autoRenew: Bool, timeZone: String = "UTC", webhookURL: String? = nil
+    ) async throws {
         do {
             try await database.transaction { connection in
-                try await connection.query("INSERT INTO companies (id, name) VALUES (\(id), \(name))", logger: logger)
+                try await connection.query(
+                    "INSERT INTO companies (id, name, time_zone, webhook_url) VALUES (\(id), \(name), \(timeZone), \(webhookURL))",
+                    logger: logger)
                 if let plan {
                     try await Self.recordAssignment(connection, logger: logger, company: id, plan: plan, start: start, autoRenew: autoRenew)
                 }

@@ -27,7 +27,8 @@ struct FeatureStore: Sendable {
     /// Every feature, by `sort_order` then `id`.
     func features() async throws -> [JSON] {
         try await database.run { client in
-            let rows = try await client.query("SELECT id, name, is_active, sort_order FROM features ORDER BY sort_order, id", logger: logger)
+            let rows = try await client.query(
+                "SELECT id, name, is_active, sort_order FROM features ORDER BY sort_order, id", logger: logger)
             return try await rows.decode((String, String, Bool, Int32).self).collect().map(Self.featureJSON)
         }
     }
@@ -135,12 +136,21 @@ struct FeatureStore: Sendable {
         }
     }
 
-    /// Removes the entitlement (the feature leaves the plan); false when there was none.
-    func deleteEntitlement(plan: String, feature: String) async throws -> Bool {
+    /// Removes the entitlement (the feature leaves the plan) and returns it; nil when there was none.
+    func deleteEntitlement(plan: String, feature: String) async throws -> JSON? {
         try await database.run { client in
             let rows = try await client.query(
-                "DELETE FROM plan_features WHERE plan_id = \(plan) AND feature_id = \(feature) RETURNING 1", logger: logger)
-            return try await !rows.collect().isEmpty
+                """
+                DELETE FROM plan_features WHERE plan_id = \(plan) AND feature_id = \(feature)
+                RETURNING \(unescaped: Self.entitlementColumns)
+                """, logger: logger)
+            return try await rows.decode(EntitlementRow.self).collect().first.map(Self.entitlementJSON)
+        }
+    }
+
+    func planExists(_ id: String) async throws -> Bool {
+        try await database.run { client in
+            try await !client.query("SELECT 1 FROM plans WHERE id = \(id)", logger: logger).collect().isEmpty
         }
     }
 

@@ -150,7 +150,7 @@ public struct TenantStore: Sendable {
     /// The query behind the company object (also run inside billing transactions).
     static func companyQuery(_ id: UUID, at: Date) -> PostgresQuery {
         """
-        SELECT c.id, c.name, c.created_at, pp.plan_id, pp.started_at, pp.ends_at, pp.auto_renew
+        SELECT c.id, c.name, c.created_at, pp.plan_id, pp.started_at, pp.ends_at, pp.auto_renew, c.time_zone, c.webhook_url
           FROM companies c
           LEFT JOIN plan_periods pp ON pp.company_id = c.id AND pp.started_at <= \(at) AND pp.ends_at > \(at)
          WHERE c.id = \(id)
@@ -159,18 +159,44 @@ public struct TenantStore: Sendable {
 
     /// The company object from ``companyQuery(_:at:)``'s rows; nil when there is none.
     static func companyJSON(_ rows: PostgresRowSequence) async throws -> JSON? {
-        for try await r in rows.decode((UUID, String, Date, String?, Date?, Date?, Bool?).self) {
-            return companyJSON(id: r.0, name: r.1, createdAt: r.2, plan: r.3, start: r.4, end: r.5, autoRenew: r.6)
+        for try await r in rows.decode((UUID, String, Date, String?, Date?, Date?, Bool?, String, String?).self) {
+            return .obj([
+                "id": JSON(r.0), "name": .string(r.1), "plan": JSON(r.3),
+                "period": r.4.flatMap { s in r.5.map { e in JSON.obj(["start": JSON(s), "end": JSON(e)]) } } ?? .null,
+                "auto_renew": .bool(r.6 ?? false), "time_zone": .string(r.7), "webhook_url": JSON(r.8), "created_at": JSON(r.2),
+            ])
         }
         return nil
     }
 
-    static func companyJSON(id: UUID, name: String, createdAt: Date, plan: String?, start: Date?, end: Date?, autoRenew: Bool?) -> JSON {
-        .obj([
-            "id": JSON(id), "name": .string(name), "plan": JSON(plan),
-            "period": start.flatMap { s in end.map { e in JSON.obj(["start": JSON(s), "end": JSON(e)]) } } ?? .null,
-            "auto_renew": .bool(autoRenew ?? false), "created_at": JSON(createdAt),
-        ])
+    /// The fields of a company that `PATCH /admin/v1/companies/{id}` changes; nil keeps a field.
+    public struct CompanyChanges: Sendable {
+        public var name: String?
+        public var timeZone: String?
+        /// `.some(nil)` removes the company's own URL (the configured one applies again).
+        public var webhookURL: String??
+    }
+
+    /// Applies `changes`; false when there is no such company.
+    public func updateCompany(_ id: UUID, _ changes: CompanyChanges) async throws -> Bool {
+        let setURL = changes.webhookURL != nil
+        let url = changes.webhookURL ?? nil
+        return try await database.run { client in
+            try await !client.query(
+                """
+                UPDATE companies SET name = COALESCE(\(changes.name), name), time_zone = COALESCE(\(changes.timeZone), time_zone),
+                       webhook_url = CASE WHEN \(setURL) THEN \(url) ELSE webhook_url END
+                 WHERE id = \(id) RETURNING 1
+                """, logger: logger
+            ).collect().isEmpty
+        }
+    }
+
+    /// Whether PostgreSQL knows `zone` as an IANA time zone name (the rules days are computed by).
+    public func isTimeZone(_ zone: String) async throws -> Bool {
+        try await database.run { client in
+            try await !client.query("SELECT 1 FROM pg_timezone_names WHERE name = \(zone)", logger: logger).collect().isEmpty
+        }
     }
 
     public func companyExists(_ id: UUID) async throws -> Bool {
