@@ -159,7 +159,8 @@ struct OperatorAPITests {
             let (company, users) = try await h.createCompany(plan: "low", users: 1)
             let cases: [(HTTPMethod, String, String)] = [
                 (.DELETE, "/admin/v1/plans/low", "GET, PUT"), (.POST, "/healthz", "GET"),
-                (.DELETE, "/admin/v1/companies/\(company.text)", "GET, PATCH"), (.POST, "/v1/usage", "GET"), (.PUT, "/v1/usage/check", "GET"),
+                (.DELETE, "/admin/v1/companies/\(company.text)", "GET, PATCH"), (.POST, "/v1/usage", "GET"),
+                (.PUT, "/v1/usage/check", "GET"),
             ]
             for (method, path, allow) in cases {
                 let reply = try await h.request(method, path, headers: [("x-api-key", users[0].key)] + h.asOperator)
