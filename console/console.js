@@ -63,7 +63,7 @@ function meter(used, limit, label) {
 function setStatus(text) { $("status").textContent = text; }
 
 function show(section) {
-  for (const id of ["sign-in", "operator", "company"]) $(id).hidden = id !== section;
+  for (const id of ["sign-in", "offline", "operator", "company"]) $(id).hidden = id !== section;
   $("sign-out").hidden = section === "sign-in";
 }
 
@@ -78,12 +78,24 @@ function signOut(message = "") {
   $("credential").focus();
 }
 
+// The gateway or its database cannot answer now: the credential is kept (it was not refused),
+// and the page offers to try again.
+function offline(message) {
+  $("offline-text").textContent = message;
+  setStatus("");
+  show("offline");
+  $("retry").focus();
+}
+
+const isOutage = (e) => e.status === 0 || e.status >= 500;
+
 async function start() {
   if (!sessionStorage.getItem(KEY)) { show("sign-in"); return; }
   setStatus("Loading…");
   try {
     state.me = await api("/admin/v1/me");
   } catch (e) {
+    if (isOutage(e)) return offline(e.message);
     signOut(e.message);
     return;
   }
@@ -112,6 +124,7 @@ async function openOperator() {
     state.companies = all;
   } catch (e) {
     if (e.status === 401) return signOut(e.message);
+    if (isOutage(e)) return offline(e.message);
     setStatus(e.message);
     return;
   }
@@ -155,6 +168,7 @@ async function openCompany(id, own) {
   try {
     usage = await api("/admin/v1/companies/" + encodeURIComponent(id) + "/usage");
   } catch (e) {
+    if (isOutage(e)) return offline(e.message);
     if (own || e.status === 401) return signOut(e.message);
     setStatus(e.message);
     return;
@@ -389,6 +403,7 @@ document.addEventListener("DOMContentLoaded", () => {
     start();
   });
   $("sign-out").addEventListener("click", () => signOut());
+  $("retry").addEventListener("click", () => start());
   $("back").addEventListener("click", () => openOperator());
   $("home").addEventListener("click", (event) => { event.preventDefault(); start(); });
   $("search").addEventListener("input", renderCompanies);

@@ -124,6 +124,9 @@ struct ConsoleTests {
             let (noPlan, _) = try await h.createCompany(plan: nil, users: 1)
             let (full, fullUsers) = try await h.createCompany(plan: "tiny", users: 1)
             for _ in 0..<3 { _ = try await h.message(key: fullUsers[0].key) }
+            try await h.createPlan("endless", company: nil, user: nil)
+            let (unlimited, _) = try await h.createCompany(plan: "endless", users: 1)
+            #expect(try await h.op(.PATCH, "/admin/v1/companies/\(unlimited.text)", .obj(["name": "Epsilon Unlimited"])).status == 200)
             try await h.exec(
                 "UPDATE companies SET name = 'Gamma Planless' WHERE id = '\(noPlan.text)'; UPDATE companies SET name = 'Delta Full' WHERE id = '\(full.text)'"
             )
@@ -141,7 +144,7 @@ struct ConsoleTests {
                 environment: [
                     "CAPGATE_URL": h.gatewayURL, "ADMIN_KEY": aUsers[0].key, "MEMBER_KEY": aUsers[1].key,
                     "OPERATOR_TOKEN": h.operatorToken, "COMPANY_A": a.text, "COMPANY_B": b.text, "COMPANY_NO_PLAN": noPlan.text,
-                    "COMPANY_FULL": full.text, "SCREENSHOTS": folder,
+                    "COMPANY_FULL": full.text, "COMPANY_UNLIMITED": unlimited.text, "SCREENSHOTS": folder,
                     "DOWNLOADS": downloads,
                 ])
             #expect(status == 0, "\(output)")

@@ -205,6 +205,32 @@ try:
         check(words in text("#banner"), f"{company}: banner {text('#banner')!r}")
     shoot("company-cap-reached")
 
+    # Unlimited and nothing used yet: no cap to meet, no banner, the empty period said in words.
+    driver.find_element(By.ID, "back").click()
+    wait.until(EC.visibility_of_element_located((By.ID, "operator")))
+    driver.find_element(By.CSS_SELECTOR, f"#companies tr[data-company='{os.environ['COMPANY_UNLIMITED']}'] button").click()
+    wait.until(lambda d: "Up to date" in text("#status") and text("#company-title") == "Epsilon Unlimited")
+    _, unlimited = api(f"/admin/v1/companies/{os.environ['COMPANY_UNLIMITED']}/usage", OPERATOR)
+    check(unlimited["usage"]["company"]["limit"] is None and unlimited["usage"]["company"]["used"] == 0, f"fixture: {unlimited}")
+    check(text("[data-field=limit]") == "unlimited" and text("[data-field=remaining]") == "unlimited",
+          f"unlimited: {text('[data-field=limit]')!r} {text('[data-field=remaining]')!r}")
+    check(text("[data-field=used]") == "0", "used: " + text("[data-field=used]"))
+    check(not driver.find_element(By.ID, "banner").is_displayed(), "a banner on an unlimited plan: " + text("#banner"))
+    check("No calls yet" in text("#events"), "empty period: " + text("#events"))
+    shoot("company-unlimited-empty")
+
+    # The gateway unreachable: the page says so and keeps the credential; once it is back, "Try
+    # again" opens the same view.
+    driver.set_network_conditions(offline=True, latency=0, download_throughput=1 << 20, upload_throughput=1 << 20)
+    driver.find_element(By.ID, "home").click()
+    wait.until(EC.visibility_of_element_located((By.ID, "offline")))
+    check("cannot be reached" in text("#offline-text"), "offline text: " + text("#offline-text"))
+    check(driver.execute_script("return sessionStorage.getItem('capgate.credential')") == OPERATOR, "an outage signed the operator out")
+    shoot("gateway-unreachable")
+    driver.delete_network_conditions()
+    driver.find_element(By.ID, "retry").click()
+    wait.until(EC.visibility_of_element_located((By.ID, "operator")))
+
     # Basic accessibility: every input has a label, every button a name, the document a language.
     unlabeled = driver.execute_script(
         "return [...document.querySelectorAll('input')].filter(i => !i.labels || !i.labels.length).map(i => i.id)")
@@ -219,7 +245,8 @@ try:
     foreign = [u for u in requested if not (u.startswith(BASE + "/") or u.startswith("blob:") or u.startswith("data:"))]
     check(not foreign, f"requests off the gateway: {foreign}")
     check(any("/usage/daily" in u for u in requested), "the network log is empty")
-    severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "403" not in e["message"] and "401" not in e["message"]]
+    expected = ("403", "401", "ERR_INTERNET_DISCONNECTED")
+    severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and not any(x in e["message"] for x in expected)]
     check(not severe, f"browser errors: {severe}")
     print("console ok", len(requested), "requests")
 finally:
