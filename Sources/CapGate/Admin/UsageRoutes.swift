@@ -12,33 +12,47 @@ struct UsageRoutes {
     func registerClient(on group: RouterGroup<AuthenticatedContext>) {
         group.get("usage") { _, context in
             let user = try context.requireUser()
-            let state = try await metering.state(companyID: user.companyID, userID: user.userID)
-            return jsonResponse(state.json(scope: "user"), headers: state.rateLimitHeaders())
+            let now = Date()
+            let state = try await metering.state(companyID: user.companyID, userID: user.userID, at: now)
+            let features = try await usage.features(company: user.companyID, user: user.userID, at: now)
+            return jsonResponse(
+                state.json(scope: "user", features: .array(features.map { $0.json(user: user.userID) })), headers: state.rateLimitHeaders())
         }
         group.get("usage/check") { request, context in
             let user = try context.requireUser()
+            let query = request.uri.queryParameters
             var units: Int64 = 1
-            if let text = request.uri.queryParameters.get("units") {
+            if let text = query.get("units") {
                 guard let n = Int64(text), n >= 1, n <= 1_000_000 else {
                     throw GatewayError.invalidRequest("'units' must be a whole number from 1 to 1000000.")
                 }
                 units = n
             }
-            let state = try await metering.state(companyID: user.companyID, userID: user.userID)
-            var reason: String? = nil
-            var scope = "user"
-            if state.plan == nil {
-                reason = "no_active_plan"
-                scope = "company"
-            } else if let cap = state.companyLimit, state.companyUsed + units > cap {
-                reason = "usage_cap_exceeded"
-                scope = "company"
-            } else if let cap = state.userLimit, (state.userUsed ?? 0) + units > cap {
-                reason = "usage_cap_exceeded"
+            let featureID = try Self.feature(query.get("feature"))
+            let now = Date()
+            // The feature is looked up before anything else is read, so a 400 changes nothing
+            // (the state read below may move an ended period forward, as the next call would).
+            var lookup: (lookup: UsageStore.FeatureLookup, periodStart: Date?)? = nil
+            if let featureID {
+                lookup = try await usage.feature(featureID, company: user.companyID, user: user.userID, at: now)
+                if case .unknown = lookup?.lookup {
+                    throw GatewayError.invalidRequest(
+                        "'feature' names \"\(featureID)\", which is not a feature of this gateway or is not active.")
+                }
             }
+            let state = try await metering.state(companyID: user.companyID, userID: user.userID, at: now)
+            if let featureID, let read = lookup, read.periodStart != state.periodStart {
+                // The company was just moved into a new period: read its windows there.
+                lookup = try await usage.feature(featureID, company: user.companyID, user: user.userID, at: now)
+            }
+            let check = UsageCheck(units: units, user: user.userID, state: state, feature: lookup?.lookup)
+            let outcome = try await check.decide(metering: metering)
             return jsonResponse(
-                .obj(["allowed": .bool(reason == nil), "reason": JSON(reason), "usage": state.json(scope: scope)]),
-                headers: state.rateLimitHeaders()
+                .obj([
+                    "allowed": .bool(outcome.reason == nil), "reason": JSON(outcome.reason),
+                    "usage": outcome.state.json(scope: outcome.scope, featureRefusal: outcome.featureRefusal),
+                ]),
+                headers: outcome.state.rateLimitHeaders(now: now)
             )
         }
     }
@@ -64,18 +78,27 @@ struct UsageRoutes {
             let id = try context.parameters.uuid("id", what: "company")
             try context.requireAdmin(of: id)
             guard let company = try await tenants.company(id) else { throw GatewayError.notFound("No company with that id.") }
-            let state = try await metering.state(companyID: id, userID: nil)
-            let period = try await usage.currentPeriod(company: id)
-            let users = try await usage.users(company: id, periodID: period?.id, planUserCap: period?.userCap)
+            let now = Date()
+            let state = try await metering.state(companyID: id, userID: nil, at: now)
+            let period = try await usage.currentPeriod(company: id, at: now)
+            // The company's windows of each feature, at the top and (as in /v1/usage) in `usage`;
+            // each user's own windows in its entry of `users`.
+            let features = try await usage.features(company: id, user: nil, at: now)
+            let companyFeatures = JSON.array(features.map { $0.json(user: nil) })
+            let users = try await usage.users(company: id, periodID: period?.id, planUserCap: period?.userCap, features: features)
             return jsonResponse(
-                .obj(["company": company, "usage": state.json(scope: "company", includeUser: false), "users": .array(users)]))
+                .obj([
+                    "company": company, "usage": state.json(scope: "company", includeUser: false, features: companyFeatures),
+                    "features": companyFeatures, "users": .array(users),
+                ]))
         }
         group.get("companies/{id}/usage/history") { request, context in
             let id = try context.parameters.uuid("id", what: "company")
             try context.requireAdmin(of: id)
             let periods = try Self.boundedInt(request.uri.queryParameters.get("periods"), name: "periods", default: 12, range: 1...120)
+            let feature = try Self.feature(request.uri.queryParameters.get("feature"))
             guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
-            return jsonResponse(listJSON(try await usage.history(company: id, periods: periods)))
+            return jsonResponse(listJSON(try await usage.history(company: id, periods: periods, feature: feature)))
         }
         group.get("companies/{id}/events") { request, context in
             let id = try context.parameters.uuid("id", what: "company")
@@ -92,23 +115,24 @@ struct UsageRoutes {
                 }
                 cursor = c
             }
+            let feature = try Self.feature(query.get("feature"))
             guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
             // Token counts are written in batches after each answer: wait for those queued so far,
             // so a read right after a call sees its tokens (within this gateway).
             await metering.settledSoFar()
             let accept = request.headers[.accept]?.lowercased() ?? ""
             if accept.contains("text/csv") {
-                return csvResponse(company: id, from: from, to: to, after: cursor)
+                return csvResponse(company: id, from: from, to: to, after: cursor, feature: feature)
             }
-            let rows = try await usage.events(company: id, from: from, to: to, after: cursor, limit: limit + 1)
+            let rows = try await usage.events(company: id, from: from, to: to, after: cursor, limit: limit + 1, feature: feature)
             let page = Array(rows.prefix(limit))
             let hasMore = rows.count > limit
             return jsonResponse(listJSON(page.map(\.json), hasMore: hasMore, nextCursor: hasMore ? page.last.map { String($0.id) } : nil))
         }
     }
 
-    /// Streams every row of the range as CSV, a page at a time, never holding it all.
-    func csvResponse(company: UUID, from: Date, to: Date, after cursor: Int64) -> Response {
+    /// Streams every row of the range (of `feature` when given) as CSV, a page at a time, never holding it all.
+    func csvResponse(company: UUID, from: Date, to: Date, after cursor: Int64, feature: String?) -> Response {
         let usage = self.usage
         var headers = HTTPFields()
         headers[.contentType] = "text/csv; charset=utf-8"
@@ -120,7 +144,7 @@ struct UsageRoutes {
                 try await writer.write(ByteBuffer(string: UsageStore.Event.csvHeader))
                 var after = cursor
                 while true {
-                    let page = try await usage.events(company: company, from: from, to: to, after: after, limit: 1000)
+                    let page = try await usage.events(company: company, from: from, to: to, after: after, limit: 1000, feature: feature)
                     if page.isEmpty { break }
                     var text = ""
                     for event in page { text += event.csvLine }
@@ -139,6 +163,17 @@ struct UsageRoutes {
             throw GatewayError.invalidRequest("'\(name)' must be a whole number from \(range.lowerBound) to \(range.upperBound).")
         }
         return n
+    }
+
+    /// The `feature` query parameter: absent is nil; anything but a feature id (a slug of at most
+    /// 64 characters, as `features.id`) is 400. A well-formed id of no feature is the caller's to
+    /// interpret (the reads then find nothing).
+    static func feature(_ text: String?) throws -> String? {
+        guard let text else { return nil }
+        guard OperatorRoutes.isSlug(text) else {
+            throw GatewayError.invalidRequest("'feature' must be a feature id: 1 to 64 lowercase letters, digits, '-', '_' or '.'.")
+        }
+        return text
     }
 
     static func time(_ text: String?, name: String) throws -> Date? {

@@ -11,8 +11,9 @@ public struct UsageStore: Sendable {
         self.database = database
     }
 
-    /// Every user of the company with used/limit/remaining in the period (0 when unused).
-    public func users(company: UUID, periodID: Int64?, planUserCap: Int64?) async throws -> [JSON] {
+    /// Every user of the company with used/limit/remaining in the period (0 when unused) and
+    /// its own windows of each of `features` (``FeatureUsage/userJSON(_:)``).
+    public func users(company: UUID, periodID: Int64?, planUserCap: Int64?, features: [FeatureUsage] = []) async throws -> [JSON] {
         try await database.run { client in
             var out: [JSON] = []
             let rows = try await client.query(
@@ -31,6 +32,7 @@ public struct UsageStore: Sendable {
                     .obj([
                         "id": JSON(id), "email": JSON(email), "role": .string(role), "disabled": .bool(disabled),
                         "used": .int(used), "limit": JSON(limit), "remaining": JSON(limit.map { max(0, $0 - used) }),
+                        "features": .array(features.map { $0.userJSON(id) }),
                     ])
                 )
             }
@@ -54,16 +56,24 @@ public struct UsageStore: Sendable {
     }
 
     /// Past periods (ended by `at`), newest first, each with plan, bounds, used and limit. The
-    /// current period is `GET …/usage`.
-    public func history(company: UUID, periods: Int, at: Date = Date()) async throws -> [JSON] {
+    /// current period is `GET …/usage`. With `feature`, `used` and `limit` are that feature's in
+    /// the period (its company period counter, 0 when none; the limit is the plan's entitlement
+    /// `period_limit` as it is now, null when unlimited, 0 when the plan has it not or disabled).
+    public func history(company: UUID, periods: Int, feature: String? = nil, at: Date = Date()) async throws -> [JSON] {
         let limit = Int64(periods)
         return try await database.run { client in
             var out: [JSON] = []
             let rows = try await client.query(
                 """
-                SELECT pp.id, pp.plan_id, pl.name, pp.started_at, pp.ends_at, COALESCE(cu.used, 0), pl.monthly_company_cap
+                SELECT pp.id, pp.plan_id, pl.name, pp.started_at, pp.ends_at,
+                       CASE WHEN \(feature)::text IS NULL THEN COALESCE(cu.used, 0) ELSE COALESCE(fu.used, 0) END,
+                       CASE WHEN \(feature)::text IS NULL THEN pl.monthly_company_cap
+                            WHEN e.enabled THEN e.period_limit ELSE 0 END
                   FROM plan_periods pp JOIN plans pl ON pl.id = pp.plan_id
                   LEFT JOIN company_usage cu ON cu.company_id = pp.company_id AND cu.period_id = pp.id
+                  LEFT JOIN company_feature_usage fu ON fu.company_id = pp.company_id AND fu.feature_id = \(feature)::text
+                        AND fu.span = 'period' AND fu.starts_at = pp.started_at
+                  LEFT JOIN plan_features e ON e.plan_id = pp.plan_id AND e.feature_id = \(feature)::text
                  WHERE pp.company_id = \(company) AND pp.ends_at <= \(at)
                  ORDER BY pp.started_at DESC
                  LIMIT \(limit)
@@ -76,7 +86,7 @@ public struct UsageStore: Sendable {
                         "period": .obj(["start": JSON(start), "end": JSON(end)]),
                         "plan": .obj(["id": .string(plan), "name": .string(name)]),
                         "company": .obj(["used": .int(used), "limit": JSON(cap), "remaining": JSON(cap.map { max(0, $0 - used) })]),
-                        "used": .int(used), "limit": JSON(cap),
+                        "used": .int(used), "limit": JSON(cap), "feature": JSON(feature),
                     ])
                 )
             }
@@ -149,10 +159,11 @@ public struct UsageStore: Sendable {
         }
     }
 
-    /// Ledger rows in `[from, to)` after the keyset cursor (row id), oldest first; a charge with
-    /// no settlement is `unsettled` once older than `grace` seconds at `now`.
+    /// Ledger rows in `[from, to)` after the keyset cursor (row id), oldest first, only those of
+    /// `feature` when given; a charge with no settlement is `unsettled` once older than `grace`
+    /// seconds at `now`.
     public func events(
-        company: UUID, from: Date, to: Date, after cursor: Int64, limit: Int, now: Date = Date(),
+        company: UUID, from: Date, to: Date, after cursor: Int64, limit: Int, feature: String? = nil, now: Date = Date(),
         grace: TimeInterval = UnsettledCharges.defaultGrace
     ) async throws -> [Event] {
         let limit = Int64(limit)
@@ -165,6 +176,7 @@ public struct UsageStore: Sendable {
                   FROM usage_ledger l
                   JOIN plan_periods pp ON pp.company_id = l.company_id AND pp.id = l.period_id
                  WHERE l.company_id = \(company) AND l.created_at >= \(from) AND l.created_at < \(to) AND l.id > \(cursor)
+                   AND (\(feature)::text IS NULL OR l.feature = \(feature)::text)
                  ORDER BY l.id
                  LIMIT \(limit)
                 """,

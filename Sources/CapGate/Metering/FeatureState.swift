@@ -41,8 +41,17 @@ public struct FeatureState: Sendable {
         values: [(used: Int64?, limit: Int64?)]
     ) {
         guard let id else { return nil }
+        self.init(id: id, name: name ?? id, refused: refused, message: message, dayStart: dayStart, dayEnd: dayEnd, values: values)
+    }
+
+    /// `values` in the lock order (company period, company day, user period, user day), a window
+    /// with neither used nor limit left out; `refused` as `<scope>.<window>` (`company.day`, …).
+    init(
+        id: String, name: String, refused: String?, message: String?, dayStart: Date?, dayEnd: Date?,
+        values: [(used: Int64?, limit: Int64?)]
+    ) {
         self.id = id
-        self.name = name ?? id
+        self.name = name
         self.dayStart = dayStart
         self.dayEnd = dayEnd
         self.message = message

@@ -48,8 +48,9 @@ public struct UsageState: Sendable {
     }
 
     /// The SPEC §3 `usage` object; for a refusal by a feature (SPEC §8) with its `feature`
-    /// object and the upgrade's `feature_limit`.
-    public func json(scope: String, includeUser: Bool = true, featureRefusal: Bool = false) -> JSON {
+    /// object and the upgrade's `feature_limit`; for a usage read with the plan's `features`
+    /// (SPEC §8, see ``FeatureUsage``).
+    public func json(scope: String, includeUser: Bool = true, featureRefusal: Bool = false, features: JSON? = nil) -> JSON {
         var fields: [JSON.Field] = [.init("scope", .string(scope))]
         fields.append(.init("plan", plan.map { .obj(["id": .string($0.id), "name": .string($0.name)]) } ?? .null))
         if let periodStart, let periodEnd {
@@ -60,6 +61,9 @@ public struct UsageState: Sendable {
         fields.append(.init("company", Self.counter(used: companyUsed, limit: companyLimit)))
         if includeUser, let userUsed {
             fields.append(.init("user", Self.counter(used: userUsed, limit: userLimit)))
+        }
+        if let features {
+            fields.append(.init("features", features))
         }
         if featureRefusal, let feature {
             if let refused = feature.refused {
