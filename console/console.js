@@ -103,7 +103,7 @@ async function start() {
     $("who").textContent = "Signed in as the operator";
     await openOperator();
   } else {
-    $("who").textContent = "Signed in as a " + state.me.role + " of company " + state.me.company_id;
+    $("who").textContent = "Signed in as " + (state.me.role === "admin" ? "an admin" : "a " + state.me.role) + " of company " + state.me.company_id;
     await openCompany(state.me.company_id, true);
   }
 }
@@ -185,7 +185,7 @@ async function openCompany(id, own) {
   const from = period ? period.start : null;
   const results = await Promise.allSettled([
     api(base + "/usage/daily"), api(base + "/usage/history?periods=12"),
-    api(base + "/events?limit=1000" + (from ? "&from=" + encodeURIComponent(from) : "")), api(base + "/notifications?limit=20"),
+    api(base + "/events?order=desc&limit=20" + (from ? "&from=" + encodeURIComponent(from) : "")), api(base + "/notifications?limit=20"),
   ]);
   const [daily, history, events, notes] = results.map((r) => (r.status === "fulfilled" ? r.value : null));
   renderDaily(daily || []);
@@ -343,7 +343,7 @@ function renderEvents(events) {
   const body = $("events").tBodies[0];
   body.replaceChildren();
   const emails = new Map(state.users.map((u) => [u.id, u.email]));
-  for (const e of events.slice(-20).reverse()) {
+  for (const e of events) {
     body.append(el("tr", {}, el("td", { text: e.time.replace("T", " ").slice(0, 19) }), el("td", { text: emails.get(e.user_id) || e.user_id }),
       el("td", { text: e.method + " " + e.route }), el("td", { text: e.feature || "—" }), el("td", { class: "num", text: number(e.units) }),
       el("td", { text: e.outcome })));

@@ -169,6 +169,22 @@ struct AdminUsageTests {
             let lines = csv.body.split(separator: "\n")
             #expect(lines.count == 6)
             #expect(lines[0].hasPrefix("id,time,user_id,units"))
+
+            // Newest first: the same rows backwards, paged by the smallest id of the page before.
+            var backwards: [Int64] = []
+            cursor = nil
+            repeat {
+                let path = "/admin/v1/companies/\(a.text)/events?order=desc&limit=2" + (cursor.map { "&cursor=\($0)" } ?? "")
+                let page = try await h.request(.GET, path, headers: admin)
+                #expect(page.status == 200)
+                backwards += (page.json["data"]?.arrayValue ?? []).compactMap { $0["id"]?.intValue }
+                cursor = page.json["next_cursor"]?.stringValue
+            } while cursor != nil
+            #expect(backwards == seen.reversed())
+            let csvDesc = try await h.request(
+                .GET, "/admin/v1/companies/\(a.text)/events?order=desc", headers: admin + [("accept", "text/csv")])
+            #expect(csvDesc.body == csv.body)
+            #expect(try await h.request(.GET, "/admin/v1/companies/\(a.text)/events?order=newest", headers: admin).status == 400)
         }
     }
 }

@@ -118,9 +118,18 @@ struct ConsoleTests {
             try await h.exec(
                 "UPDATE companies SET name = 'Acme Skin' WHERE id = '\(a.text)'; UPDATE companies SET name = 'Beta Labs' WHERE id = '\(b.text)'"
             )
+            // The plan sells one feature, which every message uses.
+            #expect(try await h.op(.POST, "/admin/v1/features", .obj(["id": "analysis", "name": "Analysis"])).status == 201)
+            #expect(
+                try await h.op(.PUT, "/admin/v1/plans/low/entitlements/analysis", .obj(["daily_limit": 1000, "user_period_limit": 500]))
+                    .status == 201)
+            #expect(
+                try await h.op(.POST, "/admin/v1/routes", .obj(["method": "POST", "path": "/v1/messages", "feature": "analysis"])).status
+                    == 201)
             for i in 0..<33 { #expect(try await h.message(key: aUsers[i % 4].key).status == 200) }
             // The states a person meets: a company with no plan, one at its cap.
             try await h.createPlan("tiny", company: 2, user: nil)
+            #expect(try await h.op(.PUT, "/admin/v1/plans/tiny/entitlements/analysis", .obj([:])).status == 201)
             let (noPlan, _) = try await h.createCompany(plan: nil, users: 1)
             let (full, fullUsers) = try await h.createCompany(plan: "tiny", users: 1)
             for _ in 0..<3 { _ = try await h.message(key: fullUsers[0].key) }

@@ -123,6 +123,19 @@ try:
     check(all(len(b.find_elements(By.TAG_NAME, "rect")) > 0 for b in bars if int(b.get_attribute("data-total")) > 0),
           "a day with data has no rectangle")
 
+    # The plan's features with their windows, and each user's use of them, as the API gives them.
+    features = usage["usage"]["features"]
+    check(len(features) == 1 and features[0]["id"] == "analysis", f"fixture: {features}")
+    row = driver.find_element(By.CSS_SELECTOR, "#features tr[data-feature='analysis']")
+    cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+    day_window, period_window = features[0]["day"], features[0]["period"]
+    check(cells[1].startswith(f"{fmt(day_window['used'])} / {fmt(day_window['limit'])}"), f"feature today: {cells}")
+    check(cells[2].startswith(f"{fmt(period_window['used'])} / unlimited"), f"feature period: {cells}")
+    for user in usage["users"]:
+        mine = next(f for f in user["features"] if f["id"] == "analysis")
+        row = driver.find_element(By.CSS_SELECTOR, f"#users tr[data-user='{user['id']}']")
+        check(f"Analysis: {fmt(mine['user_period']['used'])}" in row.text, f"user features: {row.text} vs {mine}")
+
     # Notifications (the 80 % of the cap was crossed by the test's calls).
     _, notes = api(f"/admin/v1/companies/{A}/notifications", ADMIN)
     check(len(driver.find_elements(By.CSS_SELECTOR, "#notifications li")) == len(notes["data"]), "notifications differ")
@@ -143,6 +156,13 @@ try:
     check(list(csv.reader(io.StringIO(downloaded))) == list(csv.reader(io.StringIO(csv_text))), "the CSV differs from the API's")
     check(len(driver.find_elements(By.CSS_SELECTOR, "#events tbody tr")) == min(20, len(downloaded.strip().splitlines()) - 1),
           "latest calls table")
+    # The latest calls are the newest, newest first.
+    _, latest = api(f"/admin/v1/companies/{A}/events?order=desc&limit=20&from={usage['usage']['period']['start']}", ADMIN)
+    shown = [r.find_elements(By.TAG_NAME, "td")[0].text for r in driver.find_elements(By.CSS_SELECTOR, "#events tbody tr")]
+    check(shown == [e["time"].replace("T", " ")[:19] for e in latest["data"]], f"latest calls: {shown[:3]}…")
+    _, oldest_first = api(f"/admin/v1/companies/{A}/events?limit=1000&from={usage['usage']['period']['start']}", ADMIN)
+    check([e["id"] for e in latest["data"]] == [e["id"] for e in oldest_first["data"]][-20:][::-1],
+          "order=desc is not the last page of order=asc, reversed")
 
     # The key is nowhere but sessionStorage.
     check(ADMIN not in driver.current_url and ADMIN not in driver.page_source, "the key is in the URL or the page")

@@ -108,7 +108,11 @@ struct UsageRoutes {
             let to = try Self.time(query.get("to"), name: "to") ?? Date(timeIntervalSince1970: 253_402_300_799)
             guard from <= to else { throw GatewayError.invalidRequest("'from' must not be after 'to'.") }
             let limit = try Self.boundedInt(query.get("limit"), name: "limit", default: 100, range: 1...1000)
-            var cursor: Int64 = 0
+            let order = query.get("order") ?? "asc"
+            guard order == "asc" || order == "desc" else {
+                throw GatewayError.invalidRequest("'order' must be 'asc' (oldest first, the default) or 'desc' (newest first).")
+            }
+            var cursor: Int64 = order == "desc" ? Int64.max : 0
             if let text = query.get("cursor") {
                 guard let c = Int64(text), c >= 0 else {
                     throw GatewayError.invalidRequest("'cursor' must be a cursor from a previous page.")
@@ -122,9 +126,11 @@ struct UsageRoutes {
             await metering.settledSoFar()
             let accept = request.headers[.accept]?.lowercased() ?? ""
             if accept.contains("text/csv") {
-                return csvResponse(company: id, from: from, to: to, after: cursor, feature: feature)
+                // The CSV is the whole range, oldest first, whatever `order` says.
+                return csvResponse(company: id, from: from, to: to, after: order == "desc" ? 0 : cursor, feature: feature)
             }
-            let rows = try await usage.events(company: id, from: from, to: to, after: cursor, limit: limit + 1, feature: feature)
+            let rows = try await usage.events(
+                company: id, from: from, to: to, after: cursor, limit: limit + 1, feature: feature, newestFirst: order == "desc")
             let page = Array(rows.prefix(limit))
             let hasMore = rows.count > limit
             return jsonResponse(listJSON(page.map(\.json), hasMore: hasMore, nextCursor: hasMore ? page.last.map { String($0.id) } : nil))

@@ -163,10 +163,12 @@ public struct UsageStore: Sendable {
     /// `feature` when given; a charge with no settlement is `unsettled` once older than `grace`
     /// seconds at `now`.
     public func events(
-        company: UUID, from: Date, to: Date, after cursor: Int64, limit: Int, feature: String? = nil, now: Date = Date(),
-        grace: TimeInterval = UnsettledCharges.defaultGrace
+        company: UUID, from: Date, to: Date, after cursor: Int64, limit: Int, feature: String? = nil, newestFirst: Bool = false,
+        now: Date = Date(), grace: TimeInterval = UnsettledCharges.defaultGrace
     ) async throws -> [Event] {
         let limit = Int64(limit)
+        // Newest first pages backwards: the cursor is the last (smallest) id of the page before.
+        let (comparison, order) = newestFirst ? ("<", "l.id DESC") : (">", "l.id")
         return try await database.run { client in
             let rows = try await client.query(
                 """
@@ -175,9 +177,9 @@ public struct UsageStore: Sendable {
                        l.settled_at
                   FROM usage_ledger l
                   JOIN plan_periods pp ON pp.company_id = l.company_id AND pp.id = l.period_id
-                 WHERE l.company_id = \(company) AND l.created_at >= \(from) AND l.created_at < \(to) AND l.id > \(cursor)
+                 WHERE l.company_id = \(company) AND l.created_at >= \(from) AND l.created_at < \(to) AND l.id \(unescaped: comparison) \(cursor)
                    AND (\(feature)::text IS NULL OR l.feature = \(feature)::text)
-                 ORDER BY l.id
+                 ORDER BY \(unescaped: order)
                  LIMIT \(limit)
                 """,
                 logger: logger

@@ -58,14 +58,22 @@ public final class EmbeddedReplicaSet: Sendable {
         }
     }
 
-    /// Waits (up to 60 s) until the primary reports a synchronous, streaming standby.
+    /// Waits (up to 120 s) until the primary reports a synchronous, streaming standby. On a
+    /// timeout the error carries what the primary saw of its standbys and the end of the
+    /// standby's log, so a failure far from here can be read.
     func waitForSynchronousStandby() throws {
-        let deadline = Date().addingTimeInterval(60)
+        let deadline = Date().addingTimeInterval(120)
         while true {
             let count = try? primary.psql("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming' AND sync_state = 'sync'")
             if count?.trimmingWhitespace() == "1" { return }
             guard Date() < deadline else {
-                throw EmbeddedPostgres.EmbeddedError.commandFailed("standby", "did not start streaming synchronously within 60 s")
+                let seen = (try? primary.psql("SELECT application_name, state, sync_state FROM pg_stat_replication")) ?? "(no answer)"
+                let logPath = URL(fileURLWithPath: standby.dataDirectory).deletingLastPathComponent().path + "/postgres.log"
+                let log = ((try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "(no log)").split(separator: "\n").suffix(20)
+                throw EmbeddedPostgres.EmbeddedError.commandFailed(
+                    "standby",
+                    "did not start streaming synchronously within 120 s; pg_stat_replication: [\(seen.trimmingWhitespace())]; "
+                        + "standby log:\n" + log.joined(separator: "\n"))
             }
             usleep(100_000)
         }
