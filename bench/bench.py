@@ -206,13 +206,18 @@ def main():
     parser.add_argument("--pause", type=int, default=0, help="keep the stack up this many seconds after seeding (for profiling)")
     parser.add_argument("--features", action="store_true",
                         help="seed bench/features.sql: a route table and two features with bounded limits, every call charging one")
+    parser.add_argument("--quick", action="store_true",
+                        help="only the rows a change is compared on: many companies c=1 and c=64, one hot company c=64 (no relaxed or info gateway)")
+    parser.add_argument("--notifications", action="store_true",
+                        help="threshold notifications on: a signed-webhook receiver on loopback, the gateway's deliverer sending a backlog of "
+                             "pending rows while the calls are measured")
     args = parser.parse_args()
 
     if not os.access(BIN, os.X_OK):
         raise SystemExit(f"{BIN} missing: run `swift build -c release --product capgate` (bench/run does)")
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK, exist_ok=True)
-    results = {"wrk": [], "pgbench": [], "batched": [], "ledger": [], "verify": [], "soak": []}
+    results = {"wrk": [], "pgbench": [], "batched": [], "ledger": [], "verify": [], "soak": [], "notifications": None}
     try:
         # PostgreSQL: durable commits (synchronous_commit=on, fsync on), sized for this machine.
         settings = {"shared_buffers": "1GB", "synchronous_commit": "on", "max_connections": "300",
@@ -233,6 +238,10 @@ def main():
         psql(url, file=os.path.join(BENCH, "seed.sql"))
         if args.features:
             psql(url, file=os.path.join(BENCH, "features.sql"))
+        receiver = None
+        if args.notifications:
+            receiver = WebhookSink()
+            log(f"notifications: receiver on {receiver.url}")
         many_keys = os.path.join(WORK, "keys_many.txt")
         hot_keys = os.path.join(WORK, "keys_hot.txt")
         with open(many_keys, "w") as f:
@@ -246,6 +255,8 @@ def main():
         gateway_env = {"DATABASE_URL": url, "UPSTREAM_URL": f"http://127.0.0.1:{mock_port}", "OPERATOR_TOKEN": OPERATOR,
                        "HTTP_PORT": str(gateway_port), "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "warning"), "DATABASE_MAX_CONNECTIONS": "16",
                        "DATABASE_DURABILITY": args.durability}
+        if receiver:
+            gateway_env.update({"NOTIFY_WEBHOOK_URL": receiver.url, "NOTIFY_WEBHOOK_SECRET": "whsec_" + "YmVuY2gtc2VjcmV0LWJlbmNoLXNlY3JldA=="})
         gateway = start("gateway", [BIN, "serve"], env=gateway_env)
         wait_http(f"http://127.0.0.1:{gateway_port}/readyz")
         direct = f"http://127.0.0.1:{mock_port}"
@@ -258,8 +269,11 @@ def main():
                      ("many companies", 64, many_keys, False), ("one hot company", 1, hot_keys, False),
                      ("one hot company", 16, hot_keys, False), ("one hot company", 64, hot_keys, False),
                      ("streaming, many companies", 16, many_keys, True)]
+        if args.quick:
+            scenarios = [("many companies", 1, many_keys, False), ("many companies", 64, many_keys, False),
+                         ("one hot company", 64, hot_keys, False)]
         gateways = {name: through for name, _, _, _ in scenarios}
-        if args.durability == "durable":
+        if args.durability == "durable" and not args.quick:
             # The opt-in relaxed mode beside the durable default: a second gateway on the same
             # database with database.durability = relaxed.
             relaxed_port = free_port()
@@ -290,6 +304,14 @@ def main():
         # first timed checkpoint's flush (p99 stalls of 100+ ms at c=1 on this shared disk) out
         # of the scenarios. A long-running database carries no such backlog.
         psql(url, "CHECKPOINT")
+        if receiver:
+            # A backlog for the deliverer to send while every scenario is measured: each row is
+            # claimed, signed, POSTed and marked in transactions of its own beside the admissions.
+            backlog = args.seconds * args.repeats * len(scenarios) * 2 * 200
+            psql(url, f"""INSERT INTO notifications (company_id, user_id, scope, span, window_start, window_end, threshold, used, limit_value)
+                SELECT md5('c' || (1 + i % 1000))::uuid, NULL, 'company', 'period', now() - (i || ' seconds')::interval, now() + interval '1 day',
+                       80, 80, 100 FROM generate_series(1, {backlog}) i;""")
+            log(f"notifications: {backlog} pending rows queued for delivery")
         for name, c, keys, stream in scenarios:
             # Direct and through CapGate alternate `repeats` times; the run with the median
             # requests/s of each is reported, with the spread of all runs.
@@ -348,9 +370,43 @@ def main():
                 time.sleep(10)
             ok, line = verify(url)
             results["verify"].append(("soak", ok, line))
+        if receiver:
+            delivered = psql(url, "SELECT count(*) FILTER (WHERE status = 'delivered'), count(*) FROM notifications").strip()
+            results["notifications"] = f"{receiver.count} webhooks received; delivered / written rows: {delivered.replace('|', ' / ')}"
+            log("notifications: " + results["notifications"])
     finally:
         stop_all()
+        if receiver:
+            receiver.stop()
     write_report(args, results, settings)
+
+
+class WebhookSink:
+    """A webhook receiver on loopback that answers 204 to every POST and counts them."""
+
+    def __init__(self):
+        import http.server
+        import threading
+        sink = self
+        self.count = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("content-length", "0")))
+                sink.count += 1
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
 
 
 def machine():
@@ -374,6 +430,8 @@ def write_report(args, results, settings):
              "PostgreSQL 15 (embedded launcher), " + ", ".join(f"`{k}={v}`" for k, v in settings.items()) + ".",
              f"Admission durability: `{args.durability}` (rows marked relaxed: a second gateway with `database.durability = relaxed`). Gateway: release build, `LOG_LEVEL=warning` (except the row marked info: one log line per request to a file), pool of 16 connections.",
              ("Route table and features: `bench/features.sql` (every metered call charges the feature `analysis`: company, user and four feature counters). " if args.features else "Caps only: no routes, no features. ") +
+             ("Threshold notifications on: a webhook receiver on loopback, the gateway's deliverer sending a backlog of pending rows during the runs"
+              + (f" ({results['notifications']}). " if results.get("notifications") else ". ") if args.notifications else "") +
              f"Provider: `capgate mock{' --lean' if args.provider == 'lean' else ''}` ({'the Messages API on plain SwiftNIO handlers' if args.provider == 'lean' else 'the Hummingbird mock the tests use'}).",
              "Load: wrk from a separate process on the same 2 cores (wrk, the mock provider, CapGate and PostgreSQL share them),",
              f"{args.seconds} s per run, non-streaming `POST /v1/messages` unless noted, keys rotated per request. After {args.warmup} s of warm-up load on each",

@@ -66,6 +66,33 @@ struct BodyFields {
         return .value(i)
     }
 
+    /// A cap or limit for an update: the body's value (`null` = unlimited), or when the body
+    /// leaves it out, the current one in `existing` (nil there: unlimited).
+    func cap(_ key: String, keeping existing: JSON?) throws -> Int64? {
+        switch try cap(key) {
+        case .absent: return existing?[key]?.intValue
+        case .null: return nil
+        case .value(let v): return v
+        }
+    }
+
+    /// The id of the resource a body creates or changes: for a change, the id in the path (an
+    /// `id` in the body must equal it); for a create, the body's `id` (`generated` when the body
+    /// has none and one may be made), which `isValid` must accept.
+    func resourceID(
+        path: String?, what: String, isValid: (String) -> Bool, rule: String, generated: (() -> String)? = nil
+    ) throws -> String {
+        if let path {
+            if let bodyID = try string("id", maxLength: 64), bodyID != path {
+                throw GatewayError.invalidRequest("'id' in the body does not match the \(what) in the path.")
+            }
+            return path
+        }
+        let id = try generated.map { try string("id", maxLength: 64) ?? $0() } ?? requiredString("id", maxLength: 64)
+        guard isValid(id) else { throw GatewayError.invalidRequest("'id' must be \(rule).") }
+        return id
+    }
+
     func bool(_ key: String) throws -> Bool? {
         guard let value = fields[key], !value.isNull else { return nil }
         guard let b = value.boolValue else { throw GatewayError.invalidRequest("'\(key)' must be true or false.") }

@@ -54,18 +54,7 @@ struct FeatureRoutes {
 
     /// A feature body; for an update, missing fields keep their current values.
     static func featureInput(_ f: BodyFields, id: String?, existing: JSON?) throws -> FeatureStore.FeatureInput {
-        let featureID: String
-        if let id {
-            if let bodyID = try f.string("id", maxLength: 64), bodyID != id {
-                throw GatewayError.invalidRequest("'id' in the body does not match the feature in the path.")
-            }
-            featureID = id
-        } else {
-            featureID = try f.requiredString("id", maxLength: 64)
-            guard OperatorRoutes.isSlug(featureID) else {
-                throw GatewayError.invalidRequest("'id' must be a slug: lowercase letters, digits, '-', '_' or '.'.")
-            }
-        }
+        let featureID = try f.resourceID(path: id, what: "feature", isValid: OperatorRoutes.isSlug, rule: OperatorRoutes.slugRule)
         guard let name = try f.string("name") ?? existing?["name"]?.stringValue else {
             throw GatewayError.invalidRequest("'name' is required.")
         }
@@ -113,20 +102,14 @@ struct FeatureRoutes {
                 throw GatewayError.invalidRequest("'\(key)' in the body does not match the path.")
             }
         }
-        func limit(_ key: String) throws -> Int64? {
-            switch try f.cap(key) {
-            case .absent: return existing?[key]?.intValue
-            case .null: return nil
-            case .value(let v): return v
-            }
-        }
         var message = existing?["message"]?.stringValue
         if f.has("message") { message = try f.string("message", maxLength: 1000) }
         return FeatureStore.EntitlementInput(
             plan: plan, feature: feature,
             enabled: try f.bool("enabled") ?? existing?["enabled"]?.boolValue ?? true,
-            dailyLimit: try limit("daily_limit"), periodLimit: try limit("period_limit"),
-            userDailyLimit: try limit("user_daily_limit"), userPeriodLimit: try limit("user_period_limit"),
+            dailyLimit: try f.cap("daily_limit", keeping: existing), periodLimit: try f.cap("period_limit", keeping: existing),
+            userDailyLimit: try f.cap("user_daily_limit", keeping: existing),
+            userPeriodLimit: try f.cap("user_period_limit", keeping: existing),
             message: message)
     }
 
@@ -185,18 +168,10 @@ struct FeatureRoutes {
     /// A route body; for an update, missing fields keep their current values. A create without
     /// `id` gets a generated one.
     func routeInput(_ f: BodyFields, id: String?, existing: JSON?) throws -> FeatureStore.RouteInput {
-        let routeID: String
-        if let id {
-            if let bodyID = try f.string("id", maxLength: 64), bodyID != id {
-                throw GatewayError.invalidRequest("'id' in the body does not match the route in the path.")
-            }
-            routeID = id
-        } else {
-            routeID = try f.string("id", maxLength: 64) ?? "route-" + UUID().uuidString.lowercased()
-            guard Self.isRouteID(routeID) else {
-                throw GatewayError.invalidRequest("'id' must be 1 to 64 letters, digits, '-', '_' or '.', starting with a letter or digit.")
-            }
-        }
+        let routeID = try f.resourceID(
+            path: id, what: "route", isValid: Self.isRouteID,
+            rule: "1 to 64 letters, digits, '-', '_' or '.', starting with a letter or digit",
+            generated: { "route-" + UUID().uuidString.lowercased() })
         let method = try f.string("method", maxLength: 16) ?? existing?["method"]?.stringValue ?? "*"
         guard method == "*" || method.unicodeScalars.allSatisfy({ ("A"..."Z").contains($0) || ("a"..."z").contains($0) }) else {
             throw GatewayError.invalidRequest("'method' must be '*' or an HTTP method such as POST.")

@@ -201,6 +201,8 @@ struct OperatorRoutes {
         return .some(text)
     }
 
+    static let slugRule = "a slug: lowercase letters, digits, '-', '_' or '.'"
+
     /// `^[a-z0-9][a-z0-9_.-]{0,63}$`, checked character by character.
     static func isSlug(_ s: String) -> Bool {
         let scalars = Array(s.unicodeScalars)
@@ -213,25 +215,7 @@ struct OperatorRoutes {
 
     /// Reads a plan body; for an update, missing fields keep their current values.
     func planInput(_ f: BodyFields, id: String?, existing: JSON?) throws -> TenantStore.PlanInput {
-        let planID: String
-        if let id {
-            if let bodyID = try f.string("id", maxLength: 64), bodyID != id {
-                throw GatewayError.invalidRequest("'id' in the body does not match the plan in the path.")
-            }
-            planID = id
-        } else {
-            planID = try f.requiredString("id", maxLength: 64)
-            guard Self.isSlug(planID) else {
-                throw GatewayError.invalidRequest("'id' must be a slug: lowercase letters, digits, '-', '_' or '.'.")
-            }
-        }
-        func cap(_ key: String) throws -> Int64? {
-            switch try f.cap(key) {
-            case .absent: return existing?[key]?.intValue
-            case .null: return nil
-            case .value(let v): return v
-            }
-        }
+        let planID = try f.resourceID(path: id, what: "plan", isValid: Self.isSlug, rule: Self.slugRule)
         let name = try f.string("name") ?? existing?["name"]?.stringValue
         guard let name else { throw GatewayError.invalidRequest("'name' is required.") }
         let currency = try f.string("currency", maxLength: 3)?.uppercased() ?? existing?["currency"]?.stringValue ?? "USD"
@@ -241,8 +225,8 @@ struct OperatorRoutes {
         return TenantStore.PlanInput(
             id: planID,
             name: name,
-            companyCap: try cap("monthly_company_cap"),
-            userCap: try cap("monthly_user_cap"),
+            companyCap: try f.cap("monthly_company_cap", keeping: existing),
+            userCap: try f.cap("monthly_user_cap", keeping: existing),
             price: try f.number("price") ?? existing?["price"]?.doubleValue ?? 0,
             currency: currency,
             isDefault: try f.bool("is_default") ?? existing?["is_default"]?.boolValue ?? false,
