@@ -97,7 +97,7 @@ public struct CapGateConfiguration: Sendable {
         "proxy.prefix", "proxy.maxBodyBytes", "proxy.idempotencyMaxBytes", "proxy.bodyBudgetBytes", "billing.rolloverInterval",
         "spool.directory", "log.level", "notifications.webhookUrl", "notifications.webhookSecret", "notifications.thresholds",
         "notifications.timeout", "notifications.retryFor", "notifications.retryDelay", "notifications.maxRetryDelay",
-        "notifications.pollInterval",
+        "notifications.pollInterval", "notifications.maxPerSecond",
     ]
     static let secretKeys: Set<String> = [
         "database.url", "upstream.apiKey", "operator.token", "jwt.secret", "notifications.webhookSecret",
@@ -157,7 +157,8 @@ public struct CapGateConfiguration: Sendable {
             retryFor: try Self.double(reader, "notifications.retryFor", default: 86400),
             retryDelay: try Self.double(reader, "notifications.retryDelay", default: 5),
             maxRetryDelay: try Self.double(reader, "notifications.maxRetryDelay", default: 900),
-            pollInterval: try Self.double(reader, "notifications.pollInterval", default: 1)
+            pollInterval: try Self.double(reader, "notifications.pollInterval", default: 1),
+            maxPerSecond: try Self.double(reader, "notifications.maxPerSecond", default: 50)
         )
         if let url = notifications.webhookURL, !Self.isHTTPURL(url) {
             throw ConfigurationError(key: "notifications.webhookUrl", problem: "is not an absolute http(s) URL")

@@ -11,12 +11,15 @@ import Synchronization
 /// `capgate serve`, never on a request's path.
 ///
 /// A worker takes one due row (`status = 'pending'`, `next_attempt_at` passed, a URL to send it
-/// to) with `FOR UPDATE SKIP LOCKED` inside a transaction it holds while it POSTs: another
-/// gateway skips that row, and a gateway killed mid-attempt leaves it pending for the next one
-/// (at least once; the receiver dedupes on `webhook-id`). The outcome is written in the same
-/// transaction: 2xx `delivered`; anything else (timeout, connection refused, 3xx-5xx) counts an
-/// attempt, records `last_error` and schedules the next with exponential backoff and jitter, or
-/// marks the row `failed` once `notifications.retryFor` has passed since it was written.
+/// to) with `FOR UPDATE SKIP LOCKED` in a short transaction that leases it (its
+/// `next_attempt_at` moved past the longest attempt, `notifications.timeout` + 5 s) and
+/// commits; it POSTs with no transaction open, so a slow receiver holds no connection
+/// admissions need. Another gateway does not take a leased row; a gateway killed mid-attempt
+/// leaves it to be sent again when the lease ends (at least once; the receiver dedupes on
+/// `webhook-id`). The outcome: 2xx `delivered`; anything else (timeout, connection refused,
+/// 3xx-5xx) counts an attempt, records `last_error` and schedules the next with exponential
+/// backoff and jitter, or marks the row `failed` once `notifications.retryFor` has passed since
+/// it was written.
 /// Admissions never wait on any of this: their inserts do not lock existing rows.
 public struct NotificationDeliverer: Service {
     let database: Database
@@ -24,6 +27,7 @@ public struct NotificationDeliverer: Service {
     let settings: NotificationSettings
     let webhooks: WebhookClients
     let logger: Logger
+    let pacer: DeliveryPacer
 
     public init(database: Database, settings: NotificationSettings, configuration: CapGateConfiguration, logger: Logger) {
         self.database = database
@@ -31,6 +35,7 @@ public struct NotificationDeliverer: Service {
         self.settings = settings
         self.webhooks = WebhookClients(configuration: configuration, timeout: settings.timeout)
         self.logger = logger
+        self.pacer = DeliveryPacer(perSecond: settings.maxPerSecond)
     }
 
     public func run() async throws {
@@ -52,7 +57,7 @@ public struct NotificationDeliverer: Service {
             for _ in 0..<settings.workers {
                 group.addTask {
                     while !Task.isShuttingDownGracefully && !Task.isCancelled {
-                        while await deliverOne() {}
+                        while !Task.isCancelled, await pacer.take(), await deliverOne() {}
                         await wake.wait(upTo: .milliseconds(Int64(settings.pollInterval * 1000)))
                     }
                 }
@@ -90,14 +95,29 @@ public struct NotificationDeliverer: Service {
     }
 
     /// Takes one due row, sends it and records the outcome; false when nothing was due.
+    ///
+    /// The row is leased, not held: a short transaction claims it (`FOR UPDATE SKIP LOCKED`) and
+    /// moves its `next_attempt_at` past the longest an attempt can take, and commits; the POST
+    /// runs with no transaction open, so a slow receiver holds no database connection that
+    /// admissions need. No other gateway takes the row while the lease runs; one that dies
+    /// mid-attempt leaves it to be sent again when the lease ends (at least once, same
+    /// `webhook-id`).
     func deliverOne() async -> Bool {
         do {
-            return try await client().withTransaction(logger: logger) { connection in
-                guard let due = try await claim(connection) else { return false }
-                let outcome = await send(due)
-                try await record(outcome, for: due, connection)
-                return true
+            let lease = settings.timeout + 5
+            let claimed: Due? = try await client().withTransaction(logger: logger) { connection in
+                guard let due = try await claim(connection) else { return nil }
+                try await connection.query(
+                    """
+                    UPDATE notifications SET next_attempt_at = clock_timestamp() + make_interval(secs => \(lease))
+                     WHERE company_id = \(due.company) AND id = \(due.id)
+                    """, logger: logger)
+                return due
             }
+            guard let due = claimed else { return false }
+            let outcome = await send(due)
+            try await record(outcome, for: due)
+            return true
         } catch {
             logger.warning("notification delivery could not reach the database", metadata: ["error": "\(String(reflecting: error))"])
             try? await Task.sleep(for: .seconds(1))
@@ -170,7 +190,10 @@ public struct NotificationDeliverer: Service {
         return outcome
     }
 
-    func record(_ outcome: Outcome, for due: Due, _ connection: PostgresConnection) async throws {
+    /// Writes an attempt's outcome. A failure is recorded only while the row is still pending
+    /// (a lease that ran out may have let another gateway deliver it meanwhile).
+    func record(_ outcome: Outcome, for due: Due) async throws {
+        let connection = client()
         switch outcome {
         case .delivered:
             try await connection.query(
@@ -189,7 +212,7 @@ public struct NotificationDeliverer: Service {
                    SET attempts = attempts + 1, last_error = \(String(reason.prefix(500))),
                        status = CASE WHEN \(giveUp) THEN 'failed' ELSE 'pending' END,
                        next_attempt_at = clock_timestamp() + make_interval(secs => \(delay))
-                 WHERE company_id = \(due.company) AND id = \(due.id)
+                 WHERE company_id = \(due.company) AND id = \(due.id) AND status = 'pending'
                 """, logger: logger)
         }
     }
@@ -199,6 +222,29 @@ public struct NotificationDeliverer: Service {
         if let channel = error as? ChannelError { return "connection failed: \(channel)" }
         if let io = error as? IOError { return "connection failed: \(io.description)" }
         return String(describing: type(of: error))
+    }
+}
+
+/// Spaces the attempts of all workers of a gateway at least `1 / perSecond` apart
+/// (`notifications.maxPerSecond`): a backlog after a receiver outage is sent at that rate
+/// instead of taking the CPU and connections that admissions share with it.
+final class DeliveryPacer: Sendable {
+    private let interval: Duration
+    private let next = Mutex<ContinuousClock.Instant>(.now)
+
+    init(perSecond: Double) {
+        interval = .nanoseconds(Int64(1_000_000_000 / max(perSecond, 0.001)))
+    }
+
+    /// Waits for this worker's slot; true unless the task was cancelled meanwhile.
+    func take() async -> Bool {
+        let slot = next.withLock { next in
+            let slot = max(next, ContinuousClock.now)
+            next = slot + interval
+            return slot
+        }
+        if slot > ContinuousClock.now { try? await Task.sleep(until: slot, clock: .continuous) }
+        return !Task.isCancelled
     }
 }
 

@@ -22,6 +22,10 @@ public struct NotificationSettings: Sendable {
     /// `notifications.pollInterval` (seconds, default `1`): how often due rows are looked for when
     /// no admission woke the deliverer (a new row wakes it at once through LISTEN/NOTIFY).
     public var pollInterval: Double
+    /// `notifications.maxPerSecond` (default `50`): the most delivery attempts a gateway starts
+    /// in a second, so a backlog (after a receiver outage) drains beside the admissions instead
+    /// of competing with them.
+    public var maxPerSecond: Double = 50
     /// Deliveries in flight at once per gateway.
     public var workers = 4
 
