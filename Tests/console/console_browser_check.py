@@ -17,6 +17,7 @@ import urllib.request
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support import expected_conditions as EC
@@ -180,11 +181,13 @@ try:
     wait.until(lambda d: "own company" in text("#status"))
     check(text("#company-title") == usage["company"]["name"], "B's data replaced A's")
 
-    # Keyboard: Tab reaches the sign-out button, Enter signs out.
+    # Keyboard: from the home link at the top of the page, Tab reaches the sign-out button and
+    # Enter on it signs out.
     sign_out = driver.find_element(By.ID, "sign-out")
-    driver.execute_script("arguments[0].focus()", sign_out)
-    check(driver.switch_to.active_element == sign_out, "sign-out is not focusable")
-    sign_out.send_keys("\n")
+    driver.execute_script("window.scrollTo(0, 0); document.getElementById('home').focus()")
+    ActionChains(driver).send_keys(Keys.TAB).perform()
+    check(driver.switch_to.active_element == sign_out, "Tab from the home link does not reach sign-out")
+    ActionChains(driver).send_keys(Keys.ENTER).perform()
     wait.until(EC.visibility_of_element_located((By.ID, "sign-in")))
     check(driver.execute_script("return sessionStorage.getItem('capgate.credential')") is None, "sign-out kept the key")
 
@@ -210,6 +213,12 @@ try:
     driver.find_element(By.ID, "search").send_keys(name_a)
     check(shown_order() == [A], f"search: {shown_order()}")
     shoot("operator-desktop")
+    driver.set_window_size(375, 900)
+    time.sleep(0.3)
+    overflow = driver.execute_script("return document.documentElement.scrollWidth")
+    check(overflow <= 380, f"the operator view is {overflow}px wide at phone width")
+    shoot("operator-phone")
+    driver.set_window_size(1280, 1000)
     driver.find_element(By.CSS_SELECTOR, f"#companies tr[data-company='{A}'] button").click()
     wait.until(lambda d: "Up to date" in text("#status") and text("#company-title") == name_a)
 
