@@ -80,6 +80,11 @@ struct ConsoleTests {
             // Default: the current period's days up to today.
             let current = try await h.request(.GET, path, headers: asAdmin).json.arrayValue ?? []
             #expect(current.count >= 1)
+            // Only `to`, before the current period: the 30 days ending there, not a 400.
+            let before = try await h.request(.GET, path + "?to=2026-03-09", headers: asAdmin)
+            #expect(before.status == 200, "\(before.body)")
+            let lastThirty = before.json.arrayValue?.compactMap { $0["date"]?.stringValue } ?? []
+            #expect(lastThirty.count == 30 && lastThirty.first == "2026-02-08" && lastThirty.last == "2026-03-09")
 
             for bad in [
                 "from=2026-02-30", "from=yesterday", "to=2026-13-01", "from=2026-03-09&to=2026-03-07", "from=2020-01-01&to=2026-01-01",

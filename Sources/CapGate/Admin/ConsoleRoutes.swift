@@ -96,8 +96,8 @@ struct ConsoleRoutes {
     }
 
     /// Units per day in the company's zone, every day of the range (0 where nothing was
-    /// charged), split by feature. Default range: the current period's first day (or 30 days
-    /// back) to today. Read from the ledger through its (company, time) index over the range only.
+    /// charged), split by feature. Default range: the current period's first day (or, with no
+    /// period or a `to` before it, the 30 days ending at `to`) to today. Read from the ledger through its (company, time) index over the range only.
     func daily(company: UUID, from: Day?, to: Day?) async throws -> [JSON] {
         func date(_ day: Day?) -> String? { if case .date(let d) = day { d } else { nil } }
         func time(_ day: Day?) -> Date? { if case .time(let t) = day { t } else { nil } }
@@ -106,15 +106,17 @@ struct ConsoleRoutes {
             let bounds = try await client.query(
                 """
                 WITH z AS (SELECT time_zone AS tz, (now() AT TIME ZONE time_zone)::date AS today FROM companies WHERE id = \(company)),
+                     e AS (
+                        SELECT z.tz, coalesce(\(toDate)::date, (\(toTime)::timestamptz AT TIME ZONE z.tz)::date, z.today) AS d1,
+                               (SELECT (p.started_at AT TIME ZONE z.tz)::date FROM plan_periods p
+                                 WHERE p.company_id = \(company) AND p.started_at <= now() AND p.ends_at > now()
+                                 ORDER BY p.started_at DESC LIMIT 1) AS period_day
+                          FROM z),
                      b AS (
-                        SELECT z.tz,
-                               coalesce(\(toDate)::date, (\(toTime)::timestamptz AT TIME ZONE z.tz)::date, z.today) AS d1,
-                               coalesce(\(fromDate)::date, (\(fromTime)::timestamptz AT TIME ZONE z.tz)::date,
-                                        (SELECT (p.started_at AT TIME ZONE z.tz)::date FROM plan_periods p
-                                          WHERE p.company_id = \(company) AND p.started_at <= now() AND p.ends_at > now()
-                                          ORDER BY p.started_at DESC LIMIT 1),
-                                        z.today - 29) AS d0
-                          FROM z)
+                        SELECT e.tz, e.d1,
+                               coalesce(\(fromDate)::date, (\(fromTime)::timestamptz AT TIME ZONE e.tz)::date,
+                                        CASE WHEN e.period_day <= e.d1 THEN e.period_day ELSE e.d1 - 29 END) AS d0
+                          FROM e)
                 SELECT tz, to_char(d0, 'YYYY-MM-DD'), to_char(d1, 'YYYY-MM-DD'), (d1 - d0)::bigint FROM b
                 """, logger: database.logger)
             guard let (tz, d0, d1, span) = try await bounds.decode((String, String, String, Int64).self).collect().first else {
