@@ -1,7 +1,8 @@
-import CapGate
 import Foundation
 import NIOHTTP1
 import Testing
+
+@testable import CapGate
 
 #if canImport(Glibc)
     import Glibc
@@ -203,6 +204,14 @@ struct NotificationDeliveryTests {
             for _ in 0..<5 { #expect(try await h.message(key: users[0].key).status == 200) }
             try await Task.sleep(for: .seconds(1))
             #expect(try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'pending' AND attempts = 0") == 2)
+            // Rows that have nowhere to go do not age the outbox's oldest pending row; with a URL they would.
+            #expect(
+                try await NotificationDeliverer.outboxNumbers(
+                    database: Database(client: h.db, timeout: .seconds(10), logger: TestCluster.logger), configuredURL: nil)?
+                    .oldestPendingSeconds == 0)
+            let aged = try await NotificationDeliverer.outboxNumbers(
+                database: Database(client: h.db, timeout: .seconds(10), logger: TestCluster.logger), configuredURL: "http://127.0.0.1:1/")
+            #expect((aged?.oldestPendingSeconds ?? 0) >= 1)
             let before = own.deliveries.count
             #expect(try await h.op(.PATCH, "/admin/v1/companies/\(company.text)", .obj(["webhook_url": .string(own.url)])).status == 200)
             #expect(try await Self.eventually { try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'delivered'") == 2 })

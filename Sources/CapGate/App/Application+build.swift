@@ -88,7 +88,10 @@ struct GatewayParts {
         services.append(
             NotificationDeliverer(
                 database: database, settings: configuration.notifications, configuration: configuration, logger: notificationLogger))
-        services.append(PeriodicJob(interval: .seconds(10)) { await NotificationDeliverer.refreshMetrics(database: database) })
+        services.append(
+            PeriodicJob(interval: .seconds(10)) {
+                await NotificationDeliverer.refreshMetrics(database: database, configuredURL: configuration.notifications.webhookURL)
+            })
         if configuration.billingRolloverInterval > 0 {
             services.append(billing.rolloverJob(interval: .seconds(configuration.billingRolloverInterval), logger: logger))
         }

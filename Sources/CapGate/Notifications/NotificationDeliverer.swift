@@ -270,22 +270,35 @@ final class WakeSignal: Sendable {
 }
 
 extension NotificationDeliverer {
-    /// Reads the outbox's numbers for `/metrics` (a periodic job of `capgate serve`).
-    static func refreshMetrics(database: Database) async {
+    /// The outbox's numbers for `/metrics`: rows written, delivered, failed, waiting for a retry,
+    /// and the age in seconds of the oldest pending row that has somewhere to go (the company's
+    /// `webhook_url`, or `configuredURL`). Rows kept for lack of any URL wait by design and would
+    /// otherwise make the age grow without end on a deployment that reads them through the API.
+    static func outboxNumbers(
+        database: Database, configuredURL: String?
+    ) async throws -> (written: Int64, delivered: Int64, failed: Int64, retrying: Int64, oldestPendingSeconds: Double)? {
+        let rows = try await database.run { client in
+            try await client.query(
+                """
+                SELECT count(*)::bigint, count(*) FILTER (WHERE n.status = 'delivered')::bigint,
+                       count(*) FILTER (WHERE n.status = 'failed')::bigint,
+                       count(*) FILTER (WHERE n.status = 'pending' AND n.attempts > 0)::bigint,
+                       coalesce(extract(epoch FROM clock_timestamp() - min(n.created_at) FILTER (
+                           WHERE n.status = 'pending' AND coalesce(c.webhook_url, \(configuredURL)) IS NOT NULL)), 0)::float8
+                  FROM notifications n JOIN companies c ON c.id = n.company_id
+                """, logger: database.logger
+            ).decode((Int64, Int64, Int64, Int64, Double).self).collect()
+        }
+        return rows.first.map { (written: $0.0, delivered: $0.1, failed: $0.2, retrying: $0.3, oldestPendingSeconds: $0.4) }
+    }
+
+    /// Reads ``outboxNumbers(database:configuredURL:)`` into `/metrics` (a periodic job of `capgate serve`).
+    static func refreshMetrics(database: Database, configuredURL: String?) async {
         do {
-            let rows = try await database.run { client in
-                try await client.query(
-                    """
-                    SELECT count(*)::bigint, count(*) FILTER (WHERE status = 'delivered')::bigint,
-                           count(*) FILTER (WHERE status = 'failed')::bigint,
-                           count(*) FILTER (WHERE status = 'pending' AND attempts > 0)::bigint,
-                           coalesce(extract(epoch FROM clock_timestamp() - min(created_at) FILTER (WHERE status = 'pending')), 0)::float8
-                      FROM notifications
-                    """, logger: database.logger
-                ).decode((Int64, Int64, Int64, Int64, Double).self).collect()
-            }
-            if let r = rows.first {
-                GatewayMetrics.notificationOutbox(written: r.0, delivered: r.1, failed: r.2, retrying: r.3, oldestPendingSeconds: r.4)
+            if let r = try await outboxNumbers(database: database, configuredURL: configuredURL) {
+                GatewayMetrics.notificationOutbox(
+                    written: r.written, delivered: r.delivered, failed: r.failed, retrying: r.retrying,
+                    oldestPendingSeconds: r.oldestPendingSeconds)
             }
         } catch {
             database.logger.debug("notification metrics not read", metadata: ["error": "\(String(reflecting: error))"])
