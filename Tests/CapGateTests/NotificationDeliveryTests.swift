@@ -169,6 +169,32 @@ struct NotificationDeliveryTests {
         }
     }
 
+    @Test("a receiver that answers 200 and drips its body holds an attempt no longer than notifications.timeout; the row goes once")
+    func drippingReceiver() async throws {
+        let receiver = WebhookReceiver(port: try WebhookReceiver.freePort(), secret: Self.secret)
+        receiver.drip(every: .milliseconds(300), total: .seconds(12))
+        try await receiver.start()
+        defer { Task { await receiver.stop() } }
+        var settings = Self.settings(receiver)
+        settings["notifications.timeout"] = "1"
+        try await Harness.with(settings: settings) { h in
+            try await h.createPlan("p", company: 5, user: nil)
+            let (_, users) = try await h.createCompany(plan: "p", users: 1)
+            for _ in 0..<4 { #expect(try await h.message(key: users[0].key).status == 200) }
+            let started = ContinuousClock.now
+            // Delivered once the head said 200 and the body was read for at most the timeout,
+            // long before the 12 s drip ends; the lease (3 × timeout + 5 s) keeps the row from
+            // every other worker meanwhile.
+            #expect(
+                try await Self.eventually(within: .seconds(8)) {
+                    try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'delivered'") == 1
+                })
+            #expect(ContinuousClock.now - started < .seconds(8))
+            try await Task.sleep(for: .seconds(1))
+            #expect(receiver.attempts == 1)
+        }
+    }
+
     @Test("a company's webhook_url overrides the configured URL; with no URL at all rows stay pending and are sent once one is set")
     func perCompanyURL() async throws {
         let configured = WebhookReceiver(port: try WebhookReceiver.freePort(), secret: Self.secret)
@@ -264,6 +290,8 @@ struct NotificationDeliveryTests {
                 // The SPEC's variable names.
                 "NOTIFY_WEBHOOK_URL": receiver.url, "NOTIFY_WEBHOOK_SECRET": Self.secret,
                 "NOTIFICATIONS_RETRY_DELAY": "0.2", "NOTIFICATIONS_MAX_RETRY_DELAY": "0.5", "NOTIFICATIONS_POLL_INTERVAL": "0.2",
+                // A lease cut short by the kill runs 3 × 2 + 5 s, inside the wait below.
+                "NOTIFICATIONS_TIMEOUT": "2",
             ]
             let first = try SpoolTests.startServe(environment)
             defer { if first.isRunning { kill(first.processIdentifier, SIGKILL) } }

@@ -12,7 +12,7 @@ import Synchronization
 ///
 /// A worker takes one due row (`status = 'pending'`, `next_attempt_at` passed, a URL to send it
 /// to) with `FOR UPDATE SKIP LOCKED` in a short transaction that leases it (its
-/// `next_attempt_at` moved past the longest attempt, `notifications.timeout` + 5 s) and
+/// `next_attempt_at` moved past the longest attempt, 3 × `notifications.timeout` + 5 s) and
 /// commits; it POSTs with no transaction open, so a slow receiver holds no connection
 /// admissions need. Another gateway does not take a leased row; a gateway killed mid-attempt
 /// leaves it to be sent again when the lease ends (at least once; the receiver dedupes on
@@ -92,7 +92,15 @@ public struct NotificationDeliverer: Service {
         var attempts: Int
         var createdAt: Date
         var payload: JSON
+        /// The end of this worker's lease as PostgreSQL wrote it (exact epoch text): the fence of
+        /// its outcome. A row leased again meanwhile has another, and a late failure changes nothing.
+        var lease: String? = nil
     }
+
+    /// How long a claimed row is left to its worker: longer than an attempt can last (connect,
+    /// head, and a body read no longer than `timeout` after the POST began, each bounded by
+    /// `notifications.timeout`), plus a margin.
+    static func lease(_ settings: NotificationSettings) -> Double { 3 * settings.timeout + 5 }
 
     /// Takes one due row, sends it and records the outcome; false when nothing was due.
     ///
@@ -104,14 +112,16 @@ public struct NotificationDeliverer: Service {
     /// `webhook-id`).
     func deliverOne() async -> Bool {
         do {
-            let lease = settings.timeout + 5
+            let lease = Self.lease(settings)
             let claimed: Due? = try await client().withTransaction(logger: logger) { connection in
-                guard let due = try await claim(connection) else { return nil }
-                try await connection.query(
+                guard var due = try await claim(connection) else { return nil }
+                let rows = try await connection.query(
                     """
                     UPDATE notifications SET next_attempt_at = clock_timestamp() + make_interval(secs => \(lease))
                      WHERE company_id = \(due.company) AND id = \(due.id)
+                    RETURNING extract(epoch FROM next_attempt_at)::text
                     """, logger: logger)
+                for try await lease in rows.decode(String.self) { due.lease = lease }
                 return due
             }
             guard let due = claimed else { return false }
@@ -213,6 +223,7 @@ public struct NotificationDeliverer: Service {
                        status = CASE WHEN \(giveUp) THEN 'failed' ELSE 'pending' END,
                        next_attempt_at = clock_timestamp() + make_interval(secs => \(delay))
                  WHERE company_id = \(due.company) AND id = \(due.id) AND status = 'pending'
+                   AND extract(epoch FROM next_attempt_at)::text = \(due.lease)
                 """, logger: logger)
         }
     }

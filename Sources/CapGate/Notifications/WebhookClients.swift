@@ -23,8 +23,10 @@ final class WebhookClients: Sendable {
     }
 
     /// POSTs `body` to `url`; returns the answer's status once its body was read (at most 1 MiB
-    /// of it is looked at; a receiver's answer means nothing but its status).
+    /// of it, and no longer than `timeout` after the POST began: a receiver that drips its body
+    /// cannot hold the attempt open; its answer means nothing but its status).
     func post(url: String, headers: HTTPHeaders, body: ByteBuffer) async throws -> Int {
+        let deadline = ContinuousClock.now + .milliseconds(Int64(configuration.upstreamTimeout * 1000))
         guard let parsed = URL(string: url), let scheme = parsed.scheme, let host = parsed.host else {
             throw WebhookURLError(url: url)
         }
@@ -39,7 +41,7 @@ final class WebhookClients: Sendable {
             var read = 0
             for try await chunk in stream {
                 read += chunk.readableBytes
-                if read > 1 << 20 { break }
+                if read > 1 << 20 || ContinuousClock.now > deadline { break }
             }
         }
         return Int(response.head.status.code)

@@ -24,6 +24,9 @@ final class WebhookReceiver: Sendable {
     let port: Int
     let secret: String
     private let state = Mutex<(answer: Int, deliveries: [Delivery], attempts: Int)>((200, [], 0))
+    /// When set, a 2xx answer's body is sent one byte per `every`, for `total` (a receiver that
+    /// drips its answer).
+    private let dripping = Mutex<(every: Duration, total: Duration)?>(nil)
     private let running = Mutex<(group: ServiceGroup, task: Task<Void, any Error>)?>(nil)
 
     init(port: Int, secret: String) {
@@ -38,6 +41,9 @@ final class WebhookReceiver: Sendable {
 
     /// The status later POSTs get (their deliveries are recorded only when it is 2xx).
     func answer(_ status: Int) { state.withLock { $0.answer = status } }
+
+    /// Later 2xx answers drip their body: one byte per `every` for `total`.
+    func drip(every: Duration, total: Duration) { dripping.withLock { $0 = (every, total) } }
 
     func start() async throws {
         let router = Router()
@@ -56,6 +62,18 @@ final class WebhookReceiver: Sendable {
                         Delivery(id: id, timestamp: timestamp, signature: signature, body: String(buffer: body), validSignature: valid))
                 }
                 return s.answer
+            }
+            if (200..<300).contains(status), let (every, total) = self.dripping.withLock({ $0 }) {
+                return Response(
+                    status: .init(code: status),
+                    body: ResponseBody { writer in
+                        let end = ContinuousClock.now + total
+                        while ContinuousClock.now < end {
+                            try await writer.write(ByteBuffer(string: "."))
+                            try await Task.sleep(for: every)
+                        }
+                        try await writer.finish(nil)
+                    })
             }
             return Response(status: .init(code: status))
         }
