@@ -203,7 +203,7 @@ struct FeatureAdmissionTests {
             }
             #expect(try await featureUsed("analysis") == 3)
             // A path another server could read differently: refused before anything is charged.
-            for path in ["/v1//messages", "/v1/models/%6Dessages", "/v1/models;/x"] {
+            for path in ["/v1//messages", "/v1/models/%6Dessages", "/v1/models;/x", "/v1/models#/../../v1/messages"] {
                 let connection = try await RawConnection.open(port: port)
                 defer { connection.close() }
                 try await connection.send(

@@ -40,6 +40,11 @@ struct GatewayMiddleware: RouterMiddleware {
             proxied = target.isUnder(prefix) && !ownPaths.contains(trimmed) && trimmed != "/admin" && !trimmed.hasPrefix("/admin/")
             if proxied {
                 try target.checkForwardable()
+                // A fragment never belongs in a request target (RFC 9112); the parser drops it from
+                // the path above, so it is refused here on the target as sent.
+                if request.head.path?.contains("#") == true {
+                    throw GatewayError.invalidRequest("The request target holds a '#', which is not forwarded; percent-encode it as %23.")
+                }
                 // What goes upstream (and into the ledger and the idempotency fingerprint) is the
                 // resolved path with the original query, in origin form.
                 if request.head.path != target.target {
