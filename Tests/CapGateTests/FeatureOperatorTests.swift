@@ -196,6 +196,8 @@ struct FeatureOperatorTests {
             #expect(try await h.op(.POST, "/admin/v1/routes", .obj(["method": "*", "path": "/v1/files*", "allowed": false])).status == 201)
             let forbidden = try await h.request(.GET, "/v1/files/abc", headers: [("x-api-key", key)])
             #expect(forbidden.status == 403)
+            // Served equals charged: every call the provider answered is one ledger charge.
+            #expect(h.mock.counter.count == 4)
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(c)'") == 4)
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE company_id = '\(c)' AND outcome = 'charged'") == 4)
             #expect(try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger).isEmpty)

@@ -21,6 +21,22 @@ struct NotificationDeliveryTests {
         ]
     }
 
+    /// Starts `receiver`, then a gateway configured for it (with `settings` on top) where one
+    /// company on a cap of 5 makes 4 calls: one 80 % notification row, then `body`.
+    static func oneCrossing(
+        _ receiver: WebhookReceiver, settings: [String: String], _ body: @Sendable (Harness, UUID) async throws -> Void
+    ) async throws {
+        try await receiver.start()
+        defer { Task { await receiver.stop() } }
+        try await Harness.with(settings: Self.settings(receiver).merging(settings) { _, new in new }) { h in
+            try await h.createPlan("p", company: 5, user: nil)
+            let (company, users) = try await h.createCompany(plan: "p", users: 1)
+            for _ in 0..<4 { #expect(try await h.message(key: users[0].key).status == 200) }
+            #expect(try await h.scalar("SELECT count(*) FROM notifications") == 1)
+            try await body(h, company)
+        }
+    }
+
     /// Polls until `condition` holds or `limit` passes; returns whether it held.
     static func eventually(within limit: Duration = .seconds(20), _ condition: () async throws -> Bool) async throws -> Bool {
         let deadline = ContinuousClock.now + limit
@@ -147,15 +163,7 @@ struct NotificationDeliveryTests {
     func failsAfterRetryFor() async throws {
         let receiver = WebhookReceiver(port: try WebhookReceiver.freePort(), secret: Self.secret)
         receiver.answer(500)
-        try await receiver.start()
-        defer { Task { await receiver.stop() } }
-        var settings = Self.settings(receiver)
-        settings["notifications.retryFor"] = "2"
-        try await Harness.with(settings: settings) { h in
-            try await h.createPlan("p", company: 5, user: nil)
-            let (company, users) = try await h.createCompany(plan: "p", users: 1)
-            for _ in 0..<4 { #expect(try await h.message(key: users[0].key).status == 200) }
-            #expect(try await h.scalar("SELECT count(*) FROM notifications") == 1)
+        try await Self.oneCrossing(receiver, settings: ["notifications.retryFor": "2"]) { h, company in
             // Pending while the window lasts, failed after it: never delivered, never retried again.
             #expect(try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'pending'") == 1)
             #expect(try await Self.eventually { try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'failed'") == 1 })
@@ -173,14 +181,7 @@ struct NotificationDeliveryTests {
     func drippingReceiver() async throws {
         let receiver = WebhookReceiver(port: try WebhookReceiver.freePort(), secret: Self.secret)
         receiver.drip(every: .milliseconds(300), total: .seconds(12))
-        try await receiver.start()
-        defer { Task { await receiver.stop() } }
-        var settings = Self.settings(receiver)
-        settings["notifications.timeout"] = "1"
-        try await Harness.with(settings: settings) { h in
-            try await h.createPlan("p", company: 5, user: nil)
-            let (_, users) = try await h.createCompany(plan: "p", users: 1)
-            for _ in 0..<4 { #expect(try await h.message(key: users[0].key).status == 200) }
+        try await Self.oneCrossing(receiver, settings: ["notifications.timeout": "1"]) { h, _ in
             let started = ContinuousClock.now
             // Delivered once the head said 200 and the body was read for at most the timeout,
             // long before the 12 s drip ends; the lease (3 × timeout + 5 s) keeps the row from

@@ -85,6 +85,17 @@ def shoot(name):
     driver.save_screenshot(os.path.join(SHOTS, name + ".png"))
 
 
+def at_phone_width(name):
+    """The page as it is now, at 375 px: nothing wider than the screen; a screenshot named `name`."""
+    driver.execute_script("window.scrollTo(0, 0)")
+    driver.set_window_size(375, 900)
+    time.sleep(0.3)
+    overflow = driver.execute_script("return document.documentElement.scrollWidth")
+    check(overflow <= 380, f"{name}: the page is {overflow}px wide at phone width")
+    shoot(name)
+    driver.set_window_size(1280, 1000)
+
+
 try:
     driver.get(BASE + "/console")
     check("CapGate" in driver.title, "the console page did not load: " + driver.title)
@@ -168,13 +179,7 @@ try:
     # The key is nowhere but sessionStorage.
     check(ADMIN not in driver.current_url and ADMIN not in driver.page_source, "the key is in the URL or the page")
     check(driver.execute_script("return document.cookie") == "", "a cookie was set")
-    driver.execute_script("window.scrollTo(0, 0)")
-    driver.set_window_size(375, 900)
-    time.sleep(0.3)
-    overflow = driver.execute_script("return document.documentElement.scrollWidth")
-    check(overflow <= 380, f"the page is {overflow}px wide at phone width")
-    shoot("admin-phone")
-    driver.set_window_size(1280, 1000)
+    at_phone_width("admin-phone")
 
     # The admin of A cannot open B: the page shows the API's refusal and stays on A.
     driver.execute_script("openCompany(arguments[0], false)", B)
@@ -213,12 +218,7 @@ try:
     driver.find_element(By.ID, "search").send_keys(name_a)
     check(shown_order() == [A], f"search: {shown_order()}")
     shoot("operator-desktop")
-    driver.set_window_size(375, 900)
-    time.sleep(0.3)
-    overflow = driver.execute_script("return document.documentElement.scrollWidth")
-    check(overflow <= 380, f"the operator view is {overflow}px wide at phone width")
-    shoot("operator-phone")
-    driver.set_window_size(1280, 1000)
+    at_phone_width("operator-phone")
     driver.find_element(By.CSS_SELECTOR, f"#companies tr[data-company='{A}'] button").click()
     wait.until(lambda d: "Up to date" in text("#status") and text("#company-title") == name_a)
 
