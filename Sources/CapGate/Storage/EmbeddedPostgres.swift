@@ -186,7 +186,11 @@ public final class EmbeddedPostgres: Sendable {
     @discardableResult
     static func run(_ executable: String, _ arguments: [String], asRoot: Bool) throws -> String {
         if asRoot {
-            return try capture("/usr/sbin/runuser", ["-u", "postgres", "--", executable] + arguments, name: executable)
+            // As `postgres`, started in `/` (`env -C`): the paths it is given are absolute, and a
+            // working directory that user cannot enter (a checkout under a root-only `mktemp -d`)
+            // made psql print "could not change directory" into the output a caller reads.
+            return try capture(
+                "/usr/sbin/runuser", ["-u", "postgres", "--", "/usr/bin/env", "-C", "/", executable] + arguments, name: executable)
         }
         return try capture(executable, arguments)
     }
