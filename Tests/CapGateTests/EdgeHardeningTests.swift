@@ -160,7 +160,7 @@ struct EdgeHardeningTests {
             // Other suites running meanwhile add their own series (bounded too), so the growth is
             // only a loose check; the shape of every label below is the exact one.
             #expect(after.requests - before.requests <= 200, "capgate_requests_total grew by \(after.requests - before.requests) series")
-            let text = try await h.request(.GET, "/metrics").body
+            let text = try await h.request(.GET, "/metrics", headers: h.asOperator).body
             // Every route label in the whole registry (every gateway of this test process) is a
             // route pattern or a fixed name: no segment is an id, a number or anything a caller chose.
             let labels = Set(
@@ -190,7 +190,7 @@ struct EdgeHardeningTests {
     }
 
     static func series(_ h: Harness) async throws -> (all: Int, requests: Int) {
-        let lines = try await h.request(.GET, "/metrics").body.split(separator: "\n").filter { !$0.hasPrefix("#") }
+        let lines = try await h.request(.GET, "/metrics", headers: h.asOperator).body.split(separator: "\n").filter { !$0.hasPrefix("#") }
         return (lines.count, lines.filter { $0.hasPrefix("capgate_requests_total{") }.count)
     }
 

@@ -119,7 +119,7 @@ struct NotificationDeliveryTests {
             #expect(try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'delivered' AND attempts = 1") == 2)
             // The reference verifier (the `standardwebhooks` package from PyPI) accepts every delivery.
             try await Self.referenceVerify(deliveries)
-            let metrics = try await h.request(.GET, "/metrics").body
+            let metrics = try await h.request(.GET, "/metrics", headers: h.asOperator).body
             // (Counters are per process, shared by the tests running in it.)
             #expect(metrics.contains("capgate_notification_attempts_total{result=\"delivered\"}"))
             #expect(metrics.contains("capgate_notifications_oldest_pending_seconds"))
@@ -174,6 +174,30 @@ struct NotificationDeliveryTests {
             #expect(receiver.attempts == attempts)
             let read = try await h.op(.GET, "/admin/v1/companies/\(company.text)/notifications")
             #expect(read.json["data"]?.arrayValue?.first?["status"]?.stringValue == "failed")
+            #expect(read.json["data"]?.arrayValue?.first?["last_error"]?.stringValue == "HTTP 500")
+            // The company's admin reads it in general words (SPEC §9).
+            let admin = try await h.createUser(company: company, role: "admin")
+            let own = try await h.request(.GET, "/admin/v1/companies/\(company.text)/notifications", headers: [("x-api-key", admin.key)])
+            #expect(own.json["data"]?.arrayValue?.first?["last_error"]?.stringValue == "receiver answered 500")
+
+            // Purged after notifications.retentionDays once its window has ended; pending rows stay.
+            try await BatchAdmissionTests.withMetering(h) { _, database in
+                let store = NotificationStore(database: database)
+                #expect(try await store.purge(olderThanDays: 90) == 0)
+                try await h.exec(
+                    """
+                    UPDATE notifications SET created_at = now() - interval '100 days', window_end = now() - interval '1 day',
+                           next_attempt_at = now() - interval '95 days'
+                    """)
+                #expect(try await store.purge(olderThanDays: 90) == 1)
+                #expect(try await h.scalar("SELECT count(*) FROM notifications") == 0)
+            }
+        }
+        for (recorded, general) in [
+            ("HTTP 503", "receiver answered 503"), ("the provider did not answer in time", "timed out"),
+            ("connection failed: connection reset by peer (errno: 104) 10.1.2.3:443", "receiver unreachable"),
+        ] {
+            #expect(NotificationStore.generalError(recorded) == general)
         }
     }
 

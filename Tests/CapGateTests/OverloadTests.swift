@@ -263,17 +263,25 @@ struct OverloadTests {
             let port = try #require(Int(h.gatewayURL.split(separator: ":").last ?? ""))
             let served = h.mock.counter.count
 
-            // A 600 kB body arriving slowly holds 600 kB of the budget while it is read.
+            // A 600 kB body arriving slowly holds what it has sent (599 kB) while it is read.
             let big = Self.body(size: 600_000)
             let slow = try await RawConnection.open(port: port)
             defer { slow.close() }
-            try await slow.send(Self.head(key: key, length: big.utf8.count) + String(big.prefix(1000)))
-            try await Task.sleep(for: .milliseconds(300))
+            try await slow.send(Self.head(key: key, length: big.utf8.count) + String(big.prefix(599_000)))
+            try await Task.sleep(for: .milliseconds(500))
 
-            // Meanwhile another 600 kB body does not fit (declared length): 503 at once.
+            // A declared length holds nothing: a body that declares 900 kB and sends nothing
+            // does not take the budget from anyone.
+            let declared = try await RawConnection.open(port: port)
+            defer { declared.close() }
+            try await declared.send(Self.head(key: key, length: 900_000))
+            try await Task.sleep(for: .milliseconds(200))
+            #expect(try await h.message(key: key).status == 200)
+
+            // Meanwhile another 600 kB body does not fit once what it sent passes what is left: 503.
             let second = try await RawConnection.open(port: port)
             defer { second.close() }
-            try await second.send(Self.head(key: key, length: big.utf8.count))
+            try await second.send(Self.head(key: key, length: big.utf8.count) + String(big.prefix(500_000)))
             let refused = try #require(await second.answer(within: .seconds(10)))
             #expect(refused.status == 503)
             #expect(refused.body.contains("overloaded_error"))
@@ -314,9 +322,9 @@ struct OverloadTests {
             #expect(replies.allSatisfy { $0.status == 200 || $0.status == 503 })
             let ok = replies.filter { $0.status == 200 }.count
             #expect(ok >= 2)
-            #expect(h.mock.counter.count == served + 3 + ok)
+            #expect(h.mock.counter.count == served + 4 + ok)
             let charged = "SELECT count(*) FROM usage_ledger WHERE company_id = '\(made.company.text)' AND outcome = 'charged'"
-            #expect(try await h.eventually(charged, equals: Int64(3 + ok)) == Int64(3 + ok))
+            #expect(try await h.eventually(charged, equals: Int64(4 + ok)) == Int64(4 + ok))
         }
     }
 }

@@ -49,7 +49,7 @@ struct ProxyTests {
             #expect(try await h.request(.GET, "/readyz").status == 200)
             #expect(try await h.op(.GET, "/admin/v1/plans").json["data"]?.arrayValue?.count == 1)
             #expect(try await h.request(.GET, "/v1/usage", headers: [("x-api-key", users[0].key)]).json["company"]?["used"]?.intValue == 1)
-            #expect(try await h.request(.GET, "/metrics").body.contains("capgate_requests_total"))
+            #expect(try await h.request(.GET, "/metrics", headers: h.asOperator).body.contains("capgate_requests_total"))
             #expect(try await h.request(.GET, "/v1/models", headers: [("x-api-key", users[0].key)]).status == 200)
         }
     }
@@ -61,7 +61,7 @@ struct ProxyTests {
             let (_, users) = try await h.createCompany(plan: "low", users: 1)
             #expect(try await h.message(key: users[0].key).status == 200)
             #expect(try await h.message(key: users[0].key, headers: [("x-mock-status", "500")]).status == 500)
-            let text = try await h.request(.GET, "/metrics").body
+            let text = try await h.request(.GET, "/metrics", headers: h.asOperator).body
             for family in [
                 #"capgate_requests_total{route="/v1/messages",status="200",decision="charged"}"#,
                 #"capgate_requests_total{route="/v1/messages",status="500",decision="refunded"}"#,

@@ -26,7 +26,8 @@ struct NotificationRoutes {
                 cursor = parsed
             }
             guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
-            let page = try await notifications.list(company: id, status: status, after: cursor, limit: limit)
+            let page = try await notifications.list(
+                company: id, status: status, after: cursor, limit: limit, detailed: context.identity == .operator)
             return jsonResponse(listJSON(page.items, hasMore: page.next != nil, nextCursor: page.next?.text))
         }
     }

@@ -66,12 +66,12 @@ struct GatewayParts {
             authenticator: authenticator, metering: metering, upstream: upstream, knownKeys: KnownKeys(database: database),
             routes: RouteTable(database: database), maxBodyBytes: configuration.proxyMaxBodyBytes,
             bodyBudget: BodyBudget(limit: configuration.proxyBodyBudgetBytes),
-            idempotencyMaxBytes: configuration.proxyIdempotencyMaxBytes
+            idempotencyMaxBytes: configuration.proxyIdempotencyMaxBytes, maxJSONDepth: configuration.proxyMaxJSONDepth
         )
         self.router = buildRouter(
             prefix: configuration.proxyPrefix, proxy: proxy, authenticator: authenticator, database: database, migrator: try? Migrator(),
             metering: metering, tenants: TenantStore(database: database), periods: PeriodStore(database: database),
-            usage: UsageStore(database: database), billing: billing
+            usage: UsageStore(database: database), billing: billing, metricsAccess: MetricsAccess(configuration: configuration)
         )
         // Shut down in reverse: the server drains first, then queued settlements are written,
         // then the upstream client closes, the spool is replayed a last time, and the pool closes.
@@ -92,6 +92,11 @@ struct GatewayParts {
             PeriodicJob(interval: .seconds(10)) {
                 await NotificationDeliverer.refreshMetrics(database: database, configuredURL: configuration.notifications.webhookURL)
             })
+        let retentionDays = configuration.notifications.retentionDays
+        services.append(
+            PeriodicJob(interval: .seconds(3600)) {
+                _ = try? await NotificationStore(database: database).purge(olderThanDays: retentionDays)
+            })
         if configuration.billingRolloverInterval > 0 {
             services.append(billing.rolloverJob(interval: .seconds(configuration.billingRolloverInterval), logger: logger))
         }
@@ -104,7 +109,8 @@ struct GatewayParts {
 /// is handled by ``GatewayMiddleware`` in front of it.
 func buildRouter(
     prefix: String, proxy: ProxyHandler, authenticator: Authenticator, database: Database, migrator: Migrator?,
-    metering: MeteringStore, tenants: TenantStore, periods: PeriodStore, usage: UsageStore, billing: BillingStore
+    metering: MeteringStore, tenants: TenantStore, periods: PeriodStore, usage: UsageStore, billing: BillingStore,
+    metricsAccess: MetricsAccess
 ) -> Router<GatewayContext> {
     let router = Router(context: GatewayContext.self)
     let ownPaths: Set<String> = ["/v1/usage", "/v1/usage/check", "/healthz", "/readyz", "/metrics", "/openapi.yaml"]
@@ -133,7 +139,8 @@ func buildRouter(
             return notReady("database_unreachable", "PostgreSQL cannot be reached; calls are refused until it is back.")
         }
     }
-    router.get("/metrics") { _, _ in
+    router.get("/metrics") { request, _ in
+        try metricsAccess.check(request.headers)
         var headers = HTTPFields()
         headers[.contentType] = "text/plain; version=0.0.4; charset=utf-8"
         return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: GatewayMetrics.exposition())))

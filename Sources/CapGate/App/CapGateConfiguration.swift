@@ -72,10 +72,21 @@ public struct CapGateConfiguration: Sendable {
     /// kept and such a retry gets 409.
     public var proxyIdempotencyMaxBytes: Int
     /// `proxy.bodyBudgetBytes` / `PROXY_BODY_BUDGET_BYTES` (default `268435456`, 256 MiB): the most bytes
-    /// of request bodies being read at once, all calls together (a declared `Content-Length` is
-    /// reserved whole when reading starts); a body that would exceed it is answered 503
+    /// of request bodies being read at once, all calls together (counted as bytes arrive, never by
+    /// a declared `Content-Length`); a body that would exceed it is answered 503
     /// `overloaded_error`, nothing charged or forwarded. Keep it at least `proxy.maxBodyBytes`.
     public var proxyBodyBudgetBytes: Int
+    /// `proxy.maxJSONDepth` / `PROXY_MAX_JSON_DEPTH` (default `128`, at most `1000`): the deepest
+    /// nesting of a body CapGate reads (SPEC §2); deeper is 400 before admission.
+    public var proxyMaxJSONDepth: Int
+    /// `metrics.token` / `METRICS_TOKEN` (secret, default unset): a bearer token that may read
+    /// `/metrics` besides the operator token.
+    public var metricsToken: String?
+    /// `metrics.public` / `METRICS_PUBLIC` (default `false`): `true` lets anyone read `/metrics`.
+    public var metricsPublic: Bool
+    /// `jwt.maxLifetime` / `JWT_MAX_LIFETIME` (seconds, default unset = off): a token whose `exp` is
+    /// further than this past its `iat` (or past now, without `iat`) is 401.
+    public var jwtMaxLifetime: Int?
     /// `billing.rolloverInterval` / `BILLING_ROLLOVER_INTERVAL` (seconds, default `0` = off).
     public var billingRolloverInterval: Int
     /// `spool.directory` / `SPOOL_DIRECTORY` (default `.capgate/spool`): where a refund, give-back,
@@ -93,19 +104,22 @@ public struct CapGateConfiguration: Sendable {
         "database.url", "database.maxConnections", "database.timeout", "database.durability", "database.admissionQueueLimit",
         "upstream.url", "upstream.apiKey", "upstream.timeout", "upstream.connectTimeout",
         "upstream.idleTimeout", "upstream.maxConnections", "operator.token", "jwt.secret", "jwt.jwksFile", "jwt.companyClaim",
-        "jwt.audience", "jwt.issuer", "jwt.leeway",
+        "jwt.audience", "jwt.issuer", "jwt.leeway", "jwt.maxLifetime", "proxy.maxJSONDepth", "metrics.token", "metrics.public",
+        "notifications.retentionDays",
         "proxy.prefix", "proxy.maxBodyBytes", "proxy.idempotencyMaxBytes", "proxy.bodyBudgetBytes", "billing.rolloverInterval",
         "spool.directory", "log.level", "notifications.webhookUrl", "notifications.webhookSecret", "notifications.thresholds",
         "notifications.timeout", "notifications.retryFor", "notifications.retryDelay", "notifications.maxRetryDelay",
         "notifications.pollInterval", "notifications.maxPerSecond",
     ]
     static let secretKeys: Set<String> = [
-        "database.url", "upstream.apiKey", "operator.token", "jwt.secret", "notifications.webhookSecret",
+        "database.url", "upstream.apiKey", "operator.token", "jwt.secret", "notifications.webhookSecret", "metrics.token",
     ]
     /// Environment variables the SPEC names differently from the keys' own (`NOTIFICATIONS_…`).
     static let environmentAliases: [String: String] = [
         "NOTIFY_WEBHOOK_URL": "notifications.webhookUrl", "NOTIFY_WEBHOOK_SECRET": "notifications.webhookSecret",
-        "NOTIFY_THRESHOLDS": "notifications.thresholds",
+        "NOTIFY_THRESHOLDS": "notifications.thresholds", "PROXY_MAX_JSON_DEPTH": "proxy.maxJSONDepth",
+        "METRICS_TOKEN": "metrics.token", "METRICS_PUBLIC": "metrics.public", "JWT_MAX_LIFETIME": "jwt.maxLifetime",
+        "NOTIFICATIONS_RETENTION_DAYS": "notifications.retentionDays",
     ]
 
     /// An absolute `http://` or `https://` URL with a host.
@@ -146,6 +160,17 @@ public struct CapGateConfiguration: Sendable {
         proxyMaxBodyBytes = try Self.int(reader, "proxy.maxBodyBytes", default: 32 << 20, range: 1...(1 << 34))
         proxyIdempotencyMaxBytes = try Self.int(reader, "proxy.idempotencyMaxBytes", default: 1 << 20, range: 0...(64 << 20))
         proxyBodyBudgetBytes = try Self.int(reader, "proxy.bodyBudgetBytes", default: 256 << 20, range: 1...(1 << 40))
+        proxyMaxJSONDepth = try Self.int(reader, "proxy.maxJSONDepth", default: JSONParser.defaultMaxDepth, range: 1...1000)
+        metricsToken = Self.nonEmpty(reader.string(forKey: "metrics.token", isSecret: true))
+        metricsPublic = try Self.bool(reader, "metrics.public", default: false)
+        let maxLifetime = try Self.int(reader, "jwt.maxLifetime", default: 0, range: 0...(86400 * 3660))
+        jwtMaxLifetime = maxLifetime > 0 ? maxLifetime : nil
+        // A short HS256 secret can be guessed offline from one token (RFC 7518 §3.2 asks for a
+        // key as long as the hash: 32 bytes).
+        if let secret = jwtSecret, secret.utf8.count < 32 {
+            throw ConfigurationError(
+                key: "jwt.secret", problem: "is \(secret.utf8.count) bytes long; an HS256 secret must be at least 32 bytes")
+        }
         billingRolloverInterval = try Self.int(reader, "billing.rolloverInterval", default: 0, range: 0...(86400 * 366))
         spoolDirectory = reader.string(forKey: "spool.directory", default: ".capgate/spool")
         logLevel = reader.string(forKey: "log.level", default: "info")
@@ -158,7 +183,8 @@ public struct CapGateConfiguration: Sendable {
             retryDelay: try Self.double(reader, "notifications.retryDelay", default: 5),
             maxRetryDelay: try Self.double(reader, "notifications.maxRetryDelay", default: 900),
             pollInterval: try Self.double(reader, "notifications.pollInterval", default: 1),
-            maxPerSecond: try Self.double(reader, "notifications.maxPerSecond", default: 50)
+            maxPerSecond: try Self.double(reader, "notifications.maxPerSecond", default: 50),
+            retentionDays: try Self.int(reader, "notifications.retentionDays", default: 90, range: 1...36600)
         )
         if let url = notifications.webhookURL, !Self.isHTTPURL(url) {
             throw ConfigurationError(key: "notifications.webhookUrl", problem: "is not an absolute http(s) URL")
@@ -207,6 +233,7 @@ public struct CapGateConfiguration: Sendable {
         providers.append(InMemoryProvider(name: "environment (SPEC names)", values: aliasValues))
         let secretVariables: Set<String> = [
             "DATABASE_URL", "UPSTREAM_API_KEY", "OPERATOR_TOKEN", "JWT_SECRET", "NOTIFY_WEBHOOK_SECRET", "NOTIFICATIONS_WEBHOOK_SECRET",
+            "METRICS_TOKEN",
         ]
         providers.append(
             EnvironmentVariablesProvider(
@@ -263,6 +290,16 @@ public struct CapGateConfiguration: Sendable {
             return int
         }
         return value
+    }
+
+    static func bool(_ reader: ConfigReader, _ key: String, default value: Bool) throws -> Bool {
+        if let bool = reader.bool(forKey: ConfigKey(key)) { return bool }
+        guard let text = reader.string(forKey: ConfigKey(key)) else { return value }
+        switch text.lowercased() {
+        case "true", "1", "yes": return true
+        case "false", "0", "no": return false
+        default: throw ConfigurationError(key: key, problem: "must be true or false")
+        }
     }
 
     static func double(_ reader: ConfigReader, _ key: String, default value: Double) throws -> Double {

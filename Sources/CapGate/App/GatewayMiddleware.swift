@@ -54,6 +54,12 @@ struct GatewayMiddleware: RouterMiddleware {
                 }
                 response = try await proxy.handle(request, context: context)
             } else {
+                // TRACE and CONNECT are never answered, on any path (SPEC §2); under the prefix the
+                // proxy refuses them once the caller is authenticated.
+                if request.method == .trace || request.method == .connect {
+                    throw GatewayError(
+                        .methodNotAllowed, "invalid_request_error", "\(request.method.rawValue) is not allowed through the gateway.")
+                }
                 // The router matched (or missed) the path as sent, before this middleware ran.
                 if target.changed {
                     throw GatewayError.invalidRequest(

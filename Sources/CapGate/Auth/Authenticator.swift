@@ -115,6 +115,7 @@ public struct Authenticator: Sendable {
         guard let jwtKeys else {
             throw GatewayError.authentication("Tokens are not accepted by this gateway: no JWT keys are configured.")
         }
+        try Self.checkIJSON(token)
         let payload: ClaimsPayload
         do {
             payload = try await jwtKeys.verify(token, as: ClaimsPayload.self, iteratingKeys: true)
@@ -146,6 +147,31 @@ public struct Authenticator: Sendable {
         if disabled { throw GatewayError.authentication("This user is disabled. Ask your administrator to enable it.") }
         return .user(
             UserIdentity(companyID: companyID, userID: userID, role: UserIdentity.Role(rawValue: role) ?? .member, credential: .jwt))
+    }
+}
+
+extension Authenticator {
+    /// A token's header and payload must each be one I-JSON text (SPEC §7): a claim named twice
+    /// is read as its first value by some libraries and its last by others, so which company or
+    /// user it names would depend on the reader. 401 before the signature is checked.
+    static func checkIJSON(_ token: String) throws {
+        for part in token.split(separator: ".", omittingEmptySubsequences: false).prefix(2) {
+            guard let bytes = Self.base64URLDecoded(part) else {
+                throw GatewayError.authentication("The token is not a valid JWT: a part is not base64url.")
+            }
+            do {
+                _ = try JSONParser.parse(bytes, maxDepth: 32)
+            } catch {
+                throw GatewayError.authentication("The token's header or payload is not I-JSON: \(error.reason).")
+            }
+        }
+    }
+
+    static func base64URLDecoded(_ text: Substring) -> [UInt8]? {
+        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        guard !base64.contains("=") else { return nil }
+        base64 += String(repeating: "=", count: (4 - base64.count % 4) % 4)
+        return Data(base64Encoded: base64).map { Array($0) }
     }
 }
 

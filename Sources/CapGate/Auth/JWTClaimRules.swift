@@ -8,15 +8,20 @@ struct JWTClaimRules: Sendable {
     var audience: String?
     var issuer: String?
     var leeway: TimeInterval
+    /// `jwt.maxLifetime`: the longest `exp - iat` (or `exp - now` without `iat`) accepted.
+    var maxLifetime: TimeInterval?
 
-    init(audience: String? = nil, issuer: String? = nil, leeway: TimeInterval = 60) {
+    init(audience: String? = nil, issuer: String? = nil, leeway: TimeInterval = 60, maxLifetime: TimeInterval? = nil) {
         self.audience = audience
         self.issuer = issuer
         self.leeway = leeway
+        self.maxLifetime = maxLifetime
     }
 
     init(configuration: CapGateConfiguration) {
-        self.init(audience: configuration.jwtAudience, issuer: configuration.jwtIssuer, leeway: TimeInterval(configuration.jwtLeeway))
+        self.init(
+            audience: configuration.jwtAudience, issuer: configuration.jwtIssuer, leeway: TimeInterval(configuration.jwtLeeway),
+            maxLifetime: configuration.jwtMaxLifetime.map(TimeInterval.init))
     }
 
     /// Throws a 401 ``GatewayError`` for the first claim that fails.
@@ -27,6 +32,22 @@ struct JWTClaimRules: Sendable {
         }
         if time >= exp + leeway {
             throw GatewayError.authentication("The token has expired. Sign in again.")
+        }
+        if let maxLifetime {
+            let issued: Double
+            if let iat = claims["iat"] {
+                guard let value = iat.doubleValue else {
+                    throw GatewayError.authentication("The token's iat claim must be a number of seconds.")
+                }
+                issued = value
+            } else {
+                issued = time
+            }
+            if exp - issued > maxLifetime + leeway {
+                throw GatewayError.authentication(
+                    "The token lives longer than this gateway accepts (\(Int(maxLifetime)) seconds from iat to exp). Request a shorter-lived token."
+                )
+            }
         }
         if let nbf = claims["nbf"] {
             guard let notBefore = nbf.doubleValue else {

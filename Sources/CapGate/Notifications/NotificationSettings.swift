@@ -26,6 +26,9 @@ public struct NotificationSettings: Sendable {
     /// in a second, so a backlog (after a receiver outage) drains beside the admissions instead
     /// of competing with them.
     public var maxPerSecond: Double = 50
+    /// `notifications.retentionDays` / `NOTIFICATIONS_RETENTION_DAYS` (default `90`): delivered and
+    /// failed rows older than this are purged.
+    public var retentionDays: Int = 90
     /// Deliveries in flight at once per gateway.
     public var workers = 4
 

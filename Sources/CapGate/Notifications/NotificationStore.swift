@@ -63,7 +63,11 @@ struct NotificationStore: Sendable {
     }
 
     /// One page of the company's notifications, newest first, each with its delivery state.
-    func list(company: UUID, status: String?, after cursor: Cursor?, limit: Int) async throws -> (items: [JSON], next: Cursor?) {
+    /// With `detailed` false (a company's admin), `last_error` is in general words
+    /// (``generalError(_:)``); the operator reads what the deliverer recorded.
+    func list(
+        company: UUID, status: String?, after cursor: Cursor?, limit: Int, detailed: Bool
+    ) async throws -> (items: [JSON], next: Cursor?) {
         let afterMicros = cursor?.micros
         let afterID = cursor?.id
         return try await database.run { client in
@@ -89,7 +93,7 @@ struct NotificationStore: Sendable {
                 guard case .object(var fields) = try Self.payload(row) else { continue }
                 fields += [
                     .init("status", .string(status)), .init("attempts", .int(Int64(try cells[n + 1].decode(Int32.self)))),
-                    .init("last_error", JSON(try cells[n + 2].decode(String?.self))),
+                    .init("last_error", JSON(try cells[n + 2].decode(String?.self).map { detailed ? $0 : Self.generalError($0) })),
                     .init("delivered_at", JSON(try cells[n + 3].decode(Date?.self))),
                     .init("next_attempt_at", status == "pending" ? JSON(try cells[n + 4].decode(Date.self)) : .null),
                 ]
@@ -97,6 +101,40 @@ struct NotificationStore: Sendable {
                 last = Cursor(micros: try cells[n + 5].decode(Int64.self), id: try cells[1].decode(UUID.self))
             }
             return (items, nil)
+        }
+    }
+
+    /// A delivery error as a company admin reads it (SPEC §9): `receiver answered 500`, `timed
+    /// out`, `receiver unreachable`; the receiver's address and library errors stay with the
+    /// operator and the logs.
+    static func generalError(_ recorded: String) -> String {
+        if recorded.hasPrefix("HTTP "), let status = Int(recorded.dropFirst(5).prefix(3)) { return "receiver answered \(status)" }
+        if recorded == "no signing secret" { return "not sent: the gateway has no signing secret configured" }
+        let lowered = recorded.lowercased()
+        if lowered.contains("in time") || lowered.contains("timed out") || lowered.contains("timeout") || lowered.contains("stalled") {
+            return "timed out"
+        }
+        return "receiver unreachable"
+    }
+
+    /// Deletes delivered and failed rows older than `days` (`notifications.retentionDays`) whose
+    /// window has ended (so a refund and a second crossing in a long window cannot notify twice);
+    /// returns how many. Pending rows are kept whatever their age.
+    @discardableResult
+    func purge(olderThanDays days: Int) async throws -> Int {
+        try await database.run { client in
+            let rows = try await client.query(
+                """
+                WITH gone AS (
+                    DELETE FROM notifications
+                     WHERE status IN ('delivered', 'failed')
+                       AND window_end < now()
+                       AND coalesce(delivered_at, next_attempt_at, created_at) < now() - \(days) * interval '1 day'
+                    RETURNING 1)
+                SELECT count(*)::bigint FROM gone
+                """, logger: logger)
+            for try await count in rows.decode(Int64.self) { return Int(count) }
+            return 0
         }
     }
 }

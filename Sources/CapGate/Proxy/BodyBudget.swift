@@ -2,9 +2,10 @@ import Synchronization
 
 /// The bytes of request bodies being read at once, all calls together, and their bound
 /// (`proxy.bodyBudgetBytes`): many large or slow uploads cannot together exhaust memory. A call
-/// reserves its declared `Content-Length` when it starts reading (a chunked body, chunk by chunk
-/// as they arrive) and releases it when the read ends; a reservation that does not fit is refused
-/// and the call answered 503 (`overloaded_error`), before anything is charged or forwarded.
+/// reserves the bytes it has received, chunk by chunk as they arrive (never a declared length a
+/// slow client could hold without sending), and releases them when the read ends; a reservation
+/// that does not fit is refused and the call answered 503 (`overloaded_error`), before anything is
+/// charged or forwarded.
 public final class BodyBudget: Sendable {
     /// `proxy.bodyBudgetBytes`.
     public let limit: Int

@@ -26,14 +26,6 @@ extension ProxyHandler {
         return s
     }
 
-    /// The `model` field of a JSON body, for the ledger (nothing else of the body is kept); the
-    /// last one when the body repeats it, as the provider reads it.
-    static func model(in body: ByteBuffer, contentType: String?) -> String? {
-        guard body.readableBytes > 0, contentType?.lowercased().contains("json") ?? true else { return nil }
-        guard let model = JSON.lastTopLevelString("model", in: body) else { return nil }
-        return ledgerText(model, limit: 200)
-    }
-
     /// Client-supplied text as the ledger stores it: at most `limit` characters, without NUL
     /// (which PostgreSQL text cannot hold).
     static func ledgerText(_ text: some StringProtocol, limit: Int) -> String {

@@ -1,4 +1,5 @@
 import HTTPTypes
+import Hummingbird
 import NIOCore
 
 extension ProxyHandler {
@@ -22,23 +23,39 @@ extension ProxyHandler {
     }
 
     /// Whether a field of the provider's answer (lowercased name) goes back to the tenant: not
-    /// hop-by-hop, not named by its `Connection` header, and not the provider account's
-    /// organisation (`anthropic-organization-id` and any other `anthropic-organization-*`).
+    /// hop-by-hop, not named by its `Connection` header, and nothing about the operator's whole
+    /// provider account (``isAccountWideResponseField(_:)``).
     static func forwardsResponseHeader(_ name: String, connectionOptions: Set<String>) -> Bool {
-        !droppedResponseHeaders.contains(name) && !name.hasPrefix("anthropic-organization-") && !connectionOptions.contains(name)
+        !droppedResponseHeaders.contains(name) && !isAccountWideResponseField(name) && !connectionOptions.contains(name)
     }
 
-    /// Refuses, before anything is charged, a request the upstream client cannot frame: a TRACE
-    /// with a body (its body would reach the provider as a second request) and CONNECT. Meant to
-    /// be called before admission; the client refuses the same requests
-    /// (``UpstreamError/notFramable(_:)``) in any case, sending nothing.
-    static func checkFraming(method: HTTPRequest.Method, bodyLength: Int) throws {
-        if method == .connect {
-            throw GatewayError.invalidRequest("CONNECT is not forwarded to the provider.")
+    /// Refuses, from the head alone and before a byte of the body is read, what the provider
+    /// would read differently from CapGate (SPEC §2, in the order 405 then 415): `TRACE` (its
+    /// echo would show the provider key) and `CONNECT` on any path, and a request body in any
+    /// `Content-Encoding` but `identity` (CapGate would count compressed bytes the provider reads
+    /// decompressed).
+    static func checkHead(_ request: Request) throws {
+        if request.method == .trace || request.method == .connect {
+            throw GatewayError(
+                .methodNotAllowed, "invalid_request_error", "\(request.method.rawValue) is not allowed through the gateway.")
         }
-        if method == .trace, bodyLength > 0 {
-            throw GatewayError.invalidRequest("A TRACE request cannot carry a body; send it without one.")
+        for value in request.headers[values: .contentEncoding] {
+            for coding in value.split(separator: ",") where !coding.trimmingSpaces.isEmpty {
+                guard coding.trimmingSpaces.lowercased() == "identity" else {
+                    throw GatewayError(
+                        .unsupportedMediaType, "invalid_request_error",
+                        "Content-Encoding '\(coding.trimmingSpaces.prefix(40))' is not accepted: send the request body uncompressed."
+                    )
+                }
+            }
         }
+    }
+
+    /// Whether a field of the provider's answer (lowercased name) describes the operator's whole
+    /// provider account (SPEC §2): rate limits and organisation fields, and cookies.
+    static func isAccountWideResponseField(_ name: String) -> Bool {
+        name.hasPrefix("anthropic-organization-") || name.hasPrefix("anthropic-ratelimit-") || name.hasPrefix("x-ratelimit-")
+            || name == "set-cookie"
     }
 }
 

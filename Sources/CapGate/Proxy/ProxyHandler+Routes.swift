@@ -24,7 +24,7 @@ extension ProxyHandler {
     /// Matches the call against the route table. Throws the 400 of a path that cannot be matched
     /// safely, a bad `items_field` body or `CapGate-Feature`, and the 403 of a route that is not
     /// allowed. With no routes at all every call costs 1 unit and names no feature (SPEC §2).
-    static func cost(method: String, path: String, headers: HTTPFields, body: ByteBuffer, table: RouteTable.Snapshot) throws -> CallCost {
+    static func cost(method: String, path: String, headers: HTTPFields, body: CallBody, table: RouteTable.Snapshot) throws -> CallCost {
         guard !table.rules.isEmpty else { return CallCost(units: 1, feature: nil, featureFromHeader: false, rule: nil) }
         guard let canonical = RouteTable.canonicalPath(Substring(path)) else {
             throw GatewayError.invalidRequest(
@@ -39,14 +39,8 @@ extension ProxyHandler {
         }
         var units = rule.units
         if let field = rule.itemsField {
-            guard let items = JSONParser.lastTopLevelValue(field, in: Array(body.readableBytesView)), case .array(let elements) = items,
-                !elements.isEmpty
-            else {
-                throw GatewayError.invalidRequest(
-                    "This route costs \(rule.units) unit(s) per element of the body's top-level \"\(field)\" array, which is missing, empty or not an array."
-                )
-            }
-            let (total, overflow) = units.multipliedReportingOverflow(by: elements.count)
+            let items = try body.items(field, units: rule.units)
+            let (total, overflow) = units.multipliedReportingOverflow(by: items)
             guard !overflow, total <= maxUnits else {
                 throw GatewayError.invalidRequest("This call would cost more units than one call can.")
             }

@@ -30,11 +30,14 @@ public struct ProxyHandler: Sendable {
     let bodyBudget: BodyBudget
     /// `proxy.idempotencyMaxBytes`: the largest answer kept for `Idempotency-Key` retries.
     let idempotencyMaxBytes: Int
+    /// `proxy.maxJSONDepth`: the deepest nesting of a body CapGate reads.
+    let maxJSONDepth: Int
 
     public init(
         authenticator: Authenticator, metering: MeteringStore, upstream: UpstreamClient, knownKeys: KnownKeys, routes: RouteTable,
-        maxBodyBytes: Int, bodyBudget: BodyBudget, idempotencyMaxBytes: Int
+        maxBodyBytes: Int, bodyBudget: BodyBudget, idempotencyMaxBytes: Int, maxJSONDepth: Int = 128
     ) {
+        self.maxJSONDepth = maxJSONDepth
         self.routes = routes
         self.bodyBudget = bodyBudget
         self.authenticator = authenticator
@@ -51,6 +54,8 @@ public struct ProxyHandler: Sendable {
         "connection", "keep-alive", "transfer-encoding", "te", "upgrade", "trailer", "proxy-authorization",
         "proxy-authenticate", "proxy-connection", "host", "content-length", "x-api-key", "authorization",
         "accept-encoding", "expect", "x-capgate-company", "x-company-id", "cookie", "capgate-feature",
+        // Method overrides: the provider must run the method CapGate matched and charged.
+        "x-http-method-override", "x-http-method", "x-method-override",
     ]
     /// Headers of the provider's answer not passed back (also those its `Connection` header
     /// names, and every `anthropic-organization-*`: see ``forwardsResponseHeader(_:connectionOptions:)``).
@@ -73,19 +78,20 @@ public struct ProxyHandler: Sendable {
             }
             verified = identity
         }
-        let idempotencyKey = try IdempotencyKey.key(in: request.headers)
+        // 405 and 415 from the head, then 413 while reading, then 400 for what was read.
+        try Self.checkHead(request)
         let body = try await readBody(request)
-        // A request HTTP/1.1 cannot frame (TRACE with a body, CONNECT) is refused before it is charged.
-        try Self.checkFraming(method: request.method, bodyLength: body.readableBytes)
+        let idempotencyKey = try IdempotencyKey.key(in: request.headers)
+        let callBody = try CallBody.read(body, contentType: request.headers[.contentType], maxDepth: maxJSONDepth)
         let path = request.uri.path
-        let model = Self.model(in: body, contentType: request.headers[.contentType])
+        let model = callBody.model
         var admissionRequest = AdmissionRequest(
             companyID: .zero, userID: .zero, units: 1, method: request.method.rawValue, route: Self.ledgerText(path, limit: 500),
-            model: model, requestID: record.snapshot.requestID, idempotencyKey: idempotencyKey,
-            fingerprint: idempotencyKey.map { _ in
-                IdempotencyKey.fingerprint(method: request.method.rawValue, target: request.head.path ?? path, body: body)
-            }
+            model: model, requestID: record.snapshot.requestID, idempotencyKey: nil, fingerprint: nil
         )
+        let fingerprint = idempotencyKey.map { _ in
+            IdempotencyKey.fingerprint(method: request.method.rawValue, target: request.head.path ?? path, body: body)
+        }
 
         let admissionStart = ContinuousClock.now
         var table = try await routes.snapshot()
@@ -98,9 +104,12 @@ public struct ProxyHandler: Sendable {
             // table changed since (stale_routes) changed nothing, and the call is matched again.
             // The path as sent (not as decoded here): that is what the provider will read.
             callCost = try Self.cost(
-                method: request.method.rawValue, path: Self.rawPath(request.head.path) ?? path, headers: request.headers, body: body,
+                method: request.method.rawValue, path: Self.rawPath(request.head.path) ?? path, headers: request.headers, body: callBody,
                 table: table)
             admissionRequest.units = callCost.units
+            // A free call buys nothing a retry could buy twice: its key is ignored, nothing kept.
+            admissionRequest.idempotencyKey = callCost.units > 0 ? idempotencyKey : nil
+            admissionRequest.fingerprint = callCost.units > 0 ? fingerprint : nil
             admissionRequest.feature = callCost.feature
             admissionRequest.routesVersion = table.version
             if let verified {
@@ -172,7 +181,9 @@ public struct ProxyHandler: Sendable {
         let charge = admission.ledgerID
         let requestID = admissionRequest.requestID
         // With an Idempotency-Key the answer is kept for retries (up to proxy.idempotencyMaxBytes).
-        let keeper = idempotencyKey.map { AnswerKeeper(metering: self.metering, user: user, key: $0, requestID: requestID, logger: logger) }
+        let keeper = admissionRequest.idempotencyKey.map {
+            AnswerKeeper(metering: self.metering, user: user, key: $0, requestID: requestID, logger: logger)
+        }
 
         var outboundHeaders = HTTPHeaders()
         outboundHeaders.reserveCapacity(request.headers.count + 2)
@@ -329,10 +340,11 @@ public struct ProxyHandler: Sendable {
         }
     }
 
-    /// The whole body, up to `proxy.maxBodyBytes` (413 above), within the body budget shared by all
-    /// calls (503 `overloaded_error` when it is spent): a declared `Content-Length` is reserved
-    /// before a byte is read, a chunked body as its chunks arrive; all of it is released when the
-    /// read ends.
+    /// The whole body, up to `proxy.maxBodyBytes` (413 above, from a declared `Content-Length`
+    /// before a byte is read), within the body budget shared by all calls (503 `overloaded_error`
+    /// when it is spent). The budget counts bytes received as they arrive, never a declared length:
+    /// a client that declares 32 MB and sends a byte at a time holds one byte of it. All of it is
+    /// released when the read ends.
     func readBody(_ request: Request) async throws -> ByteBuffer {
         let declared = request.headers[.contentLength].flatMap(Int.init)
         if let declared, declared > maxBodyBytes {
@@ -349,7 +361,6 @@ public struct ProxyHandler: Sendable {
             }
             reserved = total
         }
-        try reserve(upTo: declared ?? 0)
         // The first chunk is the buffer the rest is added to (a body in one chunk is not copied).
         var body = ByteBuffer()
         for try await chunk in request.body {

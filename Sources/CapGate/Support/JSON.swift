@@ -131,24 +131,20 @@ extension JSON: Decodable {
         }
     }
 
-    /// Parses JSON text; throws on anything that is not valid JSON.
+    /// Parses JSON text with the strict I-JSON reader (``JSONParser``); throws
+    /// ``JSONParser/Failure`` on anything else.
     public static func parse(_ bytes: some Collection<UInt8>) throws -> JSON {
-        try JSONParser.parse(Array(bytes))
+        try JSONParser.parse(bytes)
     }
 
     public static func parse(_ buffer: ByteBuffer) throws -> JSON {
-        try parse(buffer.readableBytesView)
+        try JSONParser.parse(buffer)
     }
 
-    /// The string value of `key` in a top-level JSON object, without parsing the rest.
-    public static func topLevelString(_ key: String, in buffer: ByteBuffer) -> String? {
-        topLevelValues([key], in: buffer)[key]?.stringValue
-    }
-
-    /// The values of `keys` in a top-level JSON object, without building the rest; empty when
-    /// the text is not an object.
+    /// The values of `keys` in a top-level JSON object, building nothing else; empty when the
+    /// text is not an I-JSON object.
     public static func topLevelValues(_ keys: Set<String>, in buffer: ByteBuffer) -> [String: JSON] {
-        JSONParser.topLevelValues(keys, in: Array(buffer.readableBytesView))
+        (try? JSONParser.members(keys, in: buffer))?.values ?? [:]
     }
 }
 

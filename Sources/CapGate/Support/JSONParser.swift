@@ -1,130 +1,147 @@
-/// A small, strict JSON parser over bytes (RFC 8259), faster than decoding through `Decodable`
-/// for the untyped trees CapGate reads on the hot path (the request's `model`, the provider's
-/// `usage`). Object keys keep their order.
+import NIOCore
+
+/// CapGate's one JSON reader: strict I-JSON (RFC 7493) over bytes, for every body CapGate reads
+/// (SPEC §2). A text is accepted only when every reader agrees on what it says: valid UTF-8,
+/// no duplicate member names at any depth (compared after unescaping), no lone surrogate escapes,
+/// only RFC 8259 tokens (no `NaN`, `Infinity`, comments, BOM or single quotes), numbers within
+/// the range of a double, nesting at most `maxDepth`, nothing after the value but whitespace.
+/// Anything else throws a ``Failure`` that says what is wrong and where; no value is ever taken
+/// from a text that did not parse whole.
+///
+/// It also reads faster than `Decodable` for the untyped trees CapGate needs, and can validate a
+/// whole body while building only the top-level members asked for (a request's `model` beside a
+/// large prompt) and counting the elements of its top-level arrays (a batch's `requests`).
 struct JSONParser {
-    struct Failure: Error {}
-
-    let bytes: [UInt8]
-    var i = 0
-
-    init(_ bytes: [UInt8]) {
-        self.bytes = bytes
+    /// Why a text is not I-JSON, and the byte offset where that was found.
+    struct Failure: Error, CustomStringConvertible, Sendable {
+        var reason: String
+        var offset: Int
+        var description: String { "\(reason) (at byte \(offset))" }
     }
 
-    static func parse(_ bytes: [UInt8]) throws -> JSON {
-        var parser = JSONParser(bytes)
-        let value = try parser.value(depth: 0)
-        parser.skipWhitespace()
-        guard parser.i == bytes.count else { throw Failure() }
+    /// The default deepest nesting (`proxy.maxJSONDepth`).
+    static let defaultMaxDepth = 128
+
+    /// What ``members(_:in:maxDepth:)`` reads of a top-level object.
+    struct TopLevel: Sendable {
+        /// The text is an object (else the other fields are empty).
+        var isObject = false
+        /// The members asked for, built.
+        var values: [String: JSON] = [:]
+        /// The element count of every top-level member whose value is an array.
+        var arrayCounts: [String: Int] = [:]
+    }
+
+    /// A member name seen in the object being read: its raw bytes between the quotes, and
+    /// whether they hold escapes (then two names compare by their decoded bytes).
+    struct Name {
+        var start: Int
+        var end: Int
+        var escaped: Bool
+    }
+
+    /// Above this many members, an object's names are checked for repeats through a hash set.
+    static let linearNameLimit = 16
+
+    let bytes: UnsafeRawBufferPointer
+    let maxDepth: Int
+    var i = 0
+    /// The names of every object being read, innermost last (one allocation for the whole text).
+    var names: [Name] = []
+
+    init(_ bytes: UnsafeRawBufferPointer, maxDepth: Int) {
+        self.bytes = bytes
+        self.maxDepth = maxDepth
+    }
+
+    // MARK: Entry points
+
+    /// The whole text as a tree.
+    static func parse(_ bytes: some Collection<UInt8>, maxDepth: Int = defaultMaxDepth) throws(Failure) -> JSON {
+        let result: Result<JSON, Failure> = Array(bytes).withUnsafeBytes { raw in
+            var parser = JSONParser(raw, maxDepth: maxDepth)
+            return Result { () throws(Failure) in try parser.document() }
+        }
+        return try result.get()
+    }
+
+    static func parse(_ buffer: ByteBuffer, maxDepth: Int = defaultMaxDepth) throws(Failure) -> JSON {
+        let result: Result<JSON, Failure> = buffer.withUnsafeReadableBytes { raw in
+            var parser = JSONParser(raw, maxDepth: maxDepth)
+            return Result { () throws(Failure) in try parser.document() }
+        }
+        return try result.get()
+    }
+
+    /// Checks the whole text and returns the top-level members named in `keys` (built) and the
+    /// element counts of its top-level arrays, building nothing else.
+    static func members(_ keys: Set<String>, in buffer: ByteBuffer, maxDepth: Int = defaultMaxDepth) throws(Failure) -> TopLevel {
+        let result: Result<TopLevel, Failure> = buffer.withUnsafeReadableBytes { raw in
+            var parser = JSONParser(raw, maxDepth: maxDepth)
+            return Result { () throws(Failure) in try parser.topLevel(keys) }
+        }
+        return try result.get()
+    }
+
+    // MARK: Documents
+
+    mutating func document() throws(Failure) -> JSON {
+        let value = try value(depth: 0, build: true)
+        try end()
         return value
     }
 
-    mutating func skipWhitespace() {
-        while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x0A || bytes[i] == 0x0D || bytes[i] == 0x09 { i += 1 }
-    }
-
-    /// The values of `keys` in a top-level object, reading no further than needed and building
-    /// nothing else (a request body's `model` next to a large prompt); empty when the text is not
-    /// an object. Keys the object lacks are absent from the result; a repeated key keeps its first
-    /// value.
-    static func topLevelValues(_ keys: Set<String>, in bytes: [UInt8]) -> [String: JSON] {
-        var found: [String: JSON] = [:]
-        scanTopLevel(bytes, wants: { keys.contains($0) && found[$0] == nil }) { name, value in
-            found[name] = value
-            return found.count < keys.count
-        }
-        return found
-    }
-
-    /// Walks the members of a top-level object in order, building only the values `wants` names
-    /// and handing each to `take`, which says whether to read on. Nothing is handed over when the
-    /// text is not an object; a text broken off stops the walk where it breaks.
-    static func scanTopLevel(_ bytes: [UInt8], wants: (String) -> Bool, take: (String, JSON) -> Bool) {
-        var parser = JSONParser(bytes)
-        parser.skipWhitespace()
-        guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: "{") else { return }
-        parser.i += 1
-        do {
-            while true {
-                parser.skipWhitespace()
-                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: "\"") else { return }
-                let name = try parser.string()
-                parser.skipWhitespace()
-                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: ":") else { return }
-                parser.i += 1
-                if wants(name) {
-                    guard take(name, try parser.value(depth: 1)) else { return }
-                } else {
-                    _ = try parser.value(depth: 1, build: false)
-                }
-                parser.skipWhitespace()
-                guard parser.i < bytes.count, bytes[parser.i] == UInt8(ascii: ",") else { return }
-                parser.i += 1
-            }
-        } catch {
-            return
-        }
-    }
-
-    /// The value at `i`. With `build` false the value is checked and passed over without
-    /// building anything (the result is `.null`).
-    mutating func value(depth: Int, build: Bool = true) throws -> JSON {
-        guard depth < 512 else { throw Failure() }
+    mutating func end() throws(Failure) {
         skipWhitespace()
-        guard i < bytes.count else { throw Failure() }
+        guard i == bytes.count else { throw fail("there is more after the JSON value") }
+    }
+
+    mutating func topLevel(_ keys: Set<String>) throws(Failure) -> TopLevel {
+        var top = TopLevel()
+        skipWhitespace()
+        guard i < bytes.count, bytes[i] == UInt8(ascii: "{") else {
+            _ = try value(depth: 0, build: false)
+            try end()
+            return top
+        }
+        top.isObject = true
+        try object(depth: 1, build: false) { (parser: inout JSONParser, name: Name) throws(Failure) in
+            let key = parser.decodedString(name)
+            parser.skipWhitespace()
+            if keys.contains(key) {
+                let value = try parser.value(depth: 1, build: true)
+                if case .array(let items) = value { top.arrayCounts[key] = items.count }
+                top.values[key] = value
+            } else if parser.i < parser.bytes.count, parser.bytes[parser.i] == UInt8(ascii: "[") {
+                top.arrayCounts[key] = try parser.array(depth: 2, build: false).count
+            } else {
+                _ = try parser.value(depth: 1, build: false)
+            }
+        }
+        try end()
+        return top
+    }
+
+    // MARK: Values
+
+    /// The value at `i`, at nesting `depth` (its containers count from `depth + 1`). With
+    /// `build` false it is checked as strictly and passed over; the result is then `.null`.
+    mutating func value(depth: Int, build: Bool) throws(Failure) -> JSON {
+        skipWhitespace()
+        guard i < bytes.count else { throw fail("the JSON text ends where a value should be") }
         switch bytes[i] {
         case UInt8(ascii: "{"):
-            i += 1
             var fields: [JSON.Field] = []
-            skipWhitespace()
-            if i < bytes.count, bytes[i] == UInt8(ascii: "}") {
-                i += 1
-                return .object(fields)
+            try object(depth: depth + 1, build: build) { (parser: inout JSONParser, name: Name) throws(Failure) in
+                let member = try parser.value(depth: depth + 1, build: build)
+                if build { fields.append(JSON.Field(parser.decodedString(name), member)) }
             }
-            while true {
-                skipWhitespace()
-                guard i < bytes.count, bytes[i] == UInt8(ascii: "\"") else { throw Failure() }
-                let key = build ? try string() : try skipString()
-                skipWhitespace()
-                guard i < bytes.count, bytes[i] == UInt8(ascii: ":") else { throw Failure() }
-                i += 1
-                let member = try value(depth: depth + 1, build: build)
-                if build { fields.append(JSON.Field(key, member)) }
-                skipWhitespace()
-                guard i < bytes.count else { throw Failure() }
-                if bytes[i] == UInt8(ascii: ",") {
-                    i += 1
-                } else if bytes[i] == UInt8(ascii: "}") {
-                    i += 1
-                    return .object(fields)
-                } else {
-                    throw Failure()
-                }
-            }
+            return build ? .object(fields) : .null
         case UInt8(ascii: "["):
-            i += 1
-            var items: [JSON] = []
-            skipWhitespace()
-            if i < bytes.count, bytes[i] == UInt8(ascii: "]") {
-                i += 1
-                return .array(items)
-            }
-            while true {
-                let item = try value(depth: depth + 1, build: build)
-                if build { items.append(item) }
-                skipWhitespace()
-                guard i < bytes.count else { throw Failure() }
-                if bytes[i] == UInt8(ascii: ",") {
-                    i += 1
-                } else if bytes[i] == UInt8(ascii: "]") {
-                    i += 1
-                    return .array(items)
-                } else {
-                    throw Failure()
-                }
-            }
+            return try array(depth: depth + 1, build: build).value
         case UInt8(ascii: "\""):
-            return build ? .string(try string()) : .string(try skipString())
+            let name = try string()
+            return build ? .string(decodedString(name)) : .null
         case UInt8(ascii: "t"):
             try literal("true")
             return .bool(true)
@@ -134,146 +151,307 @@ struct JSONParser {
         case UInt8(ascii: "n"):
             try literal("null")
             return .null
+        case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+            return try number(build: build)
         default:
-            return try number()
+            throw fail("a value cannot start with '\(Self.printable(bytes[i]))' (NaN, Infinity, comments and a BOM are not JSON)")
         }
     }
 
-    mutating func literal(_ word: String) throws {
-        let expected = Array(word.utf8)
-        guard i + expected.count <= bytes.count, bytes[i..<(i + expected.count)].elementsEqual(expected) else { throw Failure() }
-        i += expected.count
+    /// Reads an object opening at `i` (nesting `depth`): for each member, checks that its name
+    /// is not repeated and hands it to `member` with `i` after the colon.
+    mutating func object(
+        depth: Int, build: Bool, member: (inout JSONParser, Name) throws(Failure) -> Void
+    ) throws(Failure) {
+        guard depth <= maxDepth else { throw fail("the JSON nests deeper than \(maxDepth) levels") }
+        i += 1  // {
+        let base = names.count
+        defer { names.removeSubrange(base...) }
+        var hashed: Set<[UInt8]>?
+        skipWhitespace()
+        if i < bytes.count, bytes[i] == UInt8(ascii: "}") {
+            i += 1
+            return
+        }
+        while true {
+            skipWhitespace()
+            guard i < bytes.count, bytes[i] == UInt8(ascii: "\"") else { throw fail("an object member must start with a quoted name") }
+            let nameStart = i
+            let name = try string()
+            if hashed != nil {
+                guard hashed!.insert(decodedBytes(name)).inserted else { throw duplicate(name, at: nameStart) }
+            } else {
+                for k in base..<names.count where sameName(names[k], name) { throw duplicate(name, at: nameStart) }
+                names.append(name)
+                if names.count - base > Self.linearNameLimit {
+                    hashed = Set(names[base...].map { decodedBytes($0) })
+                }
+            }
+            skipWhitespace()
+            guard i < bytes.count, bytes[i] == UInt8(ascii: ":") else { throw fail("a ':' must follow an object member's name") }
+            i += 1
+            try member(&self, name)
+            skipWhitespace()
+            guard i < bytes.count else { throw fail("the JSON text ends inside an object") }
+            if bytes[i] == UInt8(ascii: ",") {
+                i += 1
+            } else if bytes[i] == UInt8(ascii: "}") {
+                i += 1
+                return
+            } else {
+                throw fail("an object's members must be separated by ',' and closed by '}'")
+            }
+        }
     }
 
-    mutating func number() throws -> JSON {
+    /// Reads an array opening at `i` (nesting `depth`); its element count, and the array when
+    /// `build`.
+    mutating func array(depth: Int, build: Bool) throws(Failure) -> (value: JSON, count: Int) {
+        guard depth <= maxDepth else { throw fail("the JSON nests deeper than \(maxDepth) levels") }
+        i += 1  // [
+        var items: [JSON] = []
+        var count = 0
+        skipWhitespace()
+        if i < bytes.count, bytes[i] == UInt8(ascii: "]") {
+            i += 1
+            return (build ? .array(items) : .null, 0)
+        }
+        while true {
+            let item = try value(depth: depth, build: build)
+            count += 1
+            if build { items.append(item) }
+            skipWhitespace()
+            guard i < bytes.count else { throw fail("the JSON text ends inside an array") }
+            if bytes[i] == UInt8(ascii: ",") {
+                i += 1
+            } else if bytes[i] == UInt8(ascii: "]") {
+                i += 1
+                return (build ? .array(items) : .null, count)
+            } else {
+                throw fail("an array's elements must be separated by ',' and closed by ']'")
+            }
+        }
+    }
+
+    mutating func literal(_ word: StaticString) throws(Failure) {
+        let count = word.utf8CodeUnitCount
+        guard i + count <= bytes.count else { throw fail("unknown literal (only true, false and null)") }
+        for k in 0..<count where bytes[i + k] != word.utf8Start[k] {
+            throw fail("unknown literal (only true, false and null)")
+        }
+        i += count
+    }
+
+    /// A number as RFC 8259 writes it, whose value a double can hold (`1e400` cannot: readers
+    /// disagree on it, so it is refused).
+    mutating func number(build: Bool) throws(Failure) -> JSON {
         let start = i
         var isInteger = true
-        if i < bytes.count, bytes[i] == UInt8(ascii: "-") { i += 1 }
-        guard i < bytes.count, (0x30...0x39).contains(bytes[i]) else { throw Failure() }
-        if bytes[i] == 0x30 {
+        if bytes[i] == UInt8(ascii: "-") { i += 1 }
+        guard i < bytes.count, Self.isDigit(bytes[i]) else { throw fail("a number needs a digit after '-'") }
+        if bytes[i] == UInt8(ascii: "0") {
             i += 1
+            if i < bytes.count, Self.isDigit(bytes[i]) { throw fail("a number cannot have a leading zero") }
         } else {
-            while i < bytes.count, (0x30...0x39).contains(bytes[i]) { i += 1 }
+            while i < bytes.count, Self.isDigit(bytes[i]) { i += 1 }
         }
         if i < bytes.count, bytes[i] == UInt8(ascii: ".") {
             isInteger = false
             i += 1
-            guard i < bytes.count, (0x30...0x39).contains(bytes[i]) else { throw Failure() }
-            while i < bytes.count, (0x30...0x39).contains(bytes[i]) { i += 1 }
+            guard i < bytes.count, Self.isDigit(bytes[i]) else { throw fail("a number needs a digit after '.'") }
+            while i < bytes.count, Self.isDigit(bytes[i]) { i += 1 }
         }
         if i < bytes.count, bytes[i] == UInt8(ascii: "e") || bytes[i] == UInt8(ascii: "E") {
             isInteger = false
             i += 1
             if i < bytes.count, bytes[i] == UInt8(ascii: "+") || bytes[i] == UInt8(ascii: "-") { i += 1 }
-            guard i < bytes.count, (0x30...0x39).contains(bytes[i]) else { throw Failure() }
-            while i < bytes.count, (0x30...0x39).contains(bytes[i]) { i += 1 }
+            guard i < bytes.count, Self.isDigit(bytes[i]) else { throw fail("a number needs a digit in its exponent") }
+            while i < bytes.count, Self.isDigit(bytes[i]) { i += 1 }
         }
-        let text = String(decoding: bytes[start..<i], as: UTF8.self)
-        if isInteger, let int = Int64(text) { return .int(int) }
-        guard let double = Double(text) else { throw Failure() }
-        return .double(double)
+        // Short integers fit a double by construction; anything else is converted to check it.
+        guard build || !isInteger || i - start > 15 else { return .null }
+        let text = String(decoding: UnsafeRawBufferPointer(rebasing: bytes[start..<i]), as: UTF8.self)
+        if isInteger, let int = Int64(text) { return build ? .int(int) : .null }
+        guard let double = Double(text), double.isFinite else {
+            throw Failure(reason: "the number \(text.prefix(40)) is too large for a double", offset: start)
+        }
+        return build ? .double(double) : .null
     }
 
-    mutating func string() throws -> String {
+    // MARK: Strings
+
+    /// Checks the string opening at `i` (valid UTF-8, no control characters, known escapes,
+    /// surrogate escapes in pairs) and leaves `i` after its closing quote.
+    mutating func string() throws(Failure) -> Name {
         i += 1  // opening quote
-        var out: [UInt8] = []
         let start = i
-        // Fast path: no escapes.
-        while i < bytes.count, bytes[i] != UInt8(ascii: "\""), bytes[i] != UInt8(ascii: "\\") {
-            guard bytes[i] >= 0x20 else { throw Failure() }
-            i += 1
-        }
-        guard i < bytes.count else { throw Failure() }
-        if bytes[i] == UInt8(ascii: "\"") {
-            defer { i += 1 }
-            return try validUTF8(bytes[start..<i])
-        }
-        out.append(contentsOf: bytes[start..<i])
+        var escaped = false
         while i < bytes.count {
             let b = bytes[i]
             if b == UInt8(ascii: "\"") {
-                i += 1
-                return try validUTF8(out[...])
-            }
-            if b == UInt8(ascii: "\\") {
-                i += 1
-                guard i < bytes.count else { throw Failure() }
-                switch bytes[i] {
-                case UInt8(ascii: "\""): out.append(0x22)
-                case UInt8(ascii: "\\"): out.append(0x5C)
-                case UInt8(ascii: "/"): out.append(0x2F)
-                case UInt8(ascii: "b"): out.append(0x08)
-                case UInt8(ascii: "f"): out.append(0x0C)
-                case UInt8(ascii: "n"): out.append(0x0A)
-                case UInt8(ascii: "r"): out.append(0x0D)
-                case UInt8(ascii: "t"): out.append(0x09)
-                case UInt8(ascii: "u"):
-                    var scalar = try hex4()
-                    if (0xD800...0xDBFF).contains(scalar) {
-                        guard i + 2 < bytes.count, bytes[i + 1] == UInt8(ascii: "\\"), bytes[i + 2] == UInt8(ascii: "u") else {
-                            throw Failure()
-                        }
-                        i += 2
-                        let low = try hex4()
-                        guard (0xDC00...0xDFFF).contains(low) else { throw Failure() }
-                        scalar = 0x10000 + ((scalar - 0xD800) << 10) + (low - 0xDC00)
-                    } else if (0xDC00...0xDFFF).contains(scalar) {
-                        throw Failure()
-                    }
-                    guard let u = Unicode.Scalar(scalar) else { throw Failure() }
-                    out.append(contentsOf: Array(String(Character(u)).utf8))
-                default: throw Failure()
-                }
+                defer { i += 1 }
+                return Name(start: start, end: i, escaped: escaped)
+            } else if b == UInt8(ascii: "\\") {
+                escaped = true
+                try escape()
+            } else if b < 0x20 {
+                throw fail("a string holds a raw control character (U+00\(String(b, radix: 16, uppercase: true))); escape it")
+            } else if b < 0x80 {
                 i += 1
             } else {
-                guard b >= 0x20 else { throw Failure() }
-                out.append(b)
-                i += 1
+                try utf8Sequence()
             }
         }
-        throw Failure()
+        throw fail("the JSON text ends inside a string")
     }
 
-    /// Passes over a string (its escapes are not decoded); returns "".
-    mutating func skipString() throws -> String {
-        i += 1  // opening quote
-        while i < bytes.count {
-            switch bytes[i] {
-            case UInt8(ascii: "\""):
-                i += 1
-                return ""
-            case UInt8(ascii: "\\"):
-                i += 2
-            case 0..<0x20:
-                throw Failure()
-            default:
-                i += 1
+    /// One escape at `i` (the backslash); leaves `i` after it.
+    mutating func escape() throws(Failure) {
+        guard i + 1 < bytes.count else { throw fail("the JSON text ends inside a string") }
+        switch bytes[i + 1] {
+        case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"), UInt8(ascii: "b"), UInt8(ascii: "f"),
+            UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
+            i += 2
+        case UInt8(ascii: "u"):
+            let unit = try hex4(at: i + 2)
+            if (0xDC00...0xDFFF).contains(unit) { throw fail("a string holds a lone low surrogate escape (\\u\(Self.hex(unit)))") }
+            if (0xD800...0xDBFF).contains(unit) {
+                guard i + 7 < bytes.count, bytes[i + 6] == UInt8(ascii: "\\"), bytes[i + 7] == UInt8(ascii: "u"),
+                    (0xDC00...0xDFFF).contains(try hex4(at: i + 8))
+                else { throw fail("a string holds a lone high surrogate escape (\\u\(Self.hex(unit)))") }
+                i += 12
+            } else {
+                i += 6
             }
+        default:
+            throw fail("a string holds an unknown escape '\\\(Self.printable(bytes[i + 1]))'")
         }
-        throw Failure()
     }
 
-    /// Reads the 4 hex digits after `\u` (leaves `i` on the last digit).
-    mutating func hex4() throws -> UInt32 {
-        guard i + 4 < bytes.count else { throw Failure() }
+    /// The 4 hex digits at `at`.
+    func hex4(at: Int) throws(Failure) -> UInt32 {
+        guard at + 4 <= bytes.count else { throw fail("a \\u escape needs 4 hex digits") }
         var value: UInt32 = 0
-        for k in 1...4 {
-            let c = bytes[i + k]
+        for k in 0..<4 {
+            let c = bytes[at + k]
             let digit: UInt32
             switch c {
             case 0x30...0x39: digit = UInt32(c - 0x30)
             case 0x41...0x46: digit = UInt32(c - 0x41 + 10)
             case 0x61...0x66: digit = UInt32(c - 0x61 + 10)
-            default: throw Failure()
+            default: throw fail("a \\u escape needs 4 hex digits")
             }
             value = value << 4 | digit
         }
-        i += 4
         return value
     }
 
-    func validUTF8(_ slice: ArraySlice<UInt8>) throws -> String {
-        guard let s = String(validating: slice, as: UTF8.self) else { throw Failure() }
-        return s
+    /// One multi-byte UTF-8 sequence at `i` (RFC 3629: no overlong forms, no surrogates, nothing
+    /// past U+10FFFF); leaves `i` after it.
+    mutating func utf8Sequence() throws(Failure) {
+        let lead = bytes[i]
+        let length: Int
+        var low: UInt8 = 0x80
+        var high: UInt8 = 0xBF
+        switch lead {
+        case 0xC2...0xDF: length = 2
+        case 0xE0:
+            length = 3
+            low = 0xA0
+        case 0xE1...0xEC, 0xEE...0xEF: length = 3
+        case 0xED:
+            length = 3
+            high = 0x9F
+        case 0xF0:
+            length = 4
+            low = 0x90
+        case 0xF1...0xF3: length = 4
+        case 0xF4:
+            length = 4
+            high = 0x8F
+        default: throw fail("the body is not valid UTF-8")
+        }
+        guard i + length <= bytes.count, (low...high).contains(bytes[i + 1]) else { throw fail("the body is not valid UTF-8") }
+        for k in 2..<max(2, length) where !(0x80...0xBF).contains(bytes[i + k]) {
+            throw fail("the body is not valid UTF-8")
+        }
+        i += length
+    }
+
+    /// The decoded bytes of a checked string.
+    func decodedBytes(_ name: Name) -> [UInt8] {
+        let raw = UnsafeRawBufferPointer(rebasing: bytes[name.start..<name.end])
+        guard name.escaped else { return Array(raw) }
+        var out: [UInt8] = []
+        out.reserveCapacity(raw.count)
+        var k = name.start
+        while k < name.end {
+            let b = bytes[k]
+            guard b == UInt8(ascii: "\\") else {
+                out.append(b)
+                k += 1
+                continue
+            }
+            switch bytes[k + 1] {
+            case UInt8(ascii: "b"): out.append(0x08)
+            case UInt8(ascii: "f"): out.append(0x0C)
+            case UInt8(ascii: "n"): out.append(0x0A)
+            case UInt8(ascii: "r"): out.append(0x0D)
+            case UInt8(ascii: "t"): out.append(0x09)
+            case UInt8(ascii: "u"):
+                // Checked by `escape()`: a high surrogate is followed by its low one.
+                var scalar = (try? hex4(at: k + 2)) ?? 0xFFFD
+                if (0xD800...0xDBFF).contains(scalar) {
+                    let low = (try? hex4(at: k + 8)) ?? 0xDC00
+                    scalar = 0x10000 + ((scalar - 0xD800) << 10) + (low - 0xDC00)
+                    k += 6
+                }
+                out.append(contentsOf: String(Character(Unicode.Scalar(scalar) ?? "\u{FFFD}")).utf8)
+                k += 6
+                continue
+            default: out.append(bytes[k + 1])  // " \ /
+            }
+            k += 2
+        }
+        return out
+    }
+
+    func decodedString(_ name: Name) -> String {
+        if !name.escaped { return String(decoding: UnsafeRawBufferPointer(rebasing: bytes[name.start..<name.end]), as: UTF8.self) }
+        return String(decoding: decodedBytes(name), as: UTF8.self)
+    }
+
+    func sameName(_ a: Name, _ b: Name) -> Bool {
+        if !a.escaped, !b.escaped {
+            guard a.end - a.start == b.end - b.start else { return false }
+            return UnsafeRawBufferPointer(rebasing: bytes[a.start..<a.end]).elementsEqual(
+                UnsafeRawBufferPointer(rebasing: bytes[b.start..<b.end]))
+        }
+        return decodedBytes(a) == decodedBytes(b)
+    }
+
+    // MARK: Helpers
+
+    mutating func skipWhitespace() {
+        while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x0A || bytes[i] == 0x0D || bytes[i] == 0x09 { i += 1 }
+    }
+
+    func fail(_ reason: String) -> Failure { Failure(reason: reason, offset: i) }
+
+    func duplicate(_ name: Name, at offset: Int) -> Failure {
+        let text = decodedString(name)
+        let shown = text.count > 40 ? text.prefix(40) + "…" : Substring(text)
+        return Failure(reason: "the member name \"\(shown)\" appears twice in one object", offset: offset)
+    }
+
+    static func isDigit(_ b: UInt8) -> Bool { b >= 0x30 && b <= 0x39 }
+
+    static func printable(_ b: UInt8) -> String {
+        (0x21...0x7E).contains(b) ? String(UnicodeScalar(b)) : "0x" + String(b, radix: 16, uppercase: true)
+    }
+
+    static func hex(_ unit: UInt32) -> String {
+        let digits = String(unit, radix: 16, uppercase: true)
+        return String(repeating: "0", count: max(0, 4 - digits.count)) + digits
     }
 }

@@ -13,7 +13,9 @@ import Synchronization
 /// - `stall`: a head declaring 1 MB (so the answer streams), 10 bytes of it, then silence;
 /// - `idle-bytes`: 200, then 100 ms later (the connection idle) a whole unasked-for answer;
 /// - `headers`: 200 with `connection: keep-alive, x-secret-thing`, `x-secret-thing`, `x-kept`,
-///   `anthropic-organization-id` and `anthropic-organization-name`;
+///   `anthropic-organization-id` and `anthropic-organization-name`, the account's rate-limit
+///   fields (`anthropic-ratelimit-*`, `x-ratelimit-*`) and two `set-cookie`;
+/// - a `TRACE` to any path: 200 echoing the request's head (as a TRACE answer does);
 /// - anything else: 200 with a Messages API answer (`usage` included).
 final class RecordingProvider: Sendable {
     struct Recorded: Sendable {
@@ -162,6 +164,14 @@ final class RecordingProvider: Sendable {
             let target = request.line.split(separator: " ").last.map(String.init) ?? "/"
             let path = target.split(separator: "?").first.map(String.init) ?? target
             let loop = context.eventLoop.assumeIsolated()
+            if request.line.hasPrefix("TRACE ") {
+                // Reflects the request as a TRACE answer does, credentials included.
+                let echo = request.line + "\r\n" + request.headers.map { "\($0.key): \($0.value)" }.joined(separator: "\r\n")
+                holder.with { $0.inFlight.subtract(1, ordering: .relaxed) }
+                write(
+                    "HTTP/1.1 200 OK\r\ncontent-type: message/http\r\ncontent-length: \(echo.utf8.count)\r\n\r\n" + echo, context: context)
+                return
+            }
             switch path.split(separator: "/").last.map(String.init) ?? "" {
             case "close-on-read":
                 holder.with { $0.inFlight.subtract(1, ordering: .relaxed) }
@@ -180,6 +190,9 @@ final class RecordingProvider: Sendable {
                     Self.response(extra: [
                         "connection: keep-alive, x-secret-thing", "x-secret-thing: hop", "x-kept: end-to-end",
                         "anthropic-organization-id: org-secret", "anthropic-organization-name: Provider Account",
+                        "anthropic-ratelimit-requests-limit: 4000", "anthropic-ratelimit-tokens-remaining: 399000",
+                        "x-ratelimit-limit-requests: 4000", "X-RateLimit-Reset: 2", "set-cookie: session=provider; HttpOnly",
+                        "Set-Cookie: other=1",
                     ]),
                     context: context)
             default:

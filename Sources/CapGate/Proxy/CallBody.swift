@@ -1,0 +1,64 @@
+import Foundation
+import NIOCore
+
+/// What CapGate reads of a call's body to decide its charge (SPEC §2: what is charged is what
+/// the provider reads). A body with a JSON content type is read whole by the strict
+/// I-JSON reader (``JSONParser``): a body the provider could read another way (a repeated
+/// `requests`, a lone surrogate, `NaN`, nesting past `proxy.maxJSONDepth`, trailing text) is a
+/// 400 before admission, so no field is ever taken from a body that did not parse whole. A body
+/// of another type (or none) is read the same way when its route counts its items.
+struct CallBody: Sendable {
+    /// The body as received.
+    var raw: ByteBuffer
+    /// `proxy.maxJSONDepth`.
+    var maxDepth: Int
+    /// The top-level members read, or nil when the body was not read as JSON (empty, or not of
+    /// a JSON content type, such as `multipart/form-data`).
+    var json: JSONParser.TopLevel?
+
+    /// The members built from the body; the rest is only checked (and arrays counted).
+    static let members: Set<String> = ["model"]
+
+    /// Reads `body` when its content type is JSON; anything else is read only if a route needs
+    /// it (``items(_:units:)``).
+    static func read(_ body: ByteBuffer, contentType: String?, maxDepth: Int) throws -> CallBody {
+        var call = CallBody(raw: body, maxDepth: maxDepth, json: nil)
+        if body.readableBytes > 0, isJSON(contentType) { call.json = try parse(body, maxDepth: maxDepth) }
+        return call
+    }
+
+    static func parse(_ body: ByteBuffer, maxDepth: Int) throws -> JSONParser.TopLevel {
+        do {
+            return try JSONParser.members(members, in: body, maxDepth: maxDepth)
+        } catch {
+            throw GatewayError.invalidRequest(
+                "The request body must be one valid JSON text (I-JSON, RFC 7493): \(error.description). Nothing was charged.")
+        }
+    }
+
+    /// `application/json` or any `…/json` and `…+json` type.
+    static func isJSON(_ contentType: String?) -> Bool {
+        guard let contentType else { return false }
+        let media = contentType.prefix { $0 != ";" }.trimmingCharacters(in: .whitespaces).lowercased()
+        return media.hasSuffix("/json") || media.hasSuffix("+json")
+    }
+
+    /// The request's `model` as the ledger stores it (a string of the top-level object), if any.
+    var model: String? {
+        json?.values["model"]?.stringValue.map { ProxyHandler.ledgerText($0, limit: 200) }
+    }
+
+    /// The number of elements of the top-level array `field` (a route's `items_field`). The
+    /// route decides the charge from the body, so the body is read as I-JSON whatever content
+    /// type it claims (the provider may read it as JSON all the same); 400 when it is not, or
+    /// the member is missing, empty or not an array.
+    func items(_ field: String, units: Int) throws -> Int {
+        let json = try self.json ?? Self.parse(raw, maxDepth: maxDepth)
+        guard let count = json.arrayCounts[field], count > 0 else {
+            throw GatewayError.invalidRequest(
+                "This route costs \(units) unit(s) per element of the body's top-level \"\(field)\" array, which is missing, empty or not an array."
+            )
+        }
+        return count
+    }
+}
