@@ -255,7 +255,7 @@ struct OverloadTests {
 
     @Test("the bytes of bodies being read at once stay within proxy.bodyBudgetBytes: past it 503, nothing charged or forwarded")
     func bodyBudget() async throws {
-        let settings = ["proxy.bodyBudgetBytes": "1000000", "proxy.maxBodyBytes": "900000"]
+        let settings = ["proxy.bodyBudgetBytes": "1000000", "proxy.maxBodyBytes": "900000", "proxy.companyShare": "100"]
         try await Harness.with(settings: settings) { h in
             try await h.createPlan("low", company: 1000, user: 1000)
             let made = try await h.createCompany(plan: "low", users: 1)
@@ -300,7 +300,7 @@ struct OverloadTests {
             #expect(try await h.message(key: key).status == 200)
 
             // The slow body completes and is served; then its share is free again.
-            try await slow.send(String(big.dropFirst(1000)))
+            try await slow.send(String(big.dropFirst(599_000)))
             let done = try #require(await slow.answer(within: .seconds(10)))
             #expect(done.status == 200)
             let again = try await h.request(

@@ -121,7 +121,7 @@ struct SpoolTests {
                         equals: 1) == 1)
                 for _ in 0..<40 where !Spool.names(in: spoolFolder).isEmpty { try await Task.sleep(for: .milliseconds(250)) }
                 #expect(Spool.names(in: spoolFolder).isEmpty)
-                let metrics = try await h.request(.GET, "/metrics", headers: h.asOperator, base: base).body
+                let metrics = try await h.request(.GET, "/metrics", headers: [("authorization", "Bearer op_spool")], base: base).body
                 #expect(metrics.contains("capgate_spool_depth 0"), "\(metrics.split(separator: "\n").filter { $0.contains("spool") })")
                 // Calls the provider served (2xx) == calls charged.
                 #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'") == Int64(h.mock.served.count))

@@ -13,13 +13,18 @@ struct BodyFields {
         let buffer: ByteBuffer
         do {
             buffer = try await request.body.collect(upTo: context.maxUploadSize)
+        } catch let error as GatewayError {
+            throw error  // http.bodyTimeout's 408
         } catch {
             throw GatewayError(.contentTooLarge, "request_too_large", "The request body is larger than \(context.maxUploadSize) bytes.")
         }
         guard buffer.readableBytes > 0 else { throw GatewayError.invalidRequest("The request needs a JSON object body.") }
         let containsNUL = buffer.readableBytesView.containsSequence(Array("\\u0000".utf8))
-        guard let json = try? JSON.parse(buffer) else {
-            throw GatewayError.invalidRequest("The request body is not valid JSON.")
+        let json: JSON
+        do {
+            json = try JSON.parse(buffer)
+        } catch {
+            throw GatewayError.invalidRequest("The request body is not one valid JSON text (I-JSON, RFC 7493): \(error).")
         }
         guard let object = json.objectFields else {
             throw GatewayError.invalidRequest("The request body must be a JSON object.")

@@ -66,7 +66,8 @@ struct GatewayParts {
             authenticator: authenticator, metering: metering, upstream: upstream, knownKeys: KnownKeys(database: database),
             routes: RouteTable(database: database), maxBodyBytes: configuration.proxyMaxBodyBytes,
             bodyBudget: BodyBudget(limit: configuration.proxyBodyBudgetBytes),
-            idempotencyMaxBytes: configuration.proxyIdempotencyMaxBytes, maxJSONDepth: configuration.proxyMaxJSONDepth
+            idempotencyMaxBytes: configuration.proxyIdempotencyMaxBytes, maxJSONDepth: configuration.proxyMaxJSONDepth,
+            companySharePercent: configuration.proxyCompanyShare
         )
         self.router = buildRouter(
             prefix: configuration.proxyPrefix, proxy: proxy, authenticator: authenticator, database: database, migrator: try? Migrator(),

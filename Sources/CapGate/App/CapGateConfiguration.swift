@@ -15,6 +15,9 @@ public struct CapGateConfiguration: Sendable {
     /// request arrives, its whole head (request line and headers) must arrive within this, else the
     /// connection is closed (a client sending its headers byte by byte cannot hold a connection).
     public var httpHeaderTimeout: Double
+    /// `http.bodyTimeout` / `HTTP_BODY_TIMEOUT` (seconds, default `30`): a request's body must arrive
+    /// whole within this time of its head, else `408 request_timeout` and the connection closes.
+    public var httpBodyTimeout: Double
     /// `http.maxConnections` / `HTTP_MAX_CONNECTIONS` (default `10000`): the most client connections
     /// open at once; past it, new connections wait in the listen backlog until one closes.
     public var httpMaxConnections: Int
@@ -76,6 +79,11 @@ public struct CapGateConfiguration: Sendable {
     /// a declared `Content-Length`); a body that would exceed it is answered 503
     /// `overloaded_error`, nothing charged or forwarded. Keep it at least `proxy.maxBodyBytes`.
     public var proxyBodyBudgetBytes: Int
+    /// `proxy.companyShare` / `PROXY_COMPANY_SHARE` (percent, default `25`): the most one company may
+    /// hold of `proxy.bodyBudgetBytes` (past it: 503) and of `upstream.maxConnections` (past it its
+    /// calls wait their turn, within `upstream.timeout`), so one tenant cannot starve the others.
+    /// `100` turns it off.
+    public var proxyCompanyShare: Int
     /// `proxy.maxJSONDepth` / `PROXY_MAX_JSON_DEPTH` (default `128`, at most `1000`): the deepest
     /// nesting of a body CapGate reads (SPEC §2); deeper is 400 before admission.
     public var proxyMaxJSONDepth: Int
@@ -100,11 +108,11 @@ public struct CapGateConfiguration: Sendable {
 
     /// Every key CapGate reads, with its environment variable (used by docs and `--help`).
     public static let keys: [String] = [
-        "http.host", "http.port", "http.idleTimeout", "http.headerTimeout", "http.maxConnections",
+        "http.host", "http.port", "http.idleTimeout", "http.headerTimeout", "http.bodyTimeout", "http.maxConnections",
         "database.url", "database.maxConnections", "database.timeout", "database.durability", "database.admissionQueueLimit",
         "upstream.url", "upstream.apiKey", "upstream.timeout", "upstream.connectTimeout",
         "upstream.idleTimeout", "upstream.maxConnections", "operator.token", "jwt.secret", "jwt.jwksFile", "jwt.companyClaim",
-        "jwt.audience", "jwt.issuer", "jwt.leeway", "jwt.maxLifetime", "proxy.maxJSONDepth", "metrics.token", "metrics.public",
+        "jwt.audience", "jwt.issuer", "jwt.leeway", "jwt.maxLifetime", "proxy.maxJSONDepth", "proxy.companyShare", "metrics.token", "metrics.public",
         "notifications.retentionDays",
         "proxy.prefix", "proxy.maxBodyBytes", "proxy.idempotencyMaxBytes", "proxy.bodyBudgetBytes", "billing.rolloverInterval",
         "spool.directory", "log.level", "notifications.webhookUrl", "notifications.webhookSecret", "notifications.thresholds",
@@ -120,6 +128,7 @@ public struct CapGateConfiguration: Sendable {
         "NOTIFY_THRESHOLDS": "notifications.thresholds", "PROXY_MAX_JSON_DEPTH": "proxy.maxJSONDepth",
         "METRICS_TOKEN": "metrics.token", "METRICS_PUBLIC": "metrics.public", "JWT_MAX_LIFETIME": "jwt.maxLifetime",
         "NOTIFICATIONS_RETENTION_DAYS": "notifications.retentionDays",
+        "HTTP_BODY_TIMEOUT": "http.bodyTimeout", "PROXY_COMPANY_SHARE": "proxy.companyShare",
     ]
 
     /// An absolute `http://` or `https://` URL with a host.
@@ -134,6 +143,7 @@ public struct CapGateConfiguration: Sendable {
         port = try Self.int(reader, "http.port", default: 8080, range: 0...65535)
         httpIdleTimeout = try Self.double(reader, "http.idleTimeout", default: 60)
         httpHeaderTimeout = try Self.double(reader, "http.headerTimeout", default: 10)
+        httpBodyTimeout = try Self.double(reader, "http.bodyTimeout", default: 30)
         httpMaxConnections = try Self.int(reader, "http.maxConnections", default: 10_000, range: 1...1_000_000)
         databaseURL = Self.nonEmpty(reader.string(forKey: "database.url", isSecret: true))
         databaseMaxConnections = try Self.int(reader, "database.maxConnections", default: 20, range: 1...1000)
@@ -160,6 +170,7 @@ public struct CapGateConfiguration: Sendable {
         proxyMaxBodyBytes = try Self.int(reader, "proxy.maxBodyBytes", default: 32 << 20, range: 1...(1 << 34))
         proxyIdempotencyMaxBytes = try Self.int(reader, "proxy.idempotencyMaxBytes", default: 1 << 20, range: 0...(64 << 20))
         proxyBodyBudgetBytes = try Self.int(reader, "proxy.bodyBudgetBytes", default: 256 << 20, range: 1...(1 << 40))
+        proxyCompanyShare = try Self.int(reader, "proxy.companyShare", default: 25, range: 1...100)
         proxyMaxJSONDepth = try Self.int(reader, "proxy.maxJSONDepth", default: JSONParser.defaultMaxDepth, range: 1...1000)
         metricsToken = Self.nonEmpty(reader.string(forKey: "metrics.token", isSecret: true))
         metricsPublic = try Self.bool(reader, "metrics.public", default: false)

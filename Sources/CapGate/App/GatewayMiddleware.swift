@@ -57,8 +57,10 @@ struct GatewayMiddleware: RouterMiddleware {
                 // TRACE and CONNECT are never answered, on any path (SPEC §2); under the prefix the
                 // proxy refuses them once the caller is authenticated.
                 if request.method == .trace || request.method == .connect {
-                    throw GatewayError(
-                        .methodNotAllowed, "invalid_request_error", "\(request.method.rawValue) is not allowed through the gateway.")
+                    let allowed = methods.allowed(for: path)
+                    var error = ProxyHandler.methodRefusal(request.method)
+                    if !allowed.isEmpty { error.headers[.allow] = allowed.joined(separator: ", ") }
+                    throw error
                 }
                 // The router matched (or missed) the path as sent, before this middleware ran.
                 if target.changed {

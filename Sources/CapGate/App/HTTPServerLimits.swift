@@ -17,6 +17,13 @@ import NIOHTTPTypes
 ///   decoder, where the bytes arrive) and ``RequestHeadSignal`` (behind it, where the decoded head
 ///   appears) add it.
 ///
+/// - `http.bodyTimeout`: a request's body must arrive whole within this time of its head, else
+///   the body reader gets a 408 `request_timeout` (``BodyDeadline``) and the connection closes: a
+///   client trickling a byte every few seconds cannot hold a connection and its body budget.
+/// - `http.idleTimeout` for answers too: a client that reads nothing of its answer for that long
+///   (the connection stays unwritable) loses it (``WriteStallHandler``): the connection closes,
+///   so the upstream connection feeding it is freed (the charge stands, as for any disconnect).
+///
 /// The connection limit (`http.maxConnections`) is Hummingbird's `MaximumAvailableConnections`:
 /// at the limit the server stops accepting, so further connections wait in the listen backlog
 /// (the kernel's queue) until one closes.
@@ -27,9 +34,9 @@ extension CapGateConfiguration {
     /// kernel caps it at `net.core.somaxconn` (4096 on current Linux).
     static let listenBacklog = 4096
 
-    /// The HTTP server with `http.idleTimeout` and `http.headerTimeout`.
+    /// The HTTP server with `http.idleTimeout`, `http.headerTimeout` and `http.bodyTimeout`.
     var httpServer: HTTPServerBuilder {
-        .gateway(idleTimeout: .seconds(httpIdleTimeout), headerTimeout: .seconds(httpHeaderTimeout))
+        .gateway(idleTimeout: .seconds(httpIdleTimeout), headerTimeout: .seconds(httpHeaderTimeout), bodyTimeout: .seconds(httpBodyTimeout))
     }
 
     /// The listen address and `http.maxConnections`.
@@ -42,12 +49,16 @@ extension CapGateConfiguration {
 }
 
 extension HTTPServerBuilder {
-    static func gateway(idleTimeout: Duration, headerTimeout: Duration) -> HTTPServerBuilder {
+    static func gateway(idleTimeout: Duration, headerTimeout: Duration, bodyTimeout: Duration) -> HTTPServerBuilder {
         HTTPServerBuilder { responder in
             HeaderDeadlineChannel(
                 base: HTTP1Channel(
                     responder: responder,
-                    configuration: .init(additionalChannelHandlers: [RequestHeadSignal()], idleTimeout: TimeAmount(idleTimeout))
+                    configuration: .init(
+                        additionalChannelHandlers: [
+                            RequestHeadSignal(bodyTimeout: TimeAmount(bodyTimeout)), WriteStallHandler(timeout: TimeAmount(idleTimeout)),
+                        ],
+                        idleTimeout: TimeAmount(idleTimeout))
                 ),
                 headerTimeout: TimeAmount(headerTimeout)
             )
@@ -142,17 +153,114 @@ final class HeaderDeadlineHandler: ChannelDuplexHandler, RemovableChannelHandler
 }
 
 /// Sits behind the HTTP decoder and tells ``HeaderDeadlineHandler`` when a request's head, and
-/// its end, were decoded.
+/// its end, were decoded. It also holds the body to `http.bodyTimeout`: a request whose end has
+/// not arrived by the end of the read that brought its head arms a timer; if the end is still
+/// missing when it fires, the body reader gets ``BodyDeadline/error`` (a 408 that closes the
+/// connection). A body that comes with its head arms nothing.
 final class RequestHeadSignal: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPRequestPart
     typealias InboundOut = HTTPRequestPart
 
+    let bodyTimeout: TimeAmount
+    /// A head was read and its end was not.
+    private var inBody = false
+    private var deadline: Scheduled<Void>?
+
+    init(bodyTimeout: TimeAmount) {
+        self.bodyTimeout = bodyTimeout
+    }
+
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch unwrapInboundIn(data) {
-        case .head: context.triggerUserOutboundEvent(RequestHeadEvent.head, promise: nil)
-        case .end: context.triggerUserOutboundEvent(RequestHeadEvent.end, promise: nil)
+        case .head:
+            inBody = true
+            context.triggerUserOutboundEvent(RequestHeadEvent.head, promise: nil)
+        case .end:
+            inBody = false
+            disarm()
+            context.triggerUserOutboundEvent(RequestHeadEvent.end, promise: nil)
         case .body: break
         }
         context.fireChannelRead(data)
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        if inBody && deadline == nil {
+            let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            deadline = context.eventLoop.scheduleTask(in: bodyTimeout) {
+                let (handler, context) = bound.value
+                handler.deadline = nil
+                guard handler.inBody else { return }
+                handler.inBody = false
+                context.fireErrorCaught(BodyDeadline.error)
+            }
+        }
+        context.fireChannelReadComplete()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        disarm()
+        context.fireChannelInactive()
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        disarm()
+    }
+
+    private func disarm() {
+        deadline?.cancel()
+        deadline = nil
+    }
+}
+
+/// `http.bodyTimeout`'s answer (SPEC §3: `408 request_timeout`), delivered to whoever is reading
+/// the body; `Connection: close` ends the connection after it.
+enum BodyDeadline {
+    static let error = GatewayError(
+        .requestTimeout, "request_timeout",
+        "The request body did not arrive within the gateway's time limit (http.bodyTimeout); nothing was charged. Send it again.",
+        headers: [.connection: "close"])
+}
+
+/// Closes a connection that stays unwritable (its client reads nothing of the answer) for
+/// `timeout` (`http.idleTimeout`): the answer's writer fails, and the provider's stream feeding
+/// it is let go. An answer the client keeps reading, however slowly, is never cut.
+final class WriteStallHandler: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPRequestPart
+    typealias InboundOut = HTTPRequestPart
+
+    let timeout: TimeAmount
+    private var deadline: Scheduled<Void>?
+
+    init(timeout: TimeAmount) {
+        self.timeout = timeout
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable {
+            disarm()
+        } else if deadline == nil {
+            let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            deadline = context.eventLoop.scheduleTask(in: timeout) {
+                let (handler, context) = bound.value
+                handler.deadline = nil
+                if !context.channel.isWritable { context.close(promise: nil) }
+            }
+        }
+        context.fireChannelWritabilityChanged()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        disarm()
+        context.fireChannelInactive()
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        disarm()
+    }
+
+    private func disarm() {
+        deadline?.cancel()
+        deadline = nil
     }
 }

@@ -16,7 +16,8 @@ public final class KnownKeys: Sendable {
     let database: Database
     let lifetime: Duration
     let capacity: Int
-    private let known: Mutex<[ByteBuffer: ContinuousClock.Instant]> = Mutex([:])
+    /// A valid key's hash → until when it is remembered, and its company.
+    private let known: Mutex<[ByteBuffer: (until: ContinuousClock.Instant, company: UUID)]> = Mutex([:])
 
     public init(database: Database, lifetime: Duration = .seconds(600), capacity: Int = 100_000) {
         self.database = database
@@ -24,37 +25,40 @@ public final class KnownKeys: Sendable {
         self.capacity = capacity
     }
 
-    /// Throws the 401 for a key that is unknown, revoked or whose user is disabled; 503 when the
-    /// database cannot say.
-    public func check(_ key: String) async throws {
+    /// The key's company (for its share of the gateway, before the admission confirms it); throws
+    /// the 401 for a key that is unknown, revoked or whose user is disabled, 503 when the database
+    /// cannot say.
+    @discardableResult
+    public func check(_ key: String) async throws -> UUID {
         let hash = ApiKeyGenerator.hash(key)
         let now = ContinuousClock.now
-        let fresh = known.withLock { known -> Bool in
-            guard let until = known[hash] else { return false }
-            if until > now { return true }
+        let fresh = known.withLock { known -> UUID? in
+            guard let entry = known[hash] else { return nil }
+            if entry.until > now { return entry.company }
             known[hash] = nil
-            return false
+            return nil
         }
-        if fresh { return }
+        if let fresh { return fresh }
         let database = self.database
-        let auth = try await database.run { client in
+        let auth = try await database.run { client -> (String, UUID?) in
             let rows = try await client.query(
                 """
                 SELECT CASE WHEN k.revoked_at IS NOT NULL THEN 'revoked_key'
-                            WHEN u.disabled THEN 'disabled_user' ELSE 'ok' END
+                            WHEN u.disabled THEN 'disabled_user' ELSE 'ok' END, k.company_id
                   FROM api_keys k JOIN users u ON u.company_id = k.company_id AND u.id = k.user_id
                  WHERE k.key_hash = \(hash)
                 """,
                 logger: database.logger
             )
-            for try await auth in rows.decode(String.self) { return auth }
-            return "unknown_key"
+            for try await (auth, company) in rows.decode((String, UUID).self) { return (auth, company) }
+            return ("unknown_key", nil)
         }
-        guard auth == "ok" else { throw Authenticator.keyError(auth) }
+        guard auth.0 == "ok", let company = auth.1 else { throw Authenticator.keyError(auth.0) }
         let until = now + lifetime
         known.withLock { known in
             if known.count >= capacity { known.removeAll(keepingCapacity: true) }
-            known[hash] = until
+            known[hash] = (until, company)
         }
+        return company
     }
 }

@@ -36,8 +36,7 @@ extension ProxyHandler {
     /// decompressed).
     static func checkHead(_ request: Request) throws {
         if request.method == .trace || request.method == .connect {
-            throw GatewayError(
-                .methodNotAllowed, "invalid_request_error", "\(request.method.rawValue) is not allowed through the gateway.")
+            throw methodRefusal(request.method)
         }
         for value in request.headers[values: .contentEncoding] {
             for coding in value.split(separator: ",") where !coding.trimmingSpaces.isEmpty {
@@ -49,6 +48,13 @@ extension ProxyHandler {
                 }
             }
         }
+    }
+
+    /// The 405 of `TRACE` and `CONNECT`, with the methods a forwarded path takes in `Allow`.
+    static func methodRefusal(_ method: HTTPRequest.Method) -> GatewayError {
+        GatewayError(
+            .methodNotAllowed, "invalid_request_error", "\(method.rawValue) is not allowed through the gateway.",
+            headers: [.allow: "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"])
     }
 
     /// Whether a field of the provider's answer (lowercased name) describes the operator's whole

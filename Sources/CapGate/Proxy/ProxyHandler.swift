@@ -32,12 +32,18 @@ public struct ProxyHandler: Sendable {
     let idempotencyMaxBytes: Int
     /// `proxy.maxJSONDepth`: the deepest nesting of a body CapGate reads.
     let maxJSONDepth: Int
+    /// `proxy.companyShare` of the body budget (bytes being read) and of the provider's
+    /// connections (calls forwarded at once), per company.
+    let bodyShare: CompanyShare
+    let upstreamShare: CompanyShare
 
     public init(
         authenticator: Authenticator, metering: MeteringStore, upstream: UpstreamClient, knownKeys: KnownKeys, routes: RouteTable,
-        maxBodyBytes: Int, bodyBudget: BodyBudget, idempotencyMaxBytes: Int, maxJSONDepth: Int = 128
+        maxBodyBytes: Int, bodyBudget: BodyBudget, idempotencyMaxBytes: Int, maxJSONDepth: Int = 128, companySharePercent: Int = 25
     ) {
         self.maxJSONDepth = maxJSONDepth
+        self.bodyShare = CompanyShare(total: bodyBudget.limit, percent: companySharePercent)
+        self.upstreamShare = CompanyShare(total: upstream.limiter.maxConnections, percent: companySharePercent)
         self.routes = routes
         self.bodyBudget = bodyBudget
         self.authenticator = authenticator
@@ -70,17 +76,19 @@ public struct ProxyHandler: Sendable {
         // The credential first: nothing of the body is read for a caller who is not one.
         let apiKey = authenticator.apiKey(in: request.headers)
         var verified: UserIdentity?
+        let company: UUID
         if let apiKey {
-            try await knownKeys.check(apiKey)
+            company = try await knownKeys.check(apiKey)
         } else {
             guard case .user(let identity) = try await authenticator.authenticate(request.headers) else {
                 throw GatewayError.permission("The operator token cannot make metered calls; use a user's CapGate API key.")
             }
             verified = identity
+            company = identity.companyID
         }
         // 405 and 415 from the head, then 413 while reading, then 400 for what was read.
         try Self.checkHead(request)
-        let body = try await readBody(request)
+        let body = try await readBody(request, company: company)
         let idempotencyKey = try IdempotencyKey.key(in: request.headers)
         let callBody = try CallBody.read(body, contentType: request.headers[.contentType], maxDepth: maxJSONDepth)
         let path = request.uri.path
@@ -195,6 +203,15 @@ public struct ProxyHandler: Sendable {
         if let key = upstream.apiKey { outboundHeaders.add(name: "x-api-key", value: key) }
         let sendsBody = body.readableBytes > 0 || request.method == .post || request.method == .put || request.method == .patch
 
+        // The company's share of the provider's connections: past it the call waits its turn
+        // (within upstream.timeout) while other companies' calls go on.
+        guard await upstreamShare.acquire(for: user.companyID, timeout: upstream.waitLimit) else {
+            if let charge { await refund(user: user, ledgerID: charge, requestID: requestID, status: nil, reason: "share", logger: logger) }
+            throw GatewayError.overloaded(
+                "Your company has as many calls in flight to the AI provider as its share of this gateway allows; you were not charged. Try again shortly."
+            )
+        }
+        let ticket = ShareTicket(share: upstreamShare, company: user.companyID)
         let upstreamStart = ContinuousClock.now
         let response: UpstreamResponse
         do {
@@ -203,6 +220,7 @@ public struct ProxyHandler: Sendable {
                 body: sendsBody ? body : nil
             )
         } catch {
+            ticket.release()
             let timedOut = (error as? UpstreamError)?.isTimeout ?? false
             if let charge,
                 await refund(
@@ -251,6 +269,7 @@ public struct ProxyHandler: Sendable {
             headers.append(contentsOf: refundedState.rateLimitHeaders())
             switch response.body {
             case .whole(let whole, let failure):
+                ticket.release()
                 return Response(
                     status: .init(code: status), headers: headers, body: Self.body(whole, failure: failure, length: contentLength))
             case .stream(let stream):
@@ -258,6 +277,7 @@ public struct ProxyHandler: Sendable {
                     status: .init(code: status),
                     headers: headers,
                     body: ResponseBody(contentLength: contentLength) { writer in
+                        defer { ticket.release() }
                         for try await chunk in stream { try await writer.write(chunk) }
                         try await writer.finish(nil)
                     }
@@ -269,6 +289,7 @@ public struct ProxyHandler: Sendable {
         // A small answer of known length arrived whole and goes out with the head in one write;
         // anything else (streams, large or unknown length) streams through as it arrives.
         if case .whole(let whole, let failure) = response.body {
+            ticket.release()
             var capture = UsageCapture(contentType: contentType)
             capture.read(whole: whole)
             // The charge stands once the provider answered 2xx.
@@ -289,6 +310,7 @@ public struct ProxyHandler: Sendable {
             status: .init(code: status),
             headers: headers,
             body: ResponseBody(contentLength: contentLength) { writer in
+                defer { ticket.release() }
                 var failure: (any Error)?
                 var upstreamBroke = false
                 var capture = UsageCapture(contentType: contentType)
@@ -345,16 +367,25 @@ public struct ProxyHandler: Sendable {
     /// when it is spent). The budget counts bytes received as they arrive, never a declared length:
     /// a client that declares 32 MB and sends a byte at a time holds one byte of it. All of it is
     /// released when the read ends.
-    func readBody(_ request: Request) async throws -> ByteBuffer {
+    func readBody(_ request: Request, company: UUID) async throws -> ByteBuffer {
         let declared = request.headers[.contentLength].flatMap(Int.init)
         if let declared, declared > maxBodyBytes {
             throw GatewayError.tooLarge(limit: maxBodyBytes)
         }
         var reserved = 0
-        defer { bodyBudget.release(reserved) }
+        defer {
+            bodyBudget.release(reserved)
+            bodyShare.give(reserved, for: company)
+        }
         func reserve(upTo total: Int) throws {
             guard total > reserved else { return }
+            guard bodyShare.take(total - reserved, for: company) else {
+                throw GatewayError.overloaded(
+                    "Your company is sending as many request bodies at once as its share of this gateway allows, so the call was not forwarded. Try again shortly."
+                )
+            }
             guard bodyBudget.reserve(total - reserved) else {
+                bodyShare.give(total - reserved, for: company)
                 throw GatewayError.overloaded(
                     "The gateway is reading as many request bodies as it can hold right now, so the call was not forwarded. Try again shortly."
                 )

@@ -43,6 +43,10 @@ public final class UpstreamClient: Sendable {
     /// The cap on connections, over every loop.
     let limiter: ConnectionLimiter
 
+    /// How long a call may wait for the provider's answer to start (`upstream.timeout`); also the
+    /// longest wait for its company's share of the connections.
+    var waitLimit: Duration { .nanoseconds(settings.headTimeout.nanoseconds) }
+
     /// Where the provider is.
     struct Endpoint: Sendable {
         var host: String

@@ -15,7 +15,8 @@ import Synchronization
 /// - `/slow-head`: the head after 5 s.
 /// - `/stall`: a head declaring 1 MB, 10 bytes, then silence.
 /// - `POST /early`: 413 (keep-alive) as soon as the head arrived; the body is never read.
-/// - `/big`: 4 MB with `content-length`, written in 64 KiB pieces.
+/// - `/big`: 4 MB with `content-length`, written in 64 KiB pieces; `/huge`: 64 MB the same way.
+/// - Through the gateway (`/v1/keep`, …) the `/v1` prefix is ignored.
 final class ScriptedProvider: Sendable {
     let channel: any Channel
     let accepted = Atomic(0)
@@ -114,7 +115,8 @@ final class ScriptedProvider: Sendable {
         func answer(method: String, path: String, context: ChannelHandlerContext) {
             let loop = context.eventLoop.assumeIsolated()
             func send(_ text: String) { context.writeAndFlush(wrapOutboundOut(ByteBuffer(string: text)), promise: nil) }
-            switch path {
+            // Through the gateway the path keeps its `/v1` prefix.
+            switch path.hasPrefix("/v1/") ? String(path.dropFirst(3)) : path {
             case "/keep":
                 send("HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 2\r\n\r\n" + (method == "HEAD" ? "" : "ok"))
             case "/drop-idle":
@@ -138,6 +140,10 @@ final class ScriptedProvider: Sendable {
                 let piece = String(repeating: "x", count: 64 << 10)
                 send("HTTP/1.1 200 OK\r\ncontent-length: \(64 * (64 << 10))\r\n\r\n")
                 for _ in 0..<64 { send(piece) }
+            case "/huge":
+                let piece = String(repeating: "x", count: 64 << 10)
+                send("HTTP/1.1 200 OK\r\ncontent-length: \(1024 * (64 << 10))\r\n\r\n")
+                for _ in 0..<1024 { send(piece) }
             default:
                 send("HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
             }
