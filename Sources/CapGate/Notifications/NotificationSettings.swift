@@ -26,6 +26,11 @@ public struct NotificationSettings: Sendable {
     /// in a second, so a backlog (after a receiver outage) drains beside the admissions instead
     /// of competing with them.
     public var maxPerSecond: Double = 50
+    /// `notifications.caFile` / `NOTIFICATIONS_CA_FILE`: a PEM file of trust roots for `https`
+    /// receivers, used instead of the system's roots. Unset: the system's roots. Separate from
+    /// `upstream.caFile`: receivers are the tenants' servers, not the provider, and a private root
+    /// for one should not replace the public roots the other needs.
+    public var caFile: String? = nil
     /// Deliveries in flight at once per gateway.
     public var workers = 4
 
