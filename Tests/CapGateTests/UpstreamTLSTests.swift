@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Foundation
 import NIOCore
 import NIOPosix
+import NIOSSL
 import Testing
 
 @testable import CapGate
@@ -59,6 +60,60 @@ struct UpstreamTLSTests {
             #expect(!provider.serverNames.isEmpty)
             #expect(provider.serverNames.allSatisfy { $0 == "localhost" }, "\(provider.serverNames)")
         }
+    }
+
+    @Test("an https URL with an IP address: no SNI is sent (TLS forbids it), the certificate must name the address")
+    func addressWithoutSNI() async throws {
+        let provider = try await TLSProvider.start(serving: Self.pki.localhost)
+        defer { provider.stop() }
+        try await Harness.with(upstreamURL: "https://127.0.0.1:\(provider.port)", settings: ["upstream.caFile": Self.pki.caFile]) { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (_, users) = try await h.createCompany(plan: "low", users: 1)
+            let reply = try await h.message(key: users[0].key)
+            #expect(reply.status == 200)
+            #expect(reply.body == TLSProvider.message.serialized())
+            #expect(provider.serverNames == [nil])
+            try await Self.expectServedEqualsCharged(h, served: provider.served)
+        }
+        // A certificate without the address is refused for it.
+        let refused = try await TLSProvider.start(serving: Self.pki.wrongName)
+        defer { refused.stop() }
+        let log = LogCapture()
+        try await Harness.with(
+            upstreamURL: "https://127.0.0.1:\(refused.port)", settings: ["upstream.caFile": Self.pki.caFile],
+            gatewayLogger: log.logger(level: .warning)
+        ) { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (_, users) = try await h.createCompany(plan: "low", users: 1)
+            #expect(try await h.message(key: users[0].key).status == 502)
+            let mismatch = "certificate name mismatch: the provider's certificate is not valid for 127.0.0.1"
+            #expect(log.matching(mismatch).count == 1, "\(log.all)")
+            try await Self.expectServedEqualsCharged(h, served: refused.served)
+        }
+    }
+
+    @Test("the reason for a refused handshake: the problem first, told apart by the presented certificate's dates")
+    func reasons() {
+        let now = Date(timeIntervalSince1970: 1_800_000_000)
+        let verifyFailed = NIOSSLError.handshakeFailed(.sslError([]))
+        func reason(_ error: any Error, _ validity: (Date, Date)?) -> String {
+            UpstreamTLSDiagnosis.reason(
+                for: error, host: "api.example.com", trustSource: "the system's trust roots",
+                validity: validity.map { (notBefore: $0.0, notAfter: $0.1) }, now: now)
+        }
+        // NIOSSL's text for a failed chain check names CERTIFICATE_VERIFY_FAILED.
+        struct VerifyFailed: Error, CustomStringConvertible {
+            var description: String { "handshakeFailed(sslError([CERTIFICATE_VERIFY_FAILED]))" }
+        }
+        #expect(reason(VerifyFailed(), (now - 100, now - 1)).hasPrefix("certificate expired: the provider's certificate was valid until"))
+        #expect(
+            reason(VerifyFailed(), (now + 1, now + 100)).hasPrefix("certificate not yet valid: the provider's certificate is valid from"))
+        #expect(
+            reason(VerifyFailed(), (now - 1, now + 1)).hasPrefix(
+                "certificate not trusted: the provider's certificate chain does not lead to a root in the system's trust roots"))
+        #expect(reason(VerifyFailed(), nil).hasPrefix("certificate not trusted"))
+        #expect(reason(verifyFailed, nil).hasPrefix("TLS handshake failed (handshakeFailed("))
+        #expect(reason(NIOSSLError.uncleanShutdown, nil) == "TLS handshake failed (uncleanShutdown)")
     }
 
     enum BadCertificate: String, CaseIterable, Sendable, CustomTestStringConvertible {

@@ -1,6 +1,7 @@
 import Crypto
 import Foundation
 import NIOSSL
+import SwiftASN1
 import X509
 
 /// Certificates made for a test run with swift-certificates and P-256 keys: a CA the gateway is
@@ -22,7 +23,7 @@ struct TestPKI: Sendable {
 
     let ca: Issued
     let otherCA: Issued
-    /// For `localhost`, from ``ca``.
+    /// For `localhost` and the address 127.0.0.1, from ``ca``.
     let localhost: Issued
     /// For `wrong.example` only, from ``ca``.
     let wrongName: Issued
@@ -40,7 +41,8 @@ struct TestPKI: Sendable {
         let now = Date()
         ca = try Self.authority("CapGate Test CA", now: now)
         otherCA = try Self.authority("Some Other CA", now: now)
-        localhost = try Self.server(names: ["localhost"], issuer: ca, from: now - 3600, until: now + 86400 * 30)
+        localhost = try Self.server(
+            names: ["localhost"], addresses: [[127, 0, 0, 1]], issuer: ca, from: now - 3600, until: now + 86400 * 30)
         wrongName = try Self.server(names: ["wrong.example"], issuer: ca, from: now - 3600, until: now + 86400 * 30)
         expired = try Self.server(names: ["localhost"], issuer: ca, from: now - 86400 * 30, until: now - 86400)
         unknownIssuer = try Self.server(names: ["localhost"], issuer: otherCA, from: now - 3600, until: now + 86400 * 30)
@@ -64,8 +66,9 @@ struct TestPKI: Sendable {
         return Issued(certificate: certificate, key: key)
     }
 
-    /// A server certificate for `names` (subjectAltName dNSName), signed by `issuer`.
-    static func server(names: [String], issuer: Issued, from: Date, until: Date) throws -> Issued {
+    /// A server certificate for `names` and `addresses` (subjectAltName dNSName and iPAddress),
+    /// signed by `issuer`.
+    static func server(names: [String], addresses: [[UInt8]] = [], issuer: Issued, from: Date, until: Date) throws -> Issued {
         let key = P256.Signing.PrivateKey()
         let certificate = try Certificate(
             version: .v3, serialNumber: .init(), publicKey: .init(key.publicKey),
@@ -76,7 +79,8 @@ struct TestPKI: Sendable {
                 Critical(BasicConstraints.notCertificateAuthority)
                 KeyUsage(digitalSignature: true)
                 try ExtendedKeyUsage([.serverAuth])
-                SubjectAlternativeNames(names.map { .dnsName($0) })
+                SubjectAlternativeNames(
+                    names.map { .dnsName($0) } + addresses.map { .ipAddress(ASN1OctetString(contentBytes: $0[...])) })
             },
             issuerPrivateKey: .init(issuer.key))
         return Issued(certificate: certificate, key: key)
