@@ -87,7 +87,7 @@ struct GatewayParts {
         var notificationLogger = logger
         notificationLogger[metadataKey: "component"] = "notifications"
         services.append(
-            NotificationDeliverer(
+            try NotificationDeliverer(
                 database: database, settings: configuration.notifications, configuration: configuration, logger: notificationLogger))
         services.append(
             PeriodicJob(interval: .seconds(10)) {

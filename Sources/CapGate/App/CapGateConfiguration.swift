@@ -50,6 +50,10 @@ public struct CapGateConfiguration: Sendable {
     /// `upstream.maxConnections` / `UPSTREAM_MAX_CONNECTIONS` (default `512`): connections to the provider open at once;
     /// further calls wait for one, within `upstream.timeout`.
     public var upstreamMaxConnections: Int
+    /// `upstream.caFile` / `UPSTREAM_CA_FILE`: a PEM file of trust roots for an `https` provider, used
+    /// instead of the system's roots (a private CA, a TLS-inspecting egress proxy, tests). Unset: the
+    /// system's roots. Read once at start; a file that holds no readable certificate stops the start.
+    public var upstreamCAFile: String?
     /// `operator.token` / `OPERATOR_TOKEN` (secret): the operator's bearer token; unset disables the operator API.
     public var operatorToken: String?
     /// `jwt.secret` / `JWT_SECRET` (secret): HS256 shared secret.
@@ -110,7 +114,7 @@ public struct CapGateConfiguration: Sendable {
     public static let keys: [String] = [
         "http.host", "http.port", "http.idleTimeout", "http.headerTimeout", "http.bodyTimeout", "http.maxConnections",
         "database.url", "database.maxConnections", "database.timeout", "database.durability", "database.admissionQueueLimit",
-        "upstream.url", "upstream.apiKey", "upstream.timeout", "upstream.connectTimeout",
+        "upstream.url", "upstream.apiKey", "upstream.timeout", "upstream.connectTimeout", "upstream.caFile",
         "upstream.idleTimeout", "upstream.maxConnections", "operator.token", "jwt.secret", "jwt.jwksFile", "jwt.companyClaim",
         "jwt.audience", "jwt.issuer", "jwt.leeway", "jwt.maxLifetime", "proxy.maxJSONDepth", "proxy.companyShare", "metrics.token",
         "metrics.public",
@@ -118,7 +122,7 @@ public struct CapGateConfiguration: Sendable {
         "proxy.prefix", "proxy.maxBodyBytes", "proxy.idempotencyMaxBytes", "proxy.bodyBudgetBytes", "billing.rolloverInterval",
         "spool.directory", "log.level", "notifications.webhookUrl", "notifications.webhookSecret", "notifications.thresholds",
         "notifications.timeout", "notifications.retryFor", "notifications.retryDelay", "notifications.maxRetryDelay",
-        "notifications.pollInterval", "notifications.maxPerSecond",
+        "notifications.pollInterval", "notifications.maxPerSecond", "notifications.caFile",
     ]
     static let secretKeys: Set<String> = [
         "database.url", "upstream.apiKey", "operator.token", "jwt.secret", "notifications.webhookSecret", "metrics.token",
@@ -160,6 +164,7 @@ public struct CapGateConfiguration: Sendable {
         upstreamConnectTimeout = try Self.double(reader, "upstream.connectTimeout", default: 10)
         upstreamIdleTimeout = try Self.double(reader, "upstream.idleTimeout", default: 300)
         upstreamMaxConnections = try Self.int(reader, "upstream.maxConnections", default: 512, range: 1...100_000)
+        upstreamCAFile = Self.nonEmpty(reader.string(forKey: "upstream.caFile"))
         operatorToken = Self.nonEmpty(reader.string(forKey: "operator.token", isSecret: true))
         jwtSecret = Self.nonEmpty(reader.string(forKey: "jwt.secret", isSecret: true))
         jwtJWKSFile = Self.nonEmpty(reader.string(forKey: "jwt.jwksFile"))
@@ -196,7 +201,8 @@ public struct CapGateConfiguration: Sendable {
             maxRetryDelay: try Self.double(reader, "notifications.maxRetryDelay", default: 900),
             pollInterval: try Self.double(reader, "notifications.pollInterval", default: 1),
             maxPerSecond: try Self.double(reader, "notifications.maxPerSecond", default: 50),
-            retentionDays: try Self.int(reader, "notifications.retentionDays", default: 90, range: 1...36600)
+            retentionDays: try Self.int(reader, "notifications.retentionDays", default: 90, range: 1...36600),
+            caFile: Self.nonEmpty(reader.string(forKey: "notifications.caFile"))
         )
         if let url = notifications.webhookURL, !Self.isHTTPURL(url) {
             throw ConfigurationError(key: "notifications.webhookUrl", problem: "is not an absolute http(s) URL")

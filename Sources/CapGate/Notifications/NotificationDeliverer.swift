@@ -29,11 +29,12 @@ public struct NotificationDeliverer: Service {
     let logger: Logger
     let pacer: DeliveryPacer
 
-    public init(database: Database, settings: NotificationSettings, configuration: CapGateConfiguration, logger: Logger) {
+    /// Throws ``ConfigurationError`` when `notifications.caFile` holds no readable certificate.
+    public init(database: Database, settings: NotificationSettings, configuration: CapGateConfiguration, logger: Logger) throws {
         self.database = database
         self.client = { database.client }
         self.settings = settings
-        self.webhooks = WebhookClients(configuration: configuration, timeout: settings.timeout)
+        self.webhooks = try WebhookClients(configuration: configuration, timeout: settings.timeout)
         self.logger = logger
         self.pacer = DeliveryPacer(perSecond: settings.maxPerSecond)
     }

@@ -29,6 +29,11 @@ public struct NotificationSettings: Sendable {
     /// `notifications.retentionDays` / `NOTIFICATIONS_RETENTION_DAYS` (default `90`): delivered and
     /// failed rows older than this are purged.
     public var retentionDays: Int = 90
+    /// `notifications.caFile` / `NOTIFICATIONS_CA_FILE`: a PEM file of trust roots for `https`
+    /// receivers, used instead of the system's roots. Unset: the system's roots. Separate from
+    /// `upstream.caFile`: receivers are the tenants' servers, not the provider, and a private root
+    /// for one should not replace the public roots the other needs.
+    public var caFile: String? = nil
     /// Deliveries in flight at once per gateway.
     public var workers = 4
 

@@ -6,13 +6,17 @@ import Synchronization
 
 /// HTTP/1.1 clients for webhook receivers, one per origin (scheme, host, port), made on first
 /// use: the project's own ``UpstreamClient`` (strict framing, timeouts, TLS for `https`), with
-/// the notification timeout for connecting, the head and the body. The provider's key is never
+/// the notification timeout for connecting, the head and the body, and the trust roots of
+/// `notifications.caFile` (or the system's) for `https` receivers. The provider's key is never
 /// sent: ``UpstreamClient`` adds no credential by itself.
 final class WebhookClients: Sendable {
     let configuration: CapGateConfiguration
+    let trust: UpstreamTrust
     private let clients = Mutex<[String: UpstreamClient]>([:])
 
-    init(configuration: CapGateConfiguration, timeout: Double) {
+    /// Throws ``ConfigurationError`` when `notifications.caFile` holds no readable certificate.
+    init(configuration: CapGateConfiguration, timeout: Double) throws {
+        self.trust = try UpstreamTrust(file: configuration.notifications.caFile, key: "notifications.caFile")
         var settings = configuration
         settings.upstreamTimeout = timeout
         settings.upstreamConnectTimeout = timeout
@@ -51,7 +55,7 @@ final class WebhookClients: Sendable {
         try clients.withLock { clients in
             if let existing = clients[origin] { return existing }
             let made = try UpstreamClient(
-                configuration: configuration, baseURL: origin, eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
+                configuration: configuration, baseURL: origin, eventLoopGroup: MultiThreadedEventLoopGroup.singleton, trust: trust)
             clients[origin] = made
             return made
         }

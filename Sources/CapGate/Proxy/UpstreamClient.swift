@@ -8,7 +8,9 @@ import NIOSSL
 /// connections kept per event loop, the request head and body sent in one write, no redirects
 /// followed, no decompression (bodies pass through byte for byte), no retries of a request that
 /// may have reached the provider (an unreachable provider is a fast 502, not a wait). `https`
-/// base URLs use TLS with the system's trust roots.
+/// base URLs use TLS (HTTP/1.1 by ALPN, SNI with the URL's host name, the certificate checked
+/// against the system's trust roots or those of `upstream.caFile`); a certificate that fails the
+/// check is a 502 whose log line says why (``UpstreamTLSDiagnosis``).
 ///
 /// As strict as AsyncHTTPClient: every request with a body is framed by `content-length` (TRACE
 /// with a body and CONNECT are refused, since NIO would not frame them and their bytes could be
@@ -40,6 +42,8 @@ public final class UpstreamClient: Sendable {
     let group: any EventLoopGroup
     let pools: [ObjectIdentifier: NIOLoopBoundBox<ConnectionPool>]
     let tls: NIOSSLContext?
+    /// Where the trust roots come from, for the log line of a refused certificate.
+    let trustSource: String
     /// The cap on connections, over every loop.
     let limiter: ConnectionLimiter
 
@@ -72,7 +76,17 @@ public final class UpstreamClient: Sendable {
         var maxConnections = 512
     }
 
-    public init(configuration: CapGateConfiguration, baseURL: String, eventLoopGroup: any EventLoopGroup) throws {
+    /// A client for the provider at `baseURL`, trusting the roots of `upstream.caFile` (or the
+    /// system's).
+    public convenience init(configuration: CapGateConfiguration, baseURL: String, eventLoopGroup: any EventLoopGroup) throws {
+        try self.init(
+            configuration: configuration, baseURL: baseURL, eventLoopGroup: eventLoopGroup,
+            trust: UpstreamTrust(file: configuration.upstreamCAFile, key: "upstream.caFile"))
+    }
+
+    /// A client for `baseURL` trusting `trust`'s roots (the webhook clients pass those of
+    /// `notifications.caFile`).
+    init(configuration: CapGateConfiguration, baseURL: String, eventLoopGroup: any EventLoopGroup, trust: UpstreamTrust) throws {
         let trimmed = baseURL.hasSuffix("/") ? String(baseURL.dropLast()) : baseURL
         guard CapGateConfiguration.isHTTPURL(trimmed), let url = URL(string: trimmed), let host = url.host else {
             throw ConfigurationError(key: "upstream.url", problem: "is not an absolute http(s) URL")
@@ -87,10 +101,12 @@ public final class UpstreamClient: Sendable {
         if secure {
             var tlsConfiguration = TLSConfiguration.makeClientConfiguration()
             tlsConfiguration.applicationProtocols = ["http/1.1"]
+            tlsConfiguration.trustRoots = trust.roots
             self.tls = try NIOSSLContext(configuration: tlsConfiguration)
         } else {
             self.tls = nil
         }
+        self.trustSource = trust.source
         self.baseURL = trimmed
         self.apiKey = configuration.upstreamAPIKey
         self.settings = Settings(
@@ -231,6 +247,7 @@ public final class UpstreamClient: Sendable {
         }
         let settings = self.settings
         let tls = self.tls
+        let trustSource = self.trustSource
         let host = endpoint.host
         ClientBootstrap(group: loop)
             .connectTimeout(settings.connectTimeout)
@@ -242,6 +259,7 @@ public final class UpstreamClient: Sendable {
                         // SNI carries names only, never an address.
                         let isAddress = (try? SocketAddress(ipAddress: host, port: 0)) != nil
                         try sync.addHandler(NIOSSLClientHandler(context: tls, serverHostname: isAddress ? nil : host))
+                        try sync.addHandler(UpstreamTLSDiagnosis(host: host, trustSource: trustSource))
                     }
                     let connection = UpstreamConnection(pool: bound.value, settings: settings)
                     try sync.addHandler(UpstreamIdleGuard(connection: connection))
@@ -291,12 +309,14 @@ enum UpstreamError: Error, Sendable, Equatable, CustomStringConvertible {
     case queueTimeout
     /// The request cannot be framed safely (TRACE with a body, CONNECT); nothing was sent.
     case notFramable(String)
+    /// The TLS handshake failed (a certificate refused, with the reason); nothing was sent.
+    case tls(String)
 
     var isTimeout: Bool {
         switch self {
         // No connection in time is "unreachable" (502); 504 is for a provider that was reached.
         case .headTimeout, .idleTimeout, .queueTimeout: true
-        case .connectTimeout, .unreachable, .closed, .notFramable: false
+        case .connectTimeout, .unreachable, .closed, .notFramable, .tls: false
         }
     }
 
@@ -309,6 +329,7 @@ enum UpstreamError: Error, Sendable, Equatable, CustomStringConvertible {
         case .closed: "the provider closed the connection before the answer was complete"
         case .queueTimeout: "no connection to the provider became free in time (upstream.maxConnections)"
         case .notFramable(let reason): "the request cannot be forwarded: \(reason)"
+        case .tls(let reason): "no TLS connection to the provider: \(reason)"
         }
     }
 }

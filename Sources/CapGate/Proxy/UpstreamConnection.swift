@@ -294,6 +294,8 @@ final class UpstreamConnection: ChannelDuplexHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // A refused handshake says why; anything else is told as the close that follows.
+        if let failure = error as? UpstreamTLSFailure { fail(.tls(failure.reason)) }
         context.close(promise: nil)
     }
 

@@ -30,10 +30,12 @@ struct Harness: Sendable {
     )
 
     /// Starts a mock provider and a gateway on a fresh database, runs `body`, stops both.
+    /// `gatewayLogger` (default: the tests' logger) is the gateway's, for tests that read its lines.
     static func with(
         database: DatabaseURL? = nil,
         upstreamURL: String? = nil,
         settings: [String: String] = [:],
+        gatewayLogger: Logger? = nil,
         _ body: @Sendable (Harness) async throws -> Void
     ) async throws {
         let url: DatabaseURL
@@ -80,7 +82,7 @@ struct Harness: Sendable {
             // To see which of the gateway's own services (server, settlements, upstream client,
             // pool) a stuck shutdown waits on, pass `lifecycle.logger("gateway")` here: it found
             // the settlement flush once, but it turns on debug logging in the whole gateway.
-            let gateway = try await buildApplication(configuration: configuration, logger: logger) { channel in
+            let gateway = try await buildApplication(configuration: configuration, logger: gatewayLogger ?? logger) { channel in
                 gatewayContinuation.yield(channel.localAddress?.port ?? 0)
             }
             let gatewayGroup = Self.serviceGroup([gateway], logger: lifecycle.logger("gateway group"))
