@@ -162,9 +162,15 @@ struct FeatureBindingTests {
             #expect(h.mock.counter.count == served)
             #expect(try await h.message(key: key, headers: [("CapGate-Feature", "analysis")]).status == 200)
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE feature = 'chat'") == 0)
-            // null lifts the restriction again.
+            // null lifts the restriction again, for the next call (the refusal above was read off
+            // the gateway's copy of the table, which is checked against the database's version).
             #expect(try await h.op(.PUT, "/admin/v1/routes/messages", .obj(["header_features": .null])).status == 200)
             #expect(try await h.message(key: key, headers: [("CapGate-Feature", "chat")]).status == 200)
+            // The same for a route refused and then allowed again.
+            #expect(try await h.op(.PUT, "/admin/v1/routes/messages", .obj(["allowed": false])).status == 200)
+            #expect(try await h.message(key: key).status == 403)
+            #expect(try await h.op(.PUT, "/admin/v1/routes/messages", .obj(["allowed": true])).status == 200)
+            #expect(try await h.message(key: key).status == 200)
             try await Self.servedEqualsCharged(h)
         }
     }

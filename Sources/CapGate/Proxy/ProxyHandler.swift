@@ -103,8 +103,9 @@ public struct ProxyHandler: Sendable {
                     table: table)
             } catch let refusal as GatewayError {
                 // A refusal read off this gateway's copy of the table (a header feature the route
-                // no longer restricts, a route allowed again) stands only if the copy is current.
-                guard try await routes.version() != table.version else { throw refusal }
+                // no longer restricts, a route allowed again) stands only if the copy is current
+                // (or the database cannot say: a refusal charges nothing).
+                guard let current = try? await routes.version(), current != table.version else { throw refusal }
                 table = try await rematch(after: &attempts)
                 continue
             }
