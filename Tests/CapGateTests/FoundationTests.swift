@@ -17,7 +17,8 @@ struct FoundationTests {
                 "would apply 0004_admission_batch", "would apply 0005_period_locks", "would apply 0006_settle_plans",
                 "would apply 0007_admission_fast_path", "would apply 0008_admission_batch_one_function",
                 "would apply 0009_replay_attempts", "would apply 0010_idempotency_and_renewal",
-                "would apply 0011_features_and_routes", "would apply 0012_notifications", "would apply db/functions",
+                "would apply 0011_features_and_routes", "would apply 0012_notifications", "would apply 0013_feature_binding",
+                "would apply db/functions",
             ])
         // The dry run changed nothing, not even the bookkeeping table.
         let tables = try await CapGateRunner.withClient(url: url, logger: logger) { client in
@@ -31,7 +32,7 @@ struct FoundationTests {
                 "applied 0005_period_locks", "applied 0006_settle_plans", "applied 0007_admission_fast_path",
                 "applied 0008_admission_batch_one_function", "applied 0009_replay_attempts",
                 "applied 0010_idempotency_and_renewal", "applied 0011_features_and_routes", "applied 0012_notifications",
-                "applied db/functions",
+                "applied 0013_feature_binding", "applied db/functions",
             ])
         #expect(try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) == ["nothing to apply"])
         #expect(try await CapGateRunner.migrate(url: url, dryRun: true, logger: logger) == ["nothing to apply"])
@@ -92,13 +93,15 @@ struct FoundationTests {
         #expect(try await scalar("SELECT capgate_probe()") == "two")
         #expect(
             try await scalar(
-                "SELECT to_regprocedure('capgate_charge(uuid,uuid,integer,text,text,text,text,text,bigint,timestamptz)')::text") != nil)
+                "SELECT to_regprocedure('capgate_charge(uuid,uuid,integer,text,text,text,text,text,bigint,timestamptz,text[])')::text")
+                != nil)
         try FileManager.default.removeItem(atPath: probe)
         #expect(try await migrate() == [FunctionSet.name])
         #expect(try await scalar("SELECT to_regprocedure('capgate_probe()')::text") == nil)
         #expect(
             try await scalar(
-                "SELECT to_regprocedure('capgate_charge(uuid,uuid,integer,text,text,text,text,text,bigint,timestamptz)')::text") != nil)
+                "SELECT to_regprocedure('capgate_charge(uuid,uuid,integer,text,text,text,text,text,bigint,timestamptz,text[])')::text")
+                != nil)
     }
 
     @Test(
@@ -203,11 +206,12 @@ struct FoundationTests {
         #expect(fromFile.port == 9000)
         #expect(fromFile.proxyPrefix == "/api/")
         #expect(fromFile.jwtCompanyClaim == "company_id")
+        #expect(fromFile.jwtFeatureClaim == "capgate_features")
         #expect(fromFile.billingRolloverInterval == 0)
         let fromEnv = try await CapGateConfiguration.load(
             environment: [
                 "HTTP_PORT": "9100", "UPSTREAM_URL": "http://env.example", "UPSTREAM_API_KEY": "k", "PROXY_MAX_BODY_BYTES": "1234",
-                "JWT_COMPANY_CLAIM": "org.id",
+                "JWT_COMPANY_CLAIM": "org.id", "JWT_FEATURE_CLAIM": "org.features",
             ],
             file: file
         )
@@ -217,6 +221,7 @@ struct FoundationTests {
         #expect(fromEnv.upstreamAPIKey == "k")
         #expect(fromEnv.proxyMaxBodyBytes == 1234)
         #expect(fromEnv.jwtCompanyClaim == "org.id")
+        #expect(fromEnv.jwtFeatureClaim == "org.features")
         let fromFlags = try await CapGateConfiguration.load(flags: ["http.port": "9200"], environment: ["HTTP_PORT": "9100"], file: file)
         #expect(fromFlags.port == 9200)
         let defaults = try await CapGateConfiguration.load(environment: [:], file: "/nonexistent.json")

@@ -1,7 +1,8 @@
 -- What one admission decided, as every admission function answers it (one row per call).
 --
 -- decision: charged | company_cap | user_cap | no_active_plan | unknown_user | unknown_feature |
---   feature_not_in_plan | feature_limit_exceeded | stale_routes (the call was matched against an
+--   feature_not_bound (a key bound to other features) | feature_not_in_plan |
+--   feature_limit_exceeded | stale_routes (the call was matched against an
 --   older route table: nothing changed, match again) | idempotency_replay | idempotency_in_flight
 --   | idempotency_not_kept | idempotency_mismatch.
 -- auth: ok | unknown_key | revoked_key | disabled_user (everything after role is NULL unless ok).

@@ -1,7 +1,8 @@
 -- One call without an Idempotency-Key, in one transaction and one round trip: the API key
 -- (p_key_hash, its SHA-256) is looked up and its user admitted, or, with p_key_hash NULL, the
 -- verified token's p_company and p_user are. p_relaxed: commit with synchronous_commit = off
--- (database.durability = relaxed). The admission itself is capgate_charge.
+-- (database.durability = relaxed). The admission itself is capgate_charge; a key bound to
+-- features (api_keys.features) is charged only to those (feature_not_bound for another).
 CREATE FUNCTION capgate_admit(
     p_key_hash bytea, p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
     p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz, p_relaxed boolean
@@ -12,10 +13,11 @@ DECLARE
     v_revoked boolean;
     v_disabled boolean;
     v_role text;
+    v_bound text[];
 BEGIN
     IF p_key_hash IS NOT NULL THEN
-        SELECT k.company_id, k.user_id, u.role, k.revoked_at IS NOT NULL, u.disabled
-          INTO p_company, p_user, v_role, v_revoked, v_disabled
+        SELECT k.company_id, k.user_id, u.role, k.revoked_at IS NOT NULL, u.disabled, k.features
+          INTO p_company, p_user, v_role, v_revoked, v_disabled, v_bound
           FROM api_keys k JOIN users u ON u.company_id = k.company_id AND u.id = k.user_id
          WHERE k.key_hash = p_key_hash;
         IF NOT FOUND OR v_revoked OR v_disabled THEN
@@ -30,7 +32,7 @@ BEGIN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
     r := capgate_charge(p_company, p_user, p_units, p_method, p_route, p_model, p_feature, p_request_id,
-                        p_routes_version, p_at);
+                        p_routes_version, p_at, v_bound);
     r.role := v_role;
     RETURN NEXT r;
 END;

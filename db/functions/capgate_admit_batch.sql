@@ -4,7 +4,8 @@
 -- '' (key hash, model, feature), the nil UUID (company, user) or -1 (routes version).
 --
 -- 1. Who makes each call (the key, or the token's company and user), its period (locked FOR KEY
---    SHARE as it is read, before any counter), caps, feature and entitlement, and the counter
+--    SHARE as it is read, before any counter), caps, feature, entitlement and whether the key may
+--    be charged to that feature (feature_not_bound, as capgate_charge decides), and the counter
 --    slots it needs. Calls whose company has no period containing their time have their
 --    companies moved into it (capgate_roll_company, in company order) and are read again.
 -- 2. Lock (or create) the counters, each kind in key order: company, user, company feature
@@ -34,7 +35,7 @@ DECLARE
     a_auth text[]; a_company uuid[]; a_user uuid[]; a_role text[]; a_user_ok boolean[]; a_stale boolean[];
     a_period bigint[]; a_plan text[]; a_plan_name text[]; a_start timestamptz[]; a_end timestamptz[];
     a_ccap bigint[]; a_ucap bigint[]; a_cslot integer[]; a_uslot integer[];
-    a_feature text[]; a_fname text[]; a_factive boolean[]; a_fenabled boolean[]; a_fmsg text[];
+    a_feature text[]; a_fname text[]; a_factive boolean[]; a_fenabled boolean[]; a_fmsg text[]; a_bound boolean[];
     a_lp bigint[]; a_ld bigint[]; a_lup bigint[]; a_lud bigint[]; a_dstart timestamptz[]; a_dend timestamptz[];
     a_fps integer[]; a_fds integer[]; a_ups integer[]; a_uds integer[];
     a_decision text[]; a_ledger bigint[]; a_cused bigint[]; a_uused bigint[]; a_refused text[]; a_fday timestamptz[];
@@ -69,7 +70,8 @@ BEGIN
                array_agg(CASE WHEN r.eligible THEN r.uslot END ORDER BY r.ord),
                array_agg(r.feature ORDER BY r.ord), array_agg(r.fname ORDER BY r.ord),
                array_agg(r.factive ORDER BY r.ord), array_agg(r.fenabled ORDER BY r.ord),
-               array_agg(r.fmsg ORDER BY r.ord), array_agg(r.lp ORDER BY r.ord), array_agg(r.ld ORDER BY r.ord),
+               array_agg(r.fmsg ORDER BY r.ord), array_agg(r.bound ORDER BY r.ord),
+               array_agg(r.lp ORDER BY r.ord), array_agg(r.ld ORDER BY r.ord),
                array_agg(r.lup ORDER BY r.ord), array_agg(r.lud ORDER BY r.ord),
                array_agg(r.dstart ORDER BY r.ord), array_agg(r.dend ORDER BY r.ord),
                array_agg(CASE WHEN r.fe THEN r.fps END ORDER BY r.ord),
@@ -77,7 +79,7 @@ BEGIN
                array_agg(CASE WHEN r.fe THEN r.ups END ORDER BY r.ord),
                array_agg(CASE WHEN r.fe THEN r.uds END ORDER BY r.ord)
           INTO a_auth, a_company, a_user, a_role, a_user_ok, a_stale, a_period, a_plan, a_plan_name, a_start, a_end,
-               a_ccap, a_ucap, a_cslot, a_uslot, a_feature, a_fname, a_factive, a_fenabled, a_fmsg,
+               a_ccap, a_ucap, a_cslot, a_uslot, a_feature, a_fname, a_factive, a_fenabled, a_fmsg, a_bound,
                a_lp, a_ld, a_lup, a_lud, a_dstart, a_dend, a_fps, a_fds, a_ups, a_uds
           FROM (
             SELECT y.*,
@@ -91,7 +93,7 @@ BEGIN
               FROM (
                 SELECT x.*,
                        (x.eligible AND x.feature IS NOT NULL AND coalesce(x.factive, false) AND coalesce(x.fenabled, false)
-                        AND x.units > 0) AS fe,
+                        AND x.bound AND x.units > 0) AS fe,
                        CASE WHEN x.feature IS NOT NULL AND x.period IS NOT NULL THEN capgate_day_start(x.at, x.zone) END
                            AS dstart,
                        CASE WHEN x.feature IS NOT NULL AND x.period IS NOT NULL THEN capgate_day_end(x.at, x.zone) END
@@ -113,6 +115,8 @@ BEGIN
                            (u.id IS NOT NULL AND NOT u.disabled AND p.id IS NOT NULL AND NOT i.stale
                              AND (i.kh IS NULL OR k.revoked_at IS NULL)) AS eligible,
                            f.name AS fname, f.is_active AS factive, e.enabled AS fenabled, e.message AS fmsg,
+                           -- A key bound to features (api_keys.features) is charged only to those.
+                           (i.feature IS NULL OR k.features IS NULL OR i.feature = ANY (k.features)) AS bound,
                            e.period_limit AS lp, e.daily_limit AS ld, e.user_period_limit AS lup, e.user_daily_limit AS lud
                       FROM unnest(p_key_hash, p_company, p_user, p_at, p_units, p_feature, p_routes_version)
                            WITH ORDINALITY AS i0(kh, co, us, at, units, feature, version, ord)
@@ -269,6 +273,9 @@ BEGIN
             CONTINUE;
         ELSIF a_feature[i] IS NOT NULL AND NOT coalesce(a_factive[i], false) THEN
             a_decision[i] := 'unknown_feature';
+            CONTINUE;
+        ELSIF NOT a_bound[i] THEN
+            a_decision[i] := 'feature_not_bound';
             CONTINUE;
         ELSIF a_feature[i] IS NOT NULL AND NOT coalesce(a_fenabled[i], false) THEN
             a_decision[i] := 'feature_not_in_plan';

@@ -1,7 +1,8 @@
 -- A call with an Idempotency-Key: the API key (p_key_hash, or NULL when p_company and p_user
 -- come from a verified JWT), the key's claim, and the admission, in one transaction and one
 -- round trip. Decisions beyond capgate_admit's: idempotency_replay (answer_* hold the stored
--- answer), idempotency_in_flight, idempotency_not_kept, idempotency_mismatch.
+-- answer), idempotency_in_flight, idempotency_not_kept, idempotency_mismatch. A key bound to
+-- features (api_keys.features) is charged only to those, as in capgate_admit.
 CREATE FUNCTION capgate_admit_idempotent(
     p_key_hash bytea, p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
     p_feature text, p_request_id text, p_idempotency_key text, p_fingerprint bytea, p_routes_version bigint,
@@ -14,14 +15,15 @@ DECLARE
     v_role text;
     v_revoked boolean;
     v_disabled boolean;
+    v_bound text[];
     v_claim text;          -- new | retry (after a failure) | expired (older than the lifetime)
     k idempotency_keys%ROWTYPE;
     r capgate_admitted;
 BEGIN
     r.item := 1;
     IF p_key_hash IS NOT NULL THEN
-        SELECT ak.company_id, ak.user_id, u.role, ak.revoked_at IS NOT NULL, u.disabled
-          INTO v_company, v_user, v_role, v_revoked, v_disabled
+        SELECT ak.company_id, ak.user_id, u.role, ak.revoked_at IS NOT NULL, u.disabled, ak.features
+          INTO v_company, v_user, v_role, v_revoked, v_disabled, v_bound
           FROM api_keys ak JOIN users u ON u.company_id = ak.company_id AND u.id = ak.user_id
          WHERE ak.key_hash = p_key_hash;
         IF NOT FOUND THEN
@@ -95,7 +97,7 @@ BEGIN
     END IF;
 
     r := capgate_charge(v_company, v_user, p_units, p_method, p_route, p_model, p_feature, p_request_id,
-                        p_routes_version, p_at);
+                        p_routes_version, p_at, v_bound);
     r.role := v_role;
     IF r.decision = 'charged' THEN
         UPDATE usage_ledger l SET idempotency_key = p_idempotency_key

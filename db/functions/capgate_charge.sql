@@ -5,8 +5,9 @@
 -- 2. The period containing p_at, locked FOR KEY SHARE before any counter; none: the company is
 --    moved into it first as `capgate rollover` would (capgate_roll_company locks the company row,
 --    so concurrent calls at the boundary open one period).
--- 3. p_feature (NULL: none): unknown or inactive: unknown_feature; no entitlement in the plan or
---    not enabled: feature_not_in_plan. p_units = 0 (a free route): a ledger row and nothing else.
+-- 3. p_feature (NULL: none): unknown or inactive: unknown_feature; not one of p_bound (the
+--    features a bound credential may be charged to; NULL: unbound): feature_not_bound; no
+--    entitlement in the plan or not enabled: feature_not_in_plan. p_units = 0 (a free route): a ledger row and nothing else.
 -- 4. Lock order: company counter, user counter, then the feature's counters (company period,
 --    company day, user period, user day). Each is a conditional update that takes its row lock;
 --    a refusal gives back what this call already added (its rows stay locked until commit).
@@ -14,7 +15,7 @@
 --    thresholds, percent) writes its notification row here too (capgate_notify).
 CREATE FUNCTION capgate_charge(
     p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
-    p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz
+    p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz, p_bound text[] DEFAULT NULL
 ) RETURNS capgate_admitted
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -68,6 +69,10 @@ BEGIN
         SELECT f.name, f.is_active INTO r.feature_name, v_active FROM features f WHERE f.id = p_feature;
         IF NOT coalesce(v_active, false) THEN
             r.decision := 'unknown_feature';
+            RETURN r;
+        END IF;
+        IF p_bound IS NOT NULL AND NOT (p_feature = ANY (p_bound)) THEN
+            r.decision := 'feature_not_bound';
             RETURN r;
         END IF;
         SELECT * INTO e FROM plan_features WHERE plan_id = r.plan_id AND feature_id = p_feature;

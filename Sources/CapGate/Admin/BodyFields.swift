@@ -119,6 +119,24 @@ struct BodyFields {
         throw GatewayError.invalidRequest("'\(key)' must be a number from 0 to 9999999999.99.")
     }
 
+    /// A list of feature ids (SPEC §8's bindings), duplicates dropped; nil when absent or `null`.
+    /// Whether each names a feature is the caller's check (``FeatureStore/unknownFeatures(_:)``).
+    func featureIDs(_ key: String, allowEmpty: Bool) throws -> [String]? {
+        guard let value = fields[key], !value.isNull else { return nil }
+        let rule = "'\(key)' must be a list of \(allowEmpty ? "0" : "1") to 100 feature ids, or null"
+        guard let items = value.arrayValue, items.count <= 100, allowEmpty || !items.isEmpty else {
+            throw GatewayError.invalidRequest(rule + ".")
+        }
+        var ids: [String] = []
+        for item in items {
+            guard let id = item.stringValue, ProxyHandler.isFeatureID(id) else {
+                throw GatewayError.invalidRequest(rule + "; \(item.serialized()) is not a feature id.")
+            }
+            if !ids.contains(id) { ids.append(id) }
+        }
+        return ids
+    }
+
     func uuid(_ key: String, required: Bool = false) throws -> UUID? {
         guard let s = try string(key, required: required, maxLength: 64) else { return nil }
         guard let id = UUID(uuidString: s) else { throw GatewayError.invalidRequest("'\(key)' must be a UUID.") }

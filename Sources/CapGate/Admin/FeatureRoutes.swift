@@ -123,6 +123,7 @@ struct FeatureRoutes {
         group.post("routes") { request, context in
             try context.requireOperator()
             let input = try routeInput(try await BodyFields.read(request, context: context), id: nil, existing: nil)
+            try await features.checkFeaturesExist(input.headerFeatures, field: "header_features")
             return jsonResponse(try await features.createRoute(input), status: .created)
         }
         group.get("routes/{id}") { _, context in
@@ -134,6 +135,7 @@ struct FeatureRoutes {
             let existing = try await existingRoute(context)
             let input = try routeInput(
                 try await BodyFields.read(request, context: context), id: existing["id"]?.stringValue, existing: existing)
+            try await features.checkFeaturesExist(input.headerFeatures, field: "header_features")
             guard let updated = try await features.updateRoute(input) else { throw Self.noRoute(input.id) }
             return jsonResponse(updated)
         }
@@ -184,10 +186,13 @@ struct FeatureRoutes {
         if f.has("items_field") { itemsField = try f.string("items_field", maxLength: 200) }
         var feature = existing?["feature"]?.stringValue
         if f.has("feature") { feature = try f.string("feature", maxLength: 64) }
+        var headerFeatures = existing?["header_features"]?.arrayValue?.compactMap(\.stringValue)
+        if f.has("header_features") { headerFeatures = try f.featureIDs("header_features", allowEmpty: false) }
         return FeatureStore.RouteInput(
             id: routeID, method: method.uppercased(), path: try Self.routePath(path, prefix: prefix), units: Int32(units),
             itemsField: itemsField, feature: feature,
             featureHeader: try f.bool("feature_header") ?? existing?["feature_header"]?.boolValue ?? false,
+            headerFeatures: headerFeatures,
             allowed: try f.bool("allowed") ?? existing?["allowed"]?.boolValue ?? true)
     }
 

@@ -156,11 +156,14 @@ struct OperatorRoutes {
             let company = try context.parameters.uuid("id", what: "company")
             let fields = try await BodyFields.read(request, context: context)
             let user = try fields.uuid("user_id", required: true)!
+            // Bound to features (SPEC §8): charged only to those; absent or null: unbound.
+            let features = try fields.featureIDs("features", allowEmpty: true)
             guard try await tenants.companyExists(company) else { throw GatewayError.notFound("No company with that id.") }
             guard try await tenants.user(company: company, id: user) != nil else {
                 throw GatewayError.notFound("No user with that id in this company.")
             }
-            return jsonResponse(try await tenants.createKey(company: company, user: user), status: .created)
+            try await FeatureStore(database: tenants.database).checkFeaturesExist(features, field: "features")
+            return jsonResponse(try await tenants.createKey(company: company, user: user, features: features), status: .created)
         }
         group.delete("companies/{id}/api-keys/{keyId}") { _, context in
             try context.requireOperator()

@@ -62,6 +62,10 @@ public struct CapGateConfiguration: Sendable {
     public var jwtJWKSFile: String?
     /// `jwt.companyClaim` / `JWT_COMPANY_CLAIM` (default `company_id`): dotted claim path of the company id.
     public var jwtCompanyClaim: String
+    /// `jwt.featureClaim` / `JWT_FEATURE_CLAIM` (default `capgate_features`, empty = none read):
+    /// dotted claim path of the features a token may be charged to (a feature id or a list of
+    /// them, SPEC §8); a token without the claim is unbound.
+    public var jwtFeatureClaim: String?
     /// `jwt.audience` / `JWT_AUDIENCE` (default unset): when set, a token's `aud` (a string or an
     /// array) must contain it, else 401.
     public var jwtAudience: String?
@@ -116,9 +120,8 @@ public struct CapGateConfiguration: Sendable {
         "database.url", "database.maxConnections", "database.timeout", "database.durability", "database.admissionQueueLimit",
         "upstream.url", "upstream.apiKey", "upstream.timeout", "upstream.connectTimeout", "upstream.caFile",
         "upstream.idleTimeout", "upstream.maxConnections", "operator.token", "jwt.secret", "jwt.jwksFile", "jwt.companyClaim",
-        "jwt.audience", "jwt.issuer", "jwt.leeway", "jwt.maxLifetime", "proxy.maxJSONDepth", "proxy.companyShare", "metrics.token",
-        "metrics.public",
-        "notifications.retentionDays",
+        "jwt.featureClaim", "jwt.audience", "jwt.issuer", "jwt.leeway", "jwt.maxLifetime", "proxy.maxJSONDepth", "proxy.companyShare",
+        "metrics.token", "metrics.public", "notifications.retentionDays",
         "proxy.prefix", "proxy.maxBodyBytes", "proxy.idempotencyMaxBytes", "proxy.bodyBudgetBytes", "billing.rolloverInterval",
         "spool.directory", "log.level", "notifications.webhookUrl", "notifications.webhookSecret", "notifications.thresholds",
         "notifications.timeout", "notifications.retryFor", "notifications.retryDelay", "notifications.maxRetryDelay",
@@ -169,6 +172,7 @@ public struct CapGateConfiguration: Sendable {
         jwtSecret = Self.nonEmpty(reader.string(forKey: "jwt.secret", isSecret: true))
         jwtJWKSFile = Self.nonEmpty(reader.string(forKey: "jwt.jwksFile"))
         jwtCompanyClaim = reader.string(forKey: "jwt.companyClaim", default: "company_id")
+        jwtFeatureClaim = Self.nonEmpty(reader.string(forKey: "jwt.featureClaim", default: "capgate_features"))
         jwtAudience = Self.nonEmpty(reader.string(forKey: "jwt.audience"))
         jwtIssuer = Self.nonEmpty(reader.string(forKey: "jwt.issuer"))
         jwtLeeway = try Self.int(reader, "jwt.leeway", default: 60, range: 0...3600)

@@ -8,13 +8,15 @@ import PostgresNIO
 ///
 /// Order (SPEC §2): `x-api-key`, then `Authorization: Bearer` holding the operator token, a
 /// CapGate key or a JWT (HS256 with `jwt.secret`, RS256/ES256 from `jwt.jwksFile`; `exp`
-/// required, `sub` = user id, company id from `jwt.companyClaim`; `aud`, `iss` and the clock
-/// leeway per ``JWTClaimRules``).
+/// required, `sub` = user id, company id from `jwt.companyClaim`, the features it may be charged
+/// to from `jwt.featureClaim`; `aud`, `iss` and the clock leeway per ``JWTClaimRules``).
 public struct Authenticator: Sendable {
     let database: Database
     let operatorToken: String?
     let jwtKeys: JWTKeyCollection?
     let companyClaim: String
+    /// `jwt.featureClaim`: where a token names the features it may be charged to; nil: not read.
+    let featureClaim: String?
     /// `exp`/`nbf` with leeway, and `aud`/`iss` when configured.
     let claimRules: JWTClaimRules
 
@@ -22,6 +24,7 @@ public struct Authenticator: Sendable {
         self.database = database
         self.operatorToken = configuration.operatorToken
         self.companyClaim = configuration.jwtCompanyClaim
+        self.featureClaim = configuration.jwtFeatureClaim
         self.claimRules = JWTClaimRules(configuration: configuration)
         if configuration.jwtSecret != nil || configuration.jwtJWKSFile != nil {
             let keys = JWTKeyCollection()
@@ -131,6 +134,7 @@ public struct Authenticator: Sendable {
         else {
             throw GatewayError.authentication("The token has no company UUID at claim '\(companyClaim)'.")
         }
+        let features = try boundFeatures(payload.claims)
         // The user must exist in that company (SPEC: an unknown user or company is 401).
         let result = try await database.run { client -> (String, Bool)? in
             let rows = try await client.query(
@@ -146,7 +150,27 @@ public struct Authenticator: Sendable {
         }
         if disabled { throw GatewayError.authentication("This user is disabled. Ask your administrator to enable it.") }
         return .user(
-            UserIdentity(companyID: companyID, userID: userID, role: UserIdentity.Role(rawValue: role) ?? .member, credential: .jwt))
+            UserIdentity(
+                companyID: companyID, userID: userID, role: UserIdentity.Role(rawValue: role) ?? .member, credential: .jwt,
+                features: features))
+    }
+
+    /// The features a token is bound to (SPEC §8): the claim at `jwt.featureClaim`, a feature id
+    /// or a list of them; nil when the claim is absent (or no claim path is configured). Any
+    /// other value is a 401: a binding the gateway cannot read must not leave the token unbound.
+    func boundFeatures(_ claims: JSON) throws -> [String]? {
+        guard let featureClaim, let value = claims.value(atPath: featureClaim) else { return nil }
+        switch value {
+        case .string(let one) where ProxyHandler.isFeatureID(one):
+            return [one]
+        case .array(let many):
+            let ids = many.compactMap(\.stringValue).filter(ProxyHandler.isFeatureID)
+            if ids.count == many.count { return ids }
+        default:
+            break
+        }
+        throw GatewayError.authentication(
+            "The token's claim '\(featureClaim)' must be a feature id or a list of feature ids (the features it may be charged to).")
     }
 }
 

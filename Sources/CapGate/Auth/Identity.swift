@@ -23,11 +23,15 @@ public struct UserIdentity: Sendable, Equatable {
     public var userID: UUID
     public var role: Role
     public var credential: Credential
+    /// The features a bound credential may be charged to (a JWT's `jwt.featureClaim`); nil:
+    /// unbound. An API key's binding is read inside each admission instead (SPEC §8).
+    public var features: [String]?
 
-    public init(companyID: UUID, userID: UUID, role: Role, credential: Credential) {
+    public init(companyID: UUID, userID: UUID, role: Role, credential: Credential, features: [String]? = nil) {
         self.companyID = companyID
         self.userID = userID
         self.role = role
         self.credential = credential
+        self.features = features
     }
 }

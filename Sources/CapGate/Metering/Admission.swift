@@ -50,6 +50,9 @@ public struct Admission: Sendable {
         case unknownUser = "unknown_user"
         /// The call names a feature that does not exist or is not active.
         case unknownFeature = "unknown_feature"
+        /// The API key is bound to features (`api_keys.features`) and the call's is not one of
+        /// them (403, nothing charged; SPEC §8 "Who picks the feature").
+        case featureNotBound = "feature_not_bound"
         /// The company's plan has no enabled entitlement for the call's feature (402).
         case featureNotInPlan = "feature_not_in_plan"
         /// A limit of the call's feature is reached (402).

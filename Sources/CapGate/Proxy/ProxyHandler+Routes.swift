@@ -22,8 +22,9 @@ extension ProxyHandler {
     static let maxUnits = Int(Int32.max)
 
     /// Matches the call against the route table. Throws the 400 of a path that cannot be matched
-    /// safely, a bad `items_field` body or `CapGate-Feature`, and the 403 of a route that is not
-    /// allowed. With no routes at all every call costs 1 unit and names no feature (SPEC §2).
+    /// safely, a bad `items_field` body or `CapGate-Feature` (also one the route's
+    /// `header_features` do not list), and the 403 of a route that is not allowed. With no routes
+    /// at all every call costs 1 unit and names no feature (SPEC §2).
     static func cost(method: String, path: String, headers: HTTPFields, body: CallBody, table: RouteTable.Snapshot) throws -> CallCost {
         guard !table.rules.isEmpty else { return CallCost(units: 1, feature: nil, featureFromHeader: false, rule: nil) }
         guard let canonical = RouteTable.canonicalPath(Substring(path)) else {
@@ -51,6 +52,11 @@ extension ProxyHandler {
             guard isFeatureID(name) else {
                 throw GatewayError.invalidRequest(
                     "CapGate-Feature must name a feature id (lower-case letters, digits, '_', '.', '-'; at most 64 characters).")
+            }
+            if let listed = rule.headerFeatures, !listed.contains(name) {
+                let offered = listed.isEmpty ? "no feature" : listed.joined(separator: ", ")
+                throw GatewayError.invalidRequest(
+                    "CapGate-Feature names \"\(name)\", which this route does not offer; it may name \(offered).")
             }
             return CallCost(units: units, feature: name, featureFromHeader: true, rule: rule)
         }

@@ -111,9 +111,18 @@ public struct ProxyHandler: Sendable {
             // Matched against the table as this gateway knows it; an admission that finds the
             // table changed since (stale_routes) changed nothing, and the call is matched again.
             // The path as sent (not as decoded here): that is what the provider will read.
-            callCost = try Self.cost(
-                method: request.method.rawValue, path: Self.rawPath(request.head.path) ?? path, headers: request.headers, body: callBody,
-                table: table)
+            do {
+                callCost = try Self.cost(
+                    method: request.method.rawValue, path: Self.rawPath(request.head.path) ?? path, headers: request.headers, body: callBody,
+                    table: table)
+            } catch let refusal as GatewayError {
+                // A refusal read off this gateway's copy of the table (a header feature the route
+                // no longer restricts, a route allowed again) stands only if the copy is current
+                // (or the database cannot say: a refusal charges nothing).
+                guard let current = try? await routes.version(), current != table.version else { throw refusal }
+                table = try await rematch(after: &attempts)
+                continue
+            }
             admissionRequest.units = callCost.units
             // A free call buys nothing a retry could buy twice: its key is ignored, nothing kept.
             admissionRequest.idempotencyKey = callCost.units > 0 ? idempotencyKey : nil
@@ -124,6 +133,11 @@ public struct ProxyHandler: Sendable {
                 admittedUser = verified
                 admissionRequest.companyID = verified.companyID
                 admissionRequest.userID = verified.userID
+                // A token bound to features (jwt.featureClaim) is refused another one here, uncharged.
+                guard try await checkBinding(verified, cost: callCost, table: table) == .allowed else {
+                    table = try await rematch(after: &attempts)
+                    continue
+                }
                 admitted = try await metering.admit(admissionRequest)
             } else if let apiKey {
                 // The key is checked again inside the admission transaction (a revocation since the
@@ -133,11 +147,7 @@ public struct ProxyHandler: Sendable {
                 preconditionFailure("a call is authenticated by an API key or a verified token")
             }
             guard admitted.decision == .staleRoutes else { break }
-            attempts += 1
-            guard attempts < 3 else {
-                throw GatewayError.overloaded("The gateway's route table is being changed right now; try again.")
-            }
-            table = try await routes.reload()
+            table = try await rematch(after: &attempts)
         } while true
         let user = admittedUser
         let admission = admitted
@@ -176,6 +186,8 @@ public struct ProxyHandler: Sendable {
             throw GatewayError.authentication("This user is unknown or disabled in its company.")
         case .unknownFeature, .featureNotInPlan, .featureLimitExceeded:
             throw Self.featureRefusal(admission, cost: cost)
+        case .featureNotBound:
+            throw Self.notBound(feature: cost.feature ?? "", bound: nil, credential: user.credential)
         case .staleRoutes:
             preconditionFailure("stale_routes is matched again above")
         case .idempotencyReplay:
@@ -350,6 +362,15 @@ public struct ProxyHandler: Sendable {
                 try await writer.finish(nil)
             }
         )
+    }
+
+    /// The route table again, for a call matched with an older one (at most 3 attempts, then 503).
+    func rematch(after attempts: inout Int) async throws -> RouteTable.Snapshot {
+        attempts += 1
+        guard attempts < 3 else {
+            throw GatewayError.overloaded("The gateway's route table is being changed right now; try again.")
+        }
+        return try await routes.reload()
     }
 
     /// A collected body: head and body in one write; a body the provider broke off is passed on

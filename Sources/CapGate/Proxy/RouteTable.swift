@@ -14,6 +14,8 @@ public struct RouteRule: Sendable, Equatable {
     public var itemsField: String?
     public var feature: String?
     public var featureHeader: Bool
+    /// The only features `CapGate-Feature` may name on this route (another is 400); nil: any.
+    public var headerFeatures: [String]? = nil
     public var allowed: Bool
 
     /// Most specific first: exact before prefix, longer prefix first, a method before `*`.
@@ -69,11 +71,12 @@ public final class RouteTable: Sendable {
         let rows = try await database.run { client in
             try await client.query(
                 """
-                SELECT v.routes, r.id, r.method, r.path, r.units, r.items_field, r.feature, r.feature_header, r.allowed
+                SELECT v.routes, r.id, r.method, r.path, r.units, r.items_field, r.feature, r.feature_header, r.allowed,
+                       r.header_features
                   FROM config_versions v LEFT JOIN routes r ON true
                  WHERE v.singleton
                 """, logger: database.logger
-            ).decode((Int64, String?, String?, String?, Int32?, String?, String?, Bool?, Bool?).self).collect()
+            ).decode((Int64, String?, String?, String?, Int32?, String?, String?, Bool?, Bool?, [String]?).self).collect()
         }
         var snapshot = Snapshot(version: rows.first?.0 ?? 0, rules: [])
         for row in rows {
@@ -82,7 +85,8 @@ public final class RouteTable: Sendable {
             snapshot.rules.append(
                 RouteRule(
                     id: id, method: method, path: (prefix ? String(path.dropLast()) : path).lowercased(), prefix: prefix,
-                    units: Int(row.4 ?? 1), itemsField: row.5, feature: row.6, featureHeader: row.7 ?? false, allowed: row.8 ?? true))
+                    units: Int(row.4 ?? 1), itemsField: row.5, feature: row.6, featureHeader: row.7 ?? false, headerFeatures: row.9,
+                    allowed: row.8 ?? true))
         }
         snapshot.rules.sort(by: RouteRule.moreSpecific)
         let loaded = snapshot
@@ -90,6 +94,34 @@ public final class RouteTable: Sendable {
             if held == nil || held!.version <= loaded.version { held = loaded }
         }
         return loaded
+    }
+
+    /// The route table's version in the database (`config_versions.routes`).
+    public func version() async throws -> Int64 {
+        let database = self.database
+        let rows = try await database.run { client in
+            try await client.query("SELECT routes FROM config_versions WHERE singleton", logger: database.logger)
+                .decode(Int64.self).collect()
+        }
+        guard let version = rows.first else { throw DatabaseError.other("config_versions has no row") }
+        return version
+    }
+
+    /// Whether `feature` is an active feature, with the route table's version, in one snapshot:
+    /// read only for a call a bound token is refused (SPEC §8: an unknown header feature is 400
+    /// before the 403), and the version says whether the call was matched with the current table.
+    public func featureState(_ feature: String) async throws -> (version: Int64, active: Bool) {
+        let database = self.database
+        let rows = try await database.run { client in
+            try await client.query(
+                """
+                SELECT v.routes, EXISTS (SELECT 1 FROM features f WHERE f.id = \(feature) AND f.is_active)
+                  FROM config_versions v WHERE v.singleton
+                """, logger: database.logger
+            ).decode((Int64, Bool).self).collect()
+        }
+        guard let row = rows.first else { throw DatabaseError.other("config_versions has no row") }
+        return (row.0, row.1)
     }
 
     /// The path a rule is matched against: lower-cased, one trailing `/` dropped. nil for a path

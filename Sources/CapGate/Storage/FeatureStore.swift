@@ -66,6 +66,25 @@ struct FeatureStore: Sendable {
         }
     }
 
+    /// The ids of `ids` that name no feature (in their order): a binding or a route's
+    /// `header_features` may only list features that exist. Features are never deleted.
+    func unknownFeatures(_ ids: [String]) async throws -> [String] {
+        guard !ids.isEmpty else { return [] }
+        let known = try await database.run { client in
+            try await client.query("SELECT id FROM features WHERE id = ANY (\(ids))", logger: logger).decode(String.self).collect()
+        }
+        return ids.filter { !known.contains($0) }
+    }
+
+    /// The 400 naming the ids of `ids` that are not features, if any.
+    func checkFeaturesExist(_ ids: [String]?, field: String) async throws {
+        let unknown = try await unknownFeatures(ids ?? [])
+        guard unknown.isEmpty else {
+            throw GatewayError.invalidRequest(
+                "'\(field)' names no feature: \(unknown.map { "'\($0)'" }.joined(separator: ", ")). Create it first.")
+        }
+    }
+
     // MARK: entitlements
 
     /// One plan × one feature; nil limits are unlimited.
@@ -165,16 +184,19 @@ struct FeatureStore: Sendable {
         var itemsField: String?
         var feature: String?
         var featureHeader: Bool
+        /// The only features the header may name; nil: any.
+        var headerFeatures: [String]?
         var allowed: Bool
     }
 
-    static let routeColumns = "id, method, path, units, items_field, feature, feature_header, allowed"
-    typealias RouteRow = (String, String, String, Int32, String?, String?, Bool, Bool)
+    static let routeColumns = "id, method, path, units, items_field, feature, feature_header, allowed, header_features"
+    typealias RouteRow = (String, String, String, Int32, String?, String?, Bool, Bool, [String]?)
 
     static func routeJSON(_ r: RouteRow) -> JSON {
         .obj([
             "id": .string(r.0), "method": .string(r.1), "path": .string(r.2), "units": .int(Int64(r.3)), "items_field": JSON(r.4),
-            "feature": JSON(r.5), "feature_header": .bool(r.6), "allowed": .bool(r.7),
+            "feature": JSON(r.5), "feature_header": .bool(r.6), "header_features": r.8.map { .array($0.map(JSON.string)) } ?? .null,
+            "allowed": .bool(r.7),
         ])
     }
 
@@ -199,8 +221,9 @@ struct FeatureStore: Sendable {
         try await writeRoute(r) { client in
             try await client.query(
                 """
-                INSERT INTO routes (id, method, path, units, items_field, feature, feature_header, allowed)
-                VALUES (\(r.id), \(r.method), \(r.path), \(r.units), \(r.itemsField), \(r.feature), \(r.featureHeader), \(r.allowed))
+                INSERT INTO routes (id, method, path, units, items_field, feature, feature_header, allowed, header_features)
+                VALUES (\(r.id), \(r.method), \(r.path), \(r.units), \(r.itemsField), \(r.feature), \(r.featureHeader), \(r.allowed),
+                        \(r.headerFeatures))
                 RETURNING \(unescaped: Self.routeColumns)
                 """, logger: logger)
         } ?? .null
@@ -212,7 +235,8 @@ struct FeatureStore: Sendable {
             try await client.query(
                 """
                 UPDATE routes SET method = \(r.method), path = \(r.path), units = \(r.units), items_field = \(r.itemsField),
-                       feature = \(r.feature), feature_header = \(r.featureHeader), allowed = \(r.allowed), updated_at = now()
+                       feature = \(r.feature), feature_header = \(r.featureHeader), allowed = \(r.allowed),
+                       header_features = \(r.headerFeatures), updated_at = now()
                  WHERE id = \(r.id)
                 RETURNING \(unescaped: Self.routeColumns)
                 """, logger: logger)

@@ -280,42 +280,50 @@ public struct TenantStore: Sendable {
 
     // MARK: API keys
 
-    static func keyJSON(id: UUID, userID: UUID, prefix: String, createdAt: Date, revokedAt: Date?, key: String? = nil) -> JSON {
+    static func keyJSON(
+        id: UUID, userID: UUID, prefix: String, createdAt: Date, revokedAt: Date?, features: [String]?, key: String? = nil
+    ) -> JSON {
         var fields: [JSON.Field] = [
             .init("id", JSON(id)), .init("user_id", JSON(userID)), .init("prefix", .string(prefix)),
             .init("created_at", JSON(createdAt)), .init("revoked_at", JSON(revokedAt)),
+            .init("features", features.map { .array($0.map(JSON.string)) } ?? .null),
         ]
         if let key { fields.append(.init("key", .string(key))) }
         return .object(fields)
     }
 
     /// Creates a key for a user of the company; the key itself is returned once and never stored.
-    public func createKey(company: UUID, user: UUID) async throws -> JSON {
+    /// `features`: the features the key may be charged to (SPEC §8), nil for an unbound key; the
+    /// caller checks that they exist.
+    public func createKey(company: UUID, user: UUID, features: [String]? = nil) async throws -> JSON {
         let (key, prefix, hash) = ApiKeyGenerator.make()
         let id = UUID()
         let created = try await database.run { client in
             let rows = try await client.query(
                 """
-                INSERT INTO api_keys (company_id, id, user_id, prefix, key_hash)
-                VALUES (\(company), \(id), \(user), \(prefix), \(hash)) RETURNING created_at
+                INSERT INTO api_keys (company_id, id, user_id, prefix, key_hash, features)
+                VALUES (\(company), \(id), \(user), \(prefix), \(hash), \(features)) RETURNING created_at
                 """,
                 logger: logger
             )
             for try await date in rows.decode(Date.self) { return date }
             return Date()
         }
-        return Self.keyJSON(id: id, userID: user, prefix: prefix, createdAt: created, revokedAt: nil, key: key)
+        return Self.keyJSON(id: id, userID: user, prefix: prefix, createdAt: created, revokedAt: nil, features: features, key: key)
     }
 
     public func keys(company: UUID) async throws -> [JSON] {
         try await database.run { client in
             var out: [JSON] = []
             let rows = try await client.query(
-                "SELECT id, user_id, prefix, created_at, revoked_at FROM api_keys WHERE company_id = \(company) ORDER BY created_at, id",
+                """
+                SELECT id, user_id, prefix, created_at, revoked_at, features FROM api_keys
+                 WHERE company_id = \(company) ORDER BY created_at, id
+                """,
                 logger: logger
             )
-            for try await r in rows.decode((UUID, UUID, String, Date, Date?).self) {
-                out.append(Self.keyJSON(id: r.0, userID: r.1, prefix: r.2, createdAt: r.3, revokedAt: r.4))
+            for try await r in rows.decode((UUID, UUID, String, Date, Date?, [String]?).self) {
+                out.append(Self.keyJSON(id: r.0, userID: r.1, prefix: r.2, createdAt: r.3, revokedAt: r.4, features: r.5))
             }
             return out
         }
@@ -328,12 +336,12 @@ public struct TenantStore: Sendable {
                 """
                 UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now())
                  WHERE company_id = \(company) AND id = \(id)
-                RETURNING id, user_id, prefix, created_at, revoked_at
+                RETURNING id, user_id, prefix, created_at, revoked_at, features
                 """,
                 logger: logger
             )
-            for try await r in rows.decode((UUID, UUID, String, Date, Date?).self) {
-                return Self.keyJSON(id: r.0, userID: r.1, prefix: r.2, createdAt: r.3, revokedAt: r.4)
+            for try await r in rows.decode((UUID, UUID, String, Date, Date?, [String]?).self) {
+                return Self.keyJSON(id: r.0, userID: r.1, prefix: r.2, createdAt: r.3, revokedAt: r.4, features: r.5)
             }
             return nil
         }
