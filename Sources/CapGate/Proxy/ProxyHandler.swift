@@ -113,7 +113,8 @@ public struct ProxyHandler: Sendable {
             // The path as sent (not as decoded here): that is what the provider will read.
             do {
                 callCost = try Self.cost(
-                    method: request.method.rawValue, path: Self.rawPath(request.head.path) ?? path, headers: request.headers, body: callBody,
+                    method: request.method.rawValue, path: Self.rawPath(request.head.path) ?? path, headers: request.headers,
+                    body: callBody,
                     table: table)
             } catch let refusal as GatewayError {
                 // A refusal read off this gateway's copy of the table (a header feature the route
