@@ -21,7 +21,7 @@ import NIOHTTPTypes
 ///   the body reader gets a 408 `request_timeout` (``BodyDeadline``) and the connection closes: a
 ///   client trickling a byte every few seconds cannot hold a connection and its body budget.
 /// - `http.idleTimeout` for answers too: a client that reads nothing of its answer for that long
-///   (the connection stays unwritable) loses it (``WriteStallHandler``): the connection closes,
+///   (the connection stays unwritable) loses it (``RequestHeadSignal``): the connection closes,
 ///   so the upstream connection feeding it is freed (the charge stands, as for any disconnect).
 ///
 /// The connection limit (`http.maxConnections`) is Hummingbird's `MaximumAvailableConnections`:
@@ -56,7 +56,7 @@ extension HTTPServerBuilder {
                     responder: responder,
                     configuration: .init(
                         additionalChannelHandlers: [
-                            RequestHeadSignal(bodyTimeout: TimeAmount(bodyTimeout)), WriteStallHandler(timeout: TimeAmount(idleTimeout)),
+                            RequestHeadSignal(bodyTimeout: TimeAmount(bodyTimeout), writeStallTimeout: TimeAmount(idleTimeout))
                         ],
                         idleTimeout: TimeAmount(idleTimeout))
                 ),
@@ -157,17 +157,39 @@ final class HeaderDeadlineHandler: ChannelDuplexHandler, RemovableChannelHandler
 /// not arrived by the end of the read that brought its head arms a timer; if the end is still
 /// missing when it fires, the body reader gets ``BodyDeadline/error`` (a 408 that closes the
 /// connection). A body that comes with its head arms nothing.
+///
+/// And it closes a connection that stays unwritable (its client reads nothing of the answer)
+/// for `writeStallTimeout` (`http.idleTimeout`): the answer's writer fails, and the provider's
+/// stream feeding it is let go. An answer the client keeps reading, however slowly, is never cut.
 final class RequestHeadSignal: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPRequestPart
     typealias InboundOut = HTTPRequestPart
 
     let bodyTimeout: TimeAmount
+    let writeStallTimeout: TimeAmount
     /// A head was read and its end was not.
     private var inBody = false
     private var deadline: Scheduled<Void>?
+    private var stall: Scheduled<Void>?
 
-    init(bodyTimeout: TimeAmount) {
+    init(bodyTimeout: TimeAmount, writeStallTimeout: TimeAmount) {
         self.bodyTimeout = bodyTimeout
+        self.writeStallTimeout = writeStallTimeout
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable {
+            stall?.cancel()
+            stall = nil
+        } else if stall == nil {
+            let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            stall = context.eventLoop.scheduleTask(in: writeStallTimeout) {
+                let (handler, context) = bound.value
+                handler.stall = nil
+                if !context.channel.isWritable { context.close(promise: nil) }
+            }
+        }
+        context.fireChannelWritabilityChanged()
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -198,18 +220,22 @@ final class RequestHeadSignal: ChannelInboundHandler, RemovableChannelHandler {
         context.fireChannelReadComplete()
     }
 
+    private func disarm() {
+        deadline?.cancel()
+        deadline = nil
+    }
+
     func channelInactive(context: ChannelHandlerContext) {
         disarm()
+        stall?.cancel()
+        stall = nil
         context.fireChannelInactive()
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
         disarm()
-    }
-
-    private func disarm() {
-        deadline?.cancel()
-        deadline = nil
+        stall?.cancel()
+        stall = nil
     }
 }
 
@@ -220,47 +246,4 @@ enum BodyDeadline {
         .requestTimeout, "request_timeout",
         "The request body did not arrive within the gateway's time limit (http.bodyTimeout); nothing was charged. Send it again.",
         headers: [.connection: "close"])
-}
-
-/// Closes a connection that stays unwritable (its client reads nothing of the answer) for
-/// `timeout` (`http.idleTimeout`): the answer's writer fails, and the provider's stream feeding
-/// it is let go. An answer the client keeps reading, however slowly, is never cut.
-final class WriteStallHandler: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = HTTPRequestPart
-    typealias InboundOut = HTTPRequestPart
-
-    let timeout: TimeAmount
-    private var deadline: Scheduled<Void>?
-
-    init(timeout: TimeAmount) {
-        self.timeout = timeout
-    }
-
-    func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable {
-            disarm()
-        } else if deadline == nil {
-            let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-            deadline = context.eventLoop.scheduleTask(in: timeout) {
-                let (handler, context) = bound.value
-                handler.deadline = nil
-                if !context.channel.isWritable { context.close(promise: nil) }
-            }
-        }
-        context.fireChannelWritabilityChanged()
-    }
-
-    func channelInactive(context: ChannelHandlerContext) {
-        disarm()
-        context.fireChannelInactive()
-    }
-
-    func handlerRemoved(context: ChannelHandlerContext) {
-        disarm()
-    }
-
-    private func disarm() {
-        deadline?.cancel()
-        deadline = nil
-    }
 }
