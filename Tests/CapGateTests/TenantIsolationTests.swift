@@ -13,6 +13,17 @@ import Testing
 /// Meanwhile another company's calls keep getting 200 within a second.
 @Suite("No tenant can starve another", .timeLimit(.minutes(5)))
 struct TenantIsolationTests {
+    /// Every call the mock provider served is one charged ledger row, and `capgate verify` finds
+    /// counters and ledger in agreement.
+    static func servedIsCharged(_ h: Harness, provider: ScriptedProvider? = nil) async throws {
+        let charged = "SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'"
+        if provider == nil {
+            #expect(try await h.eventually(charged, equals: Int64(h.mock.served.count)) == Int64(h.mock.served.count))
+        }
+        #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome <> 'charged'") == 0)
+        #expect(try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger).isEmpty)
+    }
+
     /// `count` calls of company B, one after another, each answered 200 promptly: within a second
     /// when the suite runs alone (measured), within 5 s beside the whole parallel suite on two
     /// cores. A starved call would instead get 503 (body budget) or wait for `upstream.timeout`
@@ -64,6 +75,7 @@ struct TenantIsolationTests {
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE company_id = '\(a.text)'") == 0)
             // A body that arrives in time is unaffected.
             #expect(try await h.message(key: usersA[0].key).status == 200)
+            try await Self.servedIsCharged(h)
         }
     }
 
@@ -97,6 +109,7 @@ struct TenantIsolationTests {
             try await first.send(String(big.dropFirst(200_000)))
             #expect(try #require(await first.answer(within: .seconds(10))).status == 200)
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE company_id = '\(a.text)'") == 1)
+            try await Self.servedIsCharged(h)
         }
     }
 
@@ -183,6 +196,7 @@ struct TenantIsolationTests {
                 try await h.request(.GET, "/v1/keep", headers: [("x-api-key", usersB[0].key)]).status
             }
         }
+            try await Self.servedIsCharged(h, provider: provider)
     }
 
     @Test("CompanyShare: at most the share per company, a freed slot goes to the company's first waiter, a wait ends at its deadline")
