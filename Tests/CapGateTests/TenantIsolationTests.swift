@@ -195,8 +195,8 @@ struct TenantIsolationTests {
             try await Self.otherCompanyServed(3) {
                 try await h.request(.GET, "/v1/keep", headers: [("x-api-key", usersB[0].key)]).status
             }
-        }
             try await Self.servedIsCharged(h, provider: provider)
+        }
     }
 
     @Test("CompanyShare: at most the share per company, a freed slot goes to the company's first waiter, a wait ends at its deadline")
