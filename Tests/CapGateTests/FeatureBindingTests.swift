@@ -111,6 +111,14 @@ struct FeatureBindingTests {
             #expect(h.mock.counter.count == served)
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(c)'") == used)
             #expect(try await h.scalar("SELECT count(*) FROM user_feature_usage WHERE feature_id = 'chat'") == 0)
+            // The dry run says the same: a bound key may not be charged to chat; the unbound may.
+            func check(_ key: String, _ feature: String) async throws -> JSON {
+                try await h.request(.GET, "/v1/usage/check?feature=\(feature)", headers: [("x-api-key", key)]).json
+            }
+            let dryRun = try await check(bound, "chat")
+            #expect(dryRun["allowed"] == .bool(false) && dryRun["reason"] == .string("permission_error"))
+            #expect(try await check(bound, "analysis")["reason"] == .string("feature_limit_exceeded"))
+            #expect(try await check(unbound, "chat")["allowed"] == .bool(true))
 
             // A call whose route names no feature is allowed on a bound key and counts against the caps.
             let echo = try await h.request(.POST, "/v1/echo", headers: [("x-api-key", bound)], json: .obj([:]))

@@ -46,7 +46,11 @@ struct UsageRoutes {
                 lookup = try await usage.feature(featureID, company: user.companyID, user: user.userID, at: now)
             }
             let check = UsageCheck(units: units, user: user.userID, state: state, feature: lookup?.lookup)
-            let outcome = try await check.decide(metering: metering)
+            var outcome = try await check.decide(metering: metering)
+            // A bound credential (SPEC §8) would be refused 403 for another feature, before its limits.
+            if let featureID, let bound = user.features, !bound.contains(featureID) {
+                outcome = UsageCheck.Outcome(reason: "permission_error", scope: "user", featureRefusal: false, state: state)
+            }
             return jsonResponse(
                 .obj([
                     "allowed": .bool(outcome.reason == nil), "reason": JSON(outcome.reason),

@@ -98,20 +98,22 @@ public struct Authenticator: Sendable {
         let row = try await database.run { client in
             let rows = try await client.query(
                 """
-                SELECT k.company_id, k.user_id, u.role, u.disabled, k.revoked_at IS NOT NULL
+                SELECT k.company_id, k.user_id, u.role, u.disabled, k.revoked_at IS NOT NULL, k.features
                   FROM api_keys k JOIN users u ON u.company_id = k.company_id AND u.id = k.user_id
                  WHERE k.key_hash = \(hash)
                 """,
                 logger: database.logger
             )
-            for try await row in rows.decode((UUID, UUID, String, Bool, Bool).self) { return Optional(row) }
+            for try await row in rows.decode((UUID, UUID, String, Bool, Bool, [String]?).self) { return Optional(row) }
             return nil
         }
-        guard let (company, user, role, disabled, revoked) = row else { throw Self.keyError("unknown_key") }
+        guard let (company, user, role, disabled, revoked, features) = row else { throw Self.keyError("unknown_key") }
         if revoked { throw Self.keyError("revoked_key") }
         if disabled { throw Self.keyError("disabled_user") }
         return .user(
-            UserIdentity(companyID: company, userID: user, role: UserIdentity.Role(rawValue: role) ?? .member, credential: .apiKey))
+            UserIdentity(
+                companyID: company, userID: user, role: UserIdentity.Role(rawValue: role) ?? .member, credential: .apiKey,
+                features: features))
     }
 
     func identity(forJWT token: String) async throws -> Identity {

@@ -23,8 +23,9 @@ public struct UserIdentity: Sendable, Equatable {
     public var userID: UUID
     public var role: Role
     public var credential: Credential
-    /// The features a bound credential may be charged to (a JWT's `jwt.featureClaim`); nil:
-    /// unbound. An API key's binding is read inside each admission instead (SPEC §8).
+    /// The features a bound credential may be charged to (a JWT's `jwt.featureClaim`, an API
+    /// key's `features` as it was when this request authenticated); nil: unbound. A metered call
+    /// by API key reads the key's binding again inside its admission (SPEC §8).
     public var features: [String]?
 
     public init(companyID: UUID, userID: UUID, role: Role, credential: Credential, features: [String]? = nil) {
