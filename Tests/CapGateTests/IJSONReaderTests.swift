@@ -103,6 +103,12 @@ struct IJSONReaderTests {
         var names = (0..<40).map { #""k\#($0)":\#($0)"# }
         names.append(#""k\u0033\u0037":0"#)
         #expect(throws: JSONParser.Failure.self) { _ = try Self.read("{" + names.joined(separator: ",") + "}") }
+        // Long names, escaped and not, compared by their decoded text (each decoded once).
+        let long = String(repeating: "ab", count: 50_000)
+        let escapedLong = String(repeating: "a\\u0062", count: 50_000)
+        #expect(throws: JSONParser.Failure.self) { _ = try Self.read(#"{"\#(long)":1,"x":2,"\#(escapedLong)":3}"#) }
+        #expect(throws: JSONParser.Failure.self) { _ = try Self.read(#"{"\#(escapedLong)":1,"\#(long)":3}"#) }
+        #expect(try Self.read(#"{"\#(long)a":1,"\#(escapedLong)":2,"x":{"\#(long)":3,"\#(escapedLong)b":4}}"#).isObject)
         // Not an object: valid, nothing to read.
         #expect(try Self.read(#"["model"]"#).isObject == false)
         #expect(try Self.read(#"  "text"  "#).values.isEmpty)

@@ -92,7 +92,8 @@ public struct CapGateConfiguration: Sendable {
     /// calls wait their turn, within `upstream.timeout`), so one tenant cannot starve the others.
     /// `100` turns it off.
     public var proxyCompanyShare: Int
-    /// `proxy.maxJSONDepth` / `PROXY_MAX_JSON_DEPTH` (default `128`, at most `1000`): the deepest
+    /// `proxy.maxJSONDepth` / `PROXY_MAX_JSON_DEPTH` (default `128`, at most `256`: the reader
+    /// recurses once per level, on a thread's stack): the deepest
     /// nesting of a body CapGate reads (SPEC §2); deeper is 400 before admission.
     public var proxyMaxJSONDepth: Int
     /// `metrics.token` / `METRICS_TOKEN` (secret, default unset): a bearer token that may read
@@ -181,7 +182,7 @@ public struct CapGateConfiguration: Sendable {
         proxyIdempotencyMaxBytes = try Self.int(reader, "proxy.idempotencyMaxBytes", default: 1 << 20, range: 0...(64 << 20))
         proxyBodyBudgetBytes = try Self.int(reader, "proxy.bodyBudgetBytes", default: 256 << 20, range: 1...(1 << 40))
         proxyCompanyShare = try Self.int(reader, "proxy.companyShare", default: 25, range: 1...100)
-        proxyMaxJSONDepth = try Self.int(reader, "proxy.maxJSONDepth", default: JSONParser.defaultMaxDepth, range: 1...1000)
+        proxyMaxJSONDepth = try Self.int(reader, "proxy.maxJSONDepth", default: JSONParser.defaultMaxDepth, range: 1...256)
         metricsToken = Self.nonEmpty(reader.string(forKey: "metrics.token", isSecret: true))
         metricsPublic = try Self.bool(reader, "metrics.public", default: false)
         let maxLifetime = try Self.int(reader, "jwt.maxLifetime", default: 0, range: 0...(86400 * 3660))

@@ -40,6 +40,13 @@ struct JSONParser {
         var escaped: Bool
     }
 
+    /// A member name kept for the repeat check: raw when it has no escapes, else decoded once
+    /// (comparing names never decodes one twice, so a body of long escaped names costs its size).
+    struct SeenName {
+        var name: Name
+        var decoded: [UInt8]?
+    }
+
     /// Above this many members, an object's names are checked for repeats through a hash set.
     static let linearNameLimit = 16
 
@@ -47,7 +54,7 @@ struct JSONParser {
     let maxDepth: Int
     var i = 0
     /// The names of every object being read, innermost last (one allocation for the whole text).
-    var names: [Name] = []
+    var names: [SeenName] = []
 
     init(_ bytes: UnsafeRawBufferPointer, maxDepth: Int) {
         self.bytes = bytes
@@ -181,10 +188,11 @@ struct JSONParser {
             if hashed != nil {
                 guard hashed!.insert(decodedBytes(name)).inserted else { throw duplicate(name, at: nameStart) }
             } else {
-                for k in base..<names.count where sameName(names[k], name) { throw duplicate(name, at: nameStart) }
-                names.append(name)
+                let seen = SeenName(name: name, decoded: name.escaped ? decodedBytes(name) : nil)
+                for k in base..<names.count where sameName(names[k], seen) { throw duplicate(name, at: nameStart) }
+                names.append(seen)
                 if names.count - base > Self.linearNameLimit {
-                    hashed = Set(names[base...].map { decodedBytes($0) })
+                    hashed = Set(names[base...].map { $0.decoded ?? decodedBytes($0.name) })
                 }
             }
             skipWhitespace()
@@ -421,13 +429,19 @@ struct JSONParser {
         return String(decoding: decodedBytes(name), as: UTF8.self)
     }
 
-    func sameName(_ a: Name, _ b: Name) -> Bool {
-        if !a.escaped, !b.escaped {
-            guard a.end - a.start == b.end - b.start else { return false }
-            return UnsafeRawBufferPointer(rebasing: bytes[a.start..<a.end]).elementsEqual(
-                UnsafeRawBufferPointer(rebasing: bytes[b.start..<b.end]))
+    func sameName(_ a: SeenName, _ b: SeenName) -> Bool {
+        func raw(_ name: Name) -> UnsafeRawBufferPointer { UnsafeRawBufferPointer(rebasing: bytes[name.start..<name.end]) }
+        switch (a.decoded, b.decoded) {
+        case (nil, nil):
+            guard a.name.end - a.name.start == b.name.end - b.name.start else { return false }
+            return raw(a.name).elementsEqual(raw(b.name))
+        case (let x?, let y?):
+            return x == y
+        case (let x?, nil):
+            return x.count == b.name.end - b.name.start && raw(b.name).elementsEqual(x)
+        case (nil, let y?):
+            return y.count == a.name.end - a.name.start && raw(a.name).elementsEqual(y)
         }
-        return decodedBytes(a) == decodedBytes(b)
     }
 
     // MARK: Helpers
