@@ -120,6 +120,11 @@ struct ChargeHonestyTests {
                 #expect(reply.status == 415, "\(coding)")
                 #expect(reply.json["error"]?["type"]?.stringValue == "invalid_request_error")
             }
+            // Two Content-Type fields: which one decides whether the body is read would depend on the reader.
+            let twoTypes = try await h.request(
+                .POST, "/v1/messages", headers: [("x-api-key", key), ("content-type", "text/plain"), ("content-type", "application/json")],
+                body: body)
+            #expect(twoTypes.status == 400)
             #expect(provider.requests.isEmpty)
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0)
             let identity = try await Self.post(h, "/v1/messages", key: key, body: body, headers: [("content-encoding", "identity")])

@@ -38,6 +38,11 @@ extension ProxyHandler {
         if request.method == .trace || request.method == .connect {
             throw methodRefusal(request.method)
         }
+        // Readers disagree on which of several Content-Type fields counts (the first, the last,
+        // both joined): one decides whether CapGate reads the body, so it must be one.
+        if request.headers[values: .contentType].count > 1 {
+            throw GatewayError.invalidRequest("The request has more than one Content-Type field; send one.")
+        }
         for value in request.headers[values: .contentEncoding] {
             for coding in value.split(separator: ",") where !coding.trimmingSpaces.isEmpty {
                 guard coding.trimmingSpaces.lowercased() == "identity" else {
