@@ -58,6 +58,21 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
             ]
         ),
+        // Unit layer: pure logic and state machines, no database and no socket.
+        .testTarget(
+            name: "CapGateUnitTests",
+            dependencies: [
+                "CapGate",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HummingbirdTesting", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]
+        ),
+        // Integration and system layers: the real PostgreSQL, the real server over loopback, the
+        // real binary, the official SDK, Chromium.
         .testTarget(
             name: "CapGateTests",
             dependencies: [

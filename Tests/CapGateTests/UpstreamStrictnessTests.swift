@@ -264,7 +264,7 @@ struct UpstreamStrictnessTests {
             #expect(!reply.headers.values.contains { $0.contains("org-secret") })
         }
         #expect(
-            ProxyHandler.connectionOptions(["close, X-Secret-Thing", " keep-alive ,,\tfoo"]) == [
+            ForwardedFields.connectionOptions(["close, X-Secret-Thing", " keep-alive ,,\tfoo"]) == [
                 "close", "x-secret-thing", "keep-alive", "foo",
             ])
     }

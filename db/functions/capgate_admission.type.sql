@@ -8,6 +8,7 @@
 -- auth: ok | unknown_key | revoked_key | disabled_user (everything after role is NULL unless ok).
 -- feature_refused: the limit that refused, company.period | company.day | user.period | user.day.
 -- fc_*: the company's feature counters, fu_*: the user's (used after the call, and the limit).
+-- upgrade_*: a refusal's upgrade offer (capgate_upgrade_offer), so a 402 needs no second round trip.
 CREATE TYPE capgate_admitted AS (
     item integer, auth text, company_id uuid, user_id uuid, role text,
     decision text, ledger_id bigint, period_id bigint, plan_id text, plan_name text,
@@ -17,5 +18,6 @@ CREATE TYPE capgate_admitted AS (
     day_start timestamptz, day_end timestamptz,
     fc_period_used bigint, fc_period_limit bigint, fc_day_used bigint, fc_day_limit bigint,
     fu_period_used bigint, fu_period_limit bigint, fu_day_used bigint, fu_day_limit bigint,
-    answer_status integer, answer_type text, answer_body bytea
+    answer_status integer, answer_type text, answer_body bytea,
+    upgrade_plan text, upgrade_company_cap bigint, upgrade_user_cap bigint, upgrade_feature_limit bigint
 );

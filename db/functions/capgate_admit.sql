@@ -31,8 +31,8 @@ BEGIN
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    r := capgate_charge(p_company, p_user, p_units, p_method, p_route, p_model, p_feature, p_request_id,
-                        p_routes_version, p_at, v_bound);
+    r := capgate_with_offer(capgate_charge(p_company, p_user, p_units, p_method, p_route, p_model, p_feature,
+                                           p_request_id, p_routes_version, p_at, v_bound));
     r.role := v_role;
     RETURN NEXT r;
 END;

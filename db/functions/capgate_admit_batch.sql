@@ -391,13 +391,21 @@ BEGIN
                s.started, s.ends, s.cused, s.ccap, s.uused, s.ucap,
                s.feature, s.fname, s.refused, s.fmsg, s.dstart, s.dend,
                s.fpu, s.lp, s.fdu, s.ld, s.upu, s.lup, s.udu, s.lud,
-               NULL::integer, NULL::text, NULL::bytea
+               NULL::integer, NULL::text, NULL::bytea, o.plan_id, o.company_cap, o.user_cap, o.feature_limit
           FROM unnest(a_auth, a_company, a_user, a_role, a_decision, a_ledger, a_period, a_plan, a_plan_name,
                       a_start, a_end, a_cused, a_ccap, a_uused, a_ucap,
                       a_feature, a_fname, a_refused, a_fmsg, a_dstart, a_dend,
                       a_fpu, a_lp, a_fdu, a_ld, a_upu, a_lup, a_udu, a_lud)
                WITH ORDINALITY AS s(auth, c, u, role, decision, ledger, period, plan, plan_name, started, ends,
                                     cused, ccap, uused, ucap, feature, fname, refused, fmsg, dstart, dend,
-                                    fpu, lp, fdu, ld, upu, lup, udu, lud, ord);
+                                    fpu, lp, fdu, ld, upu, lup, udu, lud, ord)
+          -- A refusal's upgrade offer (the one-time filter skips the lookup for every other call).
+          LEFT JOIN LATERAL (
+              SELECT * FROM capgate_upgrade_offer(s.decision, s.plan, s.feature, s.refused,
+                                                  CASE s.refused WHEN 'company.period' THEN s.lp WHEN 'company.day' THEN s.ld
+                                                                 WHEN 'user.period' THEN s.lup WHEN 'user.day' THEN s.lud END)
+               WHERE s.decision IN ('company_cap', 'user_cap', 'no_active_plan', 'feature_not_in_plan',
+                                    'feature_limit_exceeded')
+          ) o ON true;
 END;
 $$;

@@ -96,8 +96,8 @@ BEGIN
          WHERE ik.company_id = v_company AND ik.user_id = v_user AND ik.key = p_idempotency_key;
     END IF;
 
-    r := capgate_charge(v_company, v_user, p_units, p_method, p_route, p_model, p_feature, p_request_id,
-                        p_routes_version, p_at, v_bound);
+    r := capgate_with_offer(capgate_charge(v_company, v_user, p_units, p_method, p_route, p_model, p_feature,
+                                           p_request_id, p_routes_version, p_at, v_bound));
     r.role := v_role;
     IF r.decision = 'charged' THEN
         UPDATE usage_ledger l SET idempotency_key = p_idempotency_key

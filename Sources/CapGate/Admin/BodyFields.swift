@@ -129,7 +129,7 @@ struct BodyFields {
         }
         var ids: [String] = []
         for item in items {
-            guard let id = item.stringValue, ProxyHandler.isFeatureID(id) else {
+            guard let id = item.stringValue, CallCost.isFeatureID(id) else {
                 throw GatewayError.invalidRequest(rule + "; \(item.serialized()) is not a feature id.")
             }
             if !ids.contains(id) { ids.append(id) }

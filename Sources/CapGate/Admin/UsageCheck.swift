@@ -3,15 +3,12 @@ import Foundation
 /// `GET /v1/usage/check`: how a call of `units` (naming a feature, or not) would be answered
 /// now, decided in the admission's order (SPEC §2, §8): no plan, the feature not in the plan,
 /// the company cap, the user cap, then the feature's windows (company period, company day, user
-/// period, user day). A dry run: it reads the counters and records nothing.
+/// period, user day). A dry run: it reads the counters and records nothing. The answer's
+/// `reason` and `usage` come from ``Responder``, as a real call's refusal does.
 struct UsageCheck {
-    /// The answer: `reason` nil when allowed, else the error type a real call would get; `state`
-    /// is rendered as `usage` with `scope`, with the refused feature's `usage.feature` when
-    /// `featureRefusal` (the same object as the 402 body).
+    /// The refusal a real call would get now (nil: allowed), and the usage it would show.
     struct Outcome {
-        var reason: String?
-        var scope: String
-        var featureRefusal: Bool
+        var refusal: Refusal?
         var state: UsageState
     }
 
@@ -23,17 +20,13 @@ struct UsageCheck {
 
     func decide(metering: MeteringStore) async throws -> Outcome {
         var state = self.state
-        guard let plan = state.plan else {
-            return Outcome(reason: "no_active_plan", scope: "company", featureRefusal: false, state: state)
-        }
+        guard let plan = state.plan else { return Outcome(refusal: .noActivePlan, state: state) }
         var windows: FeatureState? = nil
         switch feature {
         case .notInPlan(let id, let name):
             state.feature = FeatureState(id: id, name: name, refused: nil, message: nil, dayStart: nil, dayEnd: nil, values: [])
-            let offer = try await metering.featureUpgrade(from: plan.id, feature: id, refused: nil)
-            state.upgrade = offer?.upgrade
-            state.feature?.upgradeLimit = offer?.limit
-            return Outcome(reason: "feature_not_in_plan", scope: "company", featureRefusal: true, state: state)
+            try await offer(&state, decision: .featureNotInPlan, plan: plan.id, metering: metering)
+            return Outcome(refusal: .featureNotInPlan(feature: id), state: state)
         case .entitled(let usage):
             windows = usage.check(units: units, user: user)
             // Its bounded windows appear in the RateLimit fields, as on a forwarded call.
@@ -42,17 +35,23 @@ struct UsageCheck {
             break
         }
         if let cap = state.companyLimit, state.companyUsed + units > cap {
-            return Outcome(reason: "usage_cap_exceeded", scope: "company", featureRefusal: false, state: state)
+            return Outcome(refusal: .cap(.company), state: state)
         }
         if let cap = state.userLimit, (state.userUsed ?? 0) + units > cap {
-            return Outcome(reason: "usage_cap_exceeded", scope: "user", featureRefusal: false, state: state)
+            return Outcome(refusal: .cap(.user), state: state)
         }
-        if let windows, let refused = windows.refused {
-            let offer = try await metering.featureUpgrade(from: plan.id, feature: windows.id, refused: refused)
-            state.upgrade = offer?.upgrade
-            state.feature?.upgradeLimit = offer?.limit
-            return Outcome(reason: "feature_limit_exceeded", scope: refused.scope.rawValue, featureRefusal: true, state: state)
+        if let windows, windows.refused != nil {
+            try await offer(&state, decision: .featureLimitExceeded, plan: plan.id, metering: metering)
+            return Outcome(refusal: .featureLimit(feature: windows.id), state: state)
         }
-        return Outcome(reason: nil, scope: "user", featureRefusal: false, state: state)
+        return Outcome(refusal: nil, state: state)
+    }
+
+    /// A feature refusal's upgrade offer, as the admission row would carry it.
+    func offer(_ state: inout UsageState, decision: Admission.Decision, plan: String, metering: MeteringStore) async throws {
+        guard let feature = state.feature else { return }
+        let offer = try await metering.upgradeOffer(decision, plan: plan, feature: feature.id, refused: feature.refused)
+        state.upgrade = offer?.upgrade
+        state.feature?.upgradeLimit = offer?.featureLimit
     }
 }

@@ -49,12 +49,13 @@ struct UsageRoutes {
             var outcome = try await check.decide(metering: metering)
             // A bound credential (SPEC §8) would be refused 403 for another feature, before its limits.
             if let featureID, let bound = user.features, !bound.contains(featureID) {
-                outcome = UsageCheck.Outcome(reason: "permission_error", scope: "user", featureRefusal: false, state: state)
+                outcome = UsageCheck.Outcome(
+                    refusal: .notBound(feature: featureID, bound: bound, credential: user.credential), state: state)
             }
             return jsonResponse(
                 .obj([
-                    "allowed": .bool(outcome.reason == nil), "reason": JSON(outcome.reason),
-                    "usage": outcome.state.json(scope: outcome.scope, featureRefusal: outcome.featureRefusal),
+                    "allowed": .bool(outcome.refusal == nil), "reason": JSON(outcome.refusal?.errorType),
+                    "usage": Responder.usage(for: outcome.refusal, state: outcome.state),
                 ]),
                 headers: outcome.state.rateLimitHeaders(now: now)
             )

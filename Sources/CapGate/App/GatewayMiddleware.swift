@@ -58,7 +58,7 @@ struct GatewayMiddleware: RouterMiddleware {
                 // proxy refuses them once the caller is authenticated.
                 if request.method == .trace || request.method == .connect {
                     let allowed = methods.allowed(for: path)
-                    var error = ProxyHandler.methodRefusal(request.method)
+                    var error = CallReader.methodRefusal(request.method)
                     if !allowed.isEmpty { error.headers[.allow] = allowed.joined(separator: ", ") }
                     throw error
                 }

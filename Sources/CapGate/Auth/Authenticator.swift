@@ -163,10 +163,10 @@ public struct Authenticator: Sendable {
     func boundFeatures(_ claims: JSON) throws -> [String]? {
         guard let featureClaim, let value = claims.value(atPath: featureClaim) else { return nil }
         switch value {
-        case .string(let one) where ProxyHandler.isFeatureID(one):
+        case .string(let one) where CallCost.isFeatureID(one):
             return [one]
         case .array(let many):
-            let ids = many.compactMap(\.stringValue).filter(ProxyHandler.isFeatureID)
+            let ids = many.compactMap(\.stringValue).filter(CallCost.isFeatureID)
             if ids.count == many.count { return ids }
         default:
             break

@@ -118,6 +118,15 @@ public struct AdmissionRow: Sendable {
     var feature: FeatureState? = nil
     /// The stored answer, for `idempotency_replay`.
     var answer: StoredAnswer? = nil
+    /// A refusal's upgrade offer (`capgate_upgrade_offer`), answered in the same row.
+    var upgrade: UpgradeOffer? = nil
+}
+
+/// The plan a refused company could move to (SPEC §3 `upgrade`), with the refused feature
+/// window's limit there (SPEC §8 `feature_limit`, nil: unlimited or not a feature's refusal).
+struct UpgradeOffer: Sendable {
+    var upgrade: UsageState.Upgrade
+    var featureLimit: Int64?
 }
 
 /// The provider's status and token counts for a charge that stands, queued for writing.

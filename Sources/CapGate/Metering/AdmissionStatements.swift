@@ -11,7 +11,8 @@ let admittedColumns = """
     item, auth, company_id, user_id, role, decision, ledger_id, period_id, plan_id, plan_name, period_start, period_end,
     company_used, company_cap, user_used, user_cap, feature_id, feature_name, feature_refused, feature_message,
     day_start, day_end, fc_period_used, fc_period_limit, fc_day_used, fc_day_limit, fu_period_used, fu_period_limit,
-    fu_day_used, fu_day_limit, answer_status, answer_type, answer_body
+    fu_day_used, fu_day_limit, answer_status, answer_type, answer_body, upgrade_plan, upgrade_company_cap, upgrade_user_cap,
+    upgrade_feature_limit
     """
 
 extension AdmissionRow {
@@ -22,7 +23,7 @@ extension AdmissionRow {
                 Int32, String, UUID?, UUID?, String?, String?, Int64?, Int64?, String?, String?, Date?, Date?,
                 Int64?, Int64?, Int64?, Int64?, String?, String?, String?, String?,
                 Date?, Date?, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?,
-                Int64?, Int64?, Int32?, String?, ByteBuffer?
+                Int64?, Int64?, Int32?, String?, ByteBuffer?, String?, Int64?, Int64?, Int64?
             ).self)
         self.init(
             auth: c.1, companyID: c.2, userID: c.3, role: c.4, decision: c.5, ledgerID: c.6, periodID: c.7, plan: c.8,
@@ -32,6 +33,9 @@ extension AdmissionRow {
             values: [(c.22, c.23), (c.24, c.25), (c.26, c.27), (c.28, c.29)])
         if let status = c.30 {
             answer = StoredAnswer(status: Int(status), contentType: c.31, body: c.32 ?? ByteBuffer())
+        }
+        if let plan = c.33 {
+            upgrade = UpgradeOffer(upgrade: .init(plan: plan, companyLimit: c.34, userLimit: c.35), featureLimit: c.36)
         }
     }
 }

@@ -57,7 +57,7 @@ public struct MeteringStore: Sendable {
         guard let decisionText = row.decision, let decision = Admission.Decision(rawValue: decisionText) else {
             throw DatabaseError.other("capgate_admit_batch returned no decision")
         }
-        return try await complete(decision: decision, row: row)
+        return complete(decision: decision, row: row)
     }
 
     /// Authenticates an API key (by its SHA-256) and admits for its user in the same transaction.
@@ -71,7 +71,7 @@ public struct MeteringStore: Sendable {
         }
         let identity = UserIdentity(
             companyID: company, userID: user, role: UserIdentity.Role(rawValue: row.role ?? "") ?? .member, credential: .apiKey)
-        return (identity, try await complete(decision: decision, row: row))
+        return (identity, complete(decision: decision, row: row))
     }
 
     /// A call with an `Idempotency-Key` runs its own transaction (`capgate_admit_idempotent`:
@@ -157,25 +157,21 @@ public struct MeteringStore: Sendable {
         return rows
     }
 
-    /// Builds the admission result; a refusal also looks up the upgrade offer.
-    func complete(decision: Admission.Decision, row: AdmissionRow) async throws -> Admission {
+    /// Builds the admission result from its row (a refusal's upgrade offer included).
+    func complete(decision: Admission.Decision, row: AdmissionRow) -> Admission {
         var state = UsageState(
             plan: row.plan.map { UsageState.PlanRef(id: $0, name: row.planName ?? $0) },
             periodStart: row.start, periodEnd: row.end,
             companyUsed: row.companyUsed ?? 0, companyLimit: row.companyCap, userUsed: row.userUsed ?? 0, userLimit: row.userCap
         )
         state.feature = row.feature
-        if decision == .companyCap || decision == .userCap || decision == .noActivePlan {
-            state.upgrade = try await upgrade(from: state.plan?.id)
-            if decision == .noActivePlan {
-                state.companyUsed = 0
-                state.userUsed = 0
-            }
-        } else if decision == .featureNotInPlan || decision == .featureLimitExceeded, let feature = row.feature {
-            if let offer = try await featureUpgrade(from: state.plan?.id, feature: feature.id, refused: feature.refused) {
-                state.upgrade = offer.upgrade
-                state.feature?.upgradeLimit = offer.limit
-            }
+        state.upgrade = row.upgrade?.upgrade
+        if decision == .featureNotInPlan || decision == .featureLimitExceeded {
+            state.feature?.upgradeLimit = row.upgrade?.featureLimit
+        }
+        if decision == .noActivePlan {
+            state.companyUsed = 0
+            state.userUsed = 0
         }
         return Admission(decision: decision, ledgerID: row.ledgerID, periodID: row.periodID, state: state, answer: row.answer)
     }
@@ -300,68 +296,28 @@ public struct MeteringStore: Sendable {
         }
     }
 
-    /// The next active plan by sort order with a larger company or user cap (NULL = unlimited
-    /// counts as larger); from no plan, the first active plan with any cap room.
+    /// The plan a company on `planID` could move to from a cap (or from no plan): what a refusal
+    /// would offer (`capgate_upgrade_offer`).
     public func upgrade(from planID: String?) async throws -> UsageState.Upgrade? {
-        try await database.run { client in
-            let rows = try await client.query(
-                """
-                SELECT n.id, n.monthly_company_cap, n.monthly_user_cap
-                  FROM plans n LEFT JOIN plans c ON c.id = \(planID)
-                 WHERE n.is_active AND n.id IS DISTINCT FROM c.id
-                   AND (c.id IS NULL OR (n.sort_order > c.sort_order AND (
-                          (c.monthly_company_cap IS NOT NULL AND (n.monthly_company_cap IS NULL OR n.monthly_company_cap > c.monthly_company_cap))
-                       OR (c.monthly_user_cap IS NOT NULL AND (n.monthly_user_cap IS NULL OR n.monthly_user_cap > c.monthly_user_cap)))))
-                 ORDER BY n.sort_order, n.id
-                 LIMIT 1
-                """,
-                logger: database.logger
-            )
-            for try await (id, company, user) in rows.decode((String, Int64?, Int64?).self) {
-                return UsageState.Upgrade(plan: id, companyLimit: company, userLimit: user)
-            }
-            return nil
-        }
+        try await upgradeOffer(planID == nil ? .noActivePlan : .companyCap, plan: planID, feature: nil, refused: nil)?.upgrade
     }
 
-    /// The next active plan by sort order whose entitlement for `feature` is larger in the window
-    /// that refused (NULL = unlimited counts as larger), or, with nothing refused (the feature is
-    /// not in the plan), that has the feature enabled; with the refused window's limit there.
-    func featureUpgrade(
-        from planID: String?, feature: String, refused: FeatureState.Counter?
-    ) async throws -> (
-        upgrade: UsageState.Upgrade, limit: Int64?
-    )? {
-        let column: String? =
-            switch (refused?.scope, refused?.window) {
-            case (.company, .period): "period_limit"
-            case (.company, .day): "daily_limit"
-            case (.user, .period): "user_period_limit"
-            case (.user, .day): "user_daily_limit"
-            default: nil
-            }
-        let current = refused?.limit ?? -1
+    /// The upgrade offer of a refusal (`capgate_upgrade_offer`, the function the admission
+    /// answers it with): `decision` says whether it is a cap's or a feature's.
+    func upgradeOffer(
+        _ decision: Admission.Decision, plan: String?, feature: String?, refused: FeatureState.Counter?
+    ) async throws -> UpgradeOffer? {
+        let window = refused.map { "\($0.scope.rawValue).\($0.window.rawValue)" }
         return try await database.run { client in
             let rows = try await client.query(
                 """
-                SELECT n.id, n.monthly_company_cap, n.monthly_user_cap,
-                       CASE \(column ?? "") WHEN 'period_limit' THEN e.period_limit WHEN 'daily_limit' THEN e.daily_limit
-                            WHEN 'user_period_limit' THEN e.user_period_limit WHEN 'user_daily_limit' THEN e.user_daily_limit END
-                  FROM plans n
-                  JOIN plan_features e ON e.plan_id = n.id AND e.feature_id = \(feature) AND e.enabled
-                  LEFT JOIN plans c ON c.id = \(planID)
-                 WHERE n.is_active AND n.id IS DISTINCT FROM c.id AND (c.id IS NULL OR n.sort_order > c.sort_order)
-                   AND (\(column ?? "") = '' OR coalesce(
-                          CASE \(column ?? "") WHEN 'period_limit' THEN e.period_limit WHEN 'daily_limit' THEN e.daily_limit
-                               WHEN 'user_period_limit' THEN e.user_period_limit WHEN 'user_daily_limit' THEN e.user_daily_limit END,
-                          9223372036854775807) > \(current))
-                 ORDER BY n.sort_order, n.id
-                 LIMIT 1
+                SELECT plan_id, company_cap, user_cap, feature_limit
+                  FROM capgate_upgrade_offer(\(decision.rawValue), \(plan), \(feature), \(window), \(refused?.limit))
                 """,
                 logger: database.logger
             )
             for try await (id, company, user, limit) in rows.decode((String, Int64?, Int64?, Int64?).self) {
-                return (UsageState.Upgrade(plan: id, companyLimit: company, userLimit: user), limit)
+                return UpgradeOffer(upgrade: .init(plan: id, companyLimit: company, userLimit: user), featureLimit: limit)
             }
             return nil
         }

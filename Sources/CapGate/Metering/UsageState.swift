@@ -135,3 +135,24 @@ public struct UsageState: Sendable {
         ])
     }
 }
+
+extension UsageState {
+    /// No usage known: a refusal decided before the counters were read (a bound token's).
+    static let unknown = UsageState(
+        plan: nil, periodStart: nil, periodEnd: nil, companyUsed: 0, companyLimit: nil, userUsed: nil, userLimit: nil)
+
+    /// The state after a call's `units` were given back (every counter it charged).
+    func refunded(units: Int) -> UsageState {
+        var s = self
+        let units = Int64(units)
+        s.companyUsed = max(0, s.companyUsed - units)
+        s.userUsed = s.userUsed.map { max(0, $0 - units) }
+        if var feature = s.feature {
+            for index in feature.counters.indices {
+                feature.counters[index].used = max(0, feature.counters[index].used - units)
+            }
+            s.feature = feature
+        }
+        return s
+    }
+}

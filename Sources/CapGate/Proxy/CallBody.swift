@@ -45,7 +45,7 @@ struct CallBody: Sendable {
 
     /// The request's `model` as the ledger stores it (a string of the top-level object), if any.
     var model: String? {
-        json?.values["model"]?.stringValue.map { ProxyHandler.ledgerText($0, limit: 200) }
+        json?.values["model"]?.stringValue.map { Call.ledgerText($0, limit: 200) }
     }
 
     /// The number of elements of the top-level array `field` (a route's `items_field`). The

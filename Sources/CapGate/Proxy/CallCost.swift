@@ -1,6 +1,5 @@
 import Foundation
 import HTTPTypes
-import Hummingbird
 import NIOCore
 
 /// What a call costs (SPEC §8): its route's units (times the items of `items_field`) and its
@@ -17,7 +16,7 @@ extension HTTPField.Name {
     static let capgateFeature = HTTPField.Name("CapGate-Feature")!
 }
 
-extension ProxyHandler {
+extension CallCost {
     /// The most units one call may cost (the admission's integer).
     static let maxUnits = Int(Int32.max)
 
@@ -25,7 +24,11 @@ extension ProxyHandler {
     /// safely, a bad `items_field` body or `CapGate-Feature` (also one the route's
     /// `header_features` do not list), and the 403 of a route that is not allowed. With no routes
     /// at all every call costs 1 unit and names no feature (SPEC §2).
-    static func cost(method: String, path: String, headers: HTTPFields, body: CallBody, table: RouteTable.Snapshot) throws -> CallCost {
+    static func of(_ call: Call, table: RouteTable.Snapshot) throws -> CallCost {
+        try of(method: call.method.rawValue, path: call.rawPath, headers: call.headers, body: call.reading, table: table)
+    }
+
+    static func of(method: String, path: String, headers: HTTPFields, body: CallBody, table: RouteTable.Snapshot) throws -> CallCost {
         guard !table.rules.isEmpty else { return CallCost(units: 1, feature: nil, featureFromHeader: false, rule: nil) }
         guard let canonical = RouteTable.canonicalPath(Substring(path)) else {
             throw GatewayError.invalidRequest(
@@ -63,12 +66,6 @@ extension ProxyHandler {
         return CallCost(units: units, feature: rule.feature, featureFromHeader: false, rule: rule)
     }
 
-    /// The path of a request target as it was sent, without its query.
-    static func rawPath(_ target: String?) -> String? {
-        guard let target else { return nil }
-        return String(target.prefix { $0 != "?" && $0 != "#" })
-    }
-
     /// A feature id as `features.id` allows it.
     static func isFeatureID(_ text: String) -> Bool {
         let bytes = Array(text.utf8)
@@ -76,46 +73,6 @@ extension ProxyHandler {
         return bytes.enumerated().allSatisfy { index, b in
             let alnum = (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(b) || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(b)
             return alnum || (index > 0 && (b == UInt8(ascii: "_") || b == UInt8(ascii: ".") || b == UInt8(ascii: "-")))
-        }
-    }
-
-    /// The 400 or 402 of a call refused for its feature.
-    static func featureRefusal(_ admission: Admission, cost: CallCost) -> GatewayError {
-        let state = admission.state
-        let feature = state.feature
-        let name = feature?.name ?? cost.feature ?? "this feature"
-        switch admission.decision {
-        case .unknownFeature where cost.featureFromHeader:
-            return GatewayError.invalidRequest(
-                "CapGate-Feature names \"\(cost.feature ?? "")\", which is not a feature of this gateway or is not active.")
-        case .featureLimitExceeded:
-            let refused = feature?.refused
-            var headers = state.rateLimitHeaders()
-            let reset = refused.flatMap { feature?.resetAt($0, periodEnd: state.periodEnd) } ?? state.periodEnd
-            headers[.retryAfter] = reset.map { String(max(1, Int($0.timeIntervalSinceNow.rounded(.up)))) } ?? "3600"
-            let scope = refused?.scope.rawValue ?? "company"
-            let message =
-                feature?.message
-                ?? {
-                    let whose = refused?.scope == .user ? "You have" : "Your company has"
-                    let window = refused?.window == .day ? "today" : "in this period"
-                    let limit = refused?.limit.map(String.init) ?? "all"
-                    let when = reset.map { " It renews at \(Timestamp.format($0))." } ?? ""
-                    let upgrade = state.upgrade.map { " Upgrading to the \($0.plan) plan raises the limit." } ?? ""
-                    return "\(whose) used all \(limit) \(name) allowed \(window).\(when)\(upgrade)"
-                }()
-            return GatewayError(
-                .init(code: 402), "feature_limit_exceeded", message, usage: state.json(scope: scope, featureRefusal: true),
-                headers: headers)
-        default:
-            // Not in the plan, disabled there, or (named by the route itself) no longer active.
-            var headers = HTTPFields()
-            headers[.retryAfter] = ProxyHandler.retryAfter(state)
-            let upgrade = state.upgrade.map { " The \($0.plan) plan includes it." } ?? ""
-            let message = feature?.message ?? "\(name) is not included in your company's \(state.plan?.name ?? "current") plan.\(upgrade)"
-            return GatewayError(
-                .init(code: 402), "feature_not_in_plan", message, usage: state.json(scope: "company", featureRefusal: true),
-                headers: headers)
         }
     }
 }

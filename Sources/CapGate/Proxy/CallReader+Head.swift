@@ -1,34 +1,7 @@
 import HTTPTypes
 import Hummingbird
-import NIOCore
 
-extension ProxyHandler {
-    /// The field names a `Connection` header lists (RFC 9110 §7.6.1: they are hop-by-hop and
-    /// must not be forwarded), lowercased; `close` and `keep-alive` come along, harmlessly.
-    static func connectionOptions(_ values: [String]) -> Set<String> {
-        guard !values.isEmpty else { return [] }
-        var names: Set<String> = []
-        for value in values {
-            for part in value.split(separator: ",") {
-                let name = part.trimmingSpaces.lowercased()
-                if !name.isEmpty { names.insert(name) }
-            }
-        }
-        return names
-    }
-
-    /// Whether a field of the client's request (canonical, lowercased name) goes to the provider.
-    static func forwardsRequestHeader(_ name: String, connectionOptions: Set<String>) -> Bool {
-        !droppedRequestHeaders.contains(name) && !connectionOptions.contains(name)
-    }
-
-    /// Whether a field of the provider's answer (lowercased name) goes back to the tenant: not
-    /// hop-by-hop, not named by its `Connection` header, and nothing about the operator's whole
-    /// provider account (``isAccountWideResponseField(_:)``).
-    static func forwardsResponseHeader(_ name: String, connectionOptions: Set<String>) -> Bool {
-        !droppedResponseHeaders.contains(name) && !isAccountWideResponseField(name) && !connectionOptions.contains(name)
-    }
-
+extension CallReader {
     /// Refuses, from the head alone and before a byte of the body is read, what the provider
     /// would read differently from CapGate (SPEC §2, in the order 405 then 415): `TRACE` (its
     /// echo would show the provider key) and `CONNECT` on any path, and a request body in any
@@ -61,18 +34,11 @@ extension ProxyHandler {
             .methodNotAllowed, "invalid_request_error", "\(method.rawValue) is not allowed through the gateway.",
             headers: [.allow: "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"])
     }
-
-    /// Whether a field of the provider's answer (lowercased name) describes the operator's whole
-    /// provider account (SPEC §2): rate limits and organisation fields, and cookies.
-    static func isAccountWideResponseField(_ name: String) -> Bool {
-        name.hasPrefix("anthropic-organization-") || name.hasPrefix("anthropic-ratelimit-") || name.hasPrefix("x-ratelimit-")
-            || name == "set-cookie"
-    }
 }
 
 extension Substring {
     /// Without leading and trailing spaces and tabs (optional whitespace in a field list).
-    fileprivate var trimmingSpaces: Substring {
+    var trimmingSpaces: Substring {
         var text = self
         while let first = text.first, first == " " || first == "\t" { text.removeFirst() }
         while let last = text.last, last == " " || last == "\t" { text.removeLast() }

@@ -1,0 +1,155 @@
+import Foundation
+import NIOCore
+
+/// Step 2 of a metered call: matches it against the route table (its units and feature, SPEC §8)
+/// and admits it in one PostgreSQL transaction (``MeteringStore``): charged, refused with
+/// nothing charged, or, for a retry under an `Idempotency-Key` that succeeded, replayed.
+struct Admitter: Sendable {
+    let metering: MeteringStore
+    /// What calls cost and which feature they use (SPEC §8).
+    let routes: RouteTable
+    /// `proxy.idempotencyMaxBytes`: the largest answer kept for `Idempotency-Key` retries.
+    let idempotencyMaxBytes: Int
+
+    enum Outcome: Sendable {
+        /// Charged: forward it.
+        case admitted(AdmittedCall)
+        /// Nothing charged; `state` is the usage the admission saw.
+        case refused(Refusal, UsageState)
+        /// The kept answer of an earlier attempt under the same `Idempotency-Key`.
+        case replayed(StoredAnswer)
+    }
+
+    func admit(_ call: Call, record: RequestRecord) async throws -> Outcome {
+        let started = ContinuousClock.now
+        var table = try await routes.snapshot()
+        var attempts = 0
+        while true {
+            // Matched against the table as this gateway knows it; an admission that finds the
+            // table changed since (stale_routes) changed nothing, and the call is matched again.
+            let cost: CallCost
+            do {
+                cost = try CallCost.of(call, table: table)
+            } catch let refusal as GatewayError {
+                // A refusal read off this gateway's copy of the table (a header feature the route no
+                // longer restricts, a route allowed again) stands only if the copy is current (or the
+                // database cannot say: a refusal charges nothing).
+                guard let current = try? await routes.version(), current != table.version else { throw refusal }
+                table = try await rematch(after: &attempts)
+                continue
+            }
+            let request = admissionRequest(call, cost: cost, routesVersion: table.version)
+            let user: UserIdentity
+            let admission: Admission
+            switch call.credential {
+            case .token(let identity):
+                // A token bound to features (jwt.featureClaim) is refused another one here, uncharged.
+                switch try await binding(identity, cost: cost, table: table) {
+                case .allowed: break
+                case .staleRoutes:
+                    table = try await rematch(after: &attempts)
+                    continue
+                case .refused(let refusal): return .refused(refusal, .unknown)
+                }
+                user = identity
+                admission = try await metering.admit(request.for(identity))
+            case .apiKey(let key):
+                // The key is checked again inside the admission transaction (a revocation since it
+                // was read applies), in the same round trip.
+                (user, admission) = try await metering.admit(key: key, request)
+            }
+            guard admission.decision != .staleRoutes else {
+                table = try await rematch(after: &attempts)
+                continue
+            }
+            return outcome(of: admission, cost: cost, user: user, request: request, started: started, record: record)
+        }
+    }
+
+    /// The admission's decision as the call's outcome, reported to the request log and metrics.
+    func outcome(
+        of admission: Admission, cost: CallCost, user: UserIdentity, request: AdmissionRequest, started: ContinuousClock.Instant,
+        record: RequestRecord
+    ) -> Outcome {
+        let elapsed = ContinuousClock.now - started
+        GatewayMetrics.admission(elapsed, decision: admission.decision.rawValue)
+        record.update {
+            $0.companyID = user.companyID
+            $0.userID = user.userID
+            $0.decision = admission.decision.rawValue
+            $0.admissionMillis = elapsed.milliseconds
+        }
+        if admission.decision == .idempotencyReplay, let answer = admission.answer {
+            record.update { $0.decision = "replayed" }
+            return .replayed(answer)
+        }
+        if let refusal = Self.refusal(admission.decision, cost: cost, credential: user.credential, maxKeptBytes: idempotencyMaxBytes) {
+            return .refused(refusal, admission.state)
+        }
+        let charge = admission.ledgerID.map {
+            Charge(metering: metering, companyID: user.companyID, ledgerID: $0, requestID: request.requestID)
+        }
+        return .admitted(
+            AdmittedCall(user: user, state: admission.state, units: cost.units, charge: charge, idempotencyKey: request.idempotencyKey))
+    }
+
+    /// The refusal an admission decided, nil for a charge (or a replay).
+    static func refusal(
+        _ decision: Admission.Decision, cost: CallCost, credential: UserIdentity.Credential, maxKeptBytes: Int
+    ) -> Refusal? {
+        let feature = cost.feature ?? "this feature"
+        switch decision {
+        case .charged, .staleRoutes, .idempotencyReplay: return nil
+        case .companyCap: return .cap(.company)
+        case .userCap: return .cap(.user)
+        case .noActivePlan: return .noActivePlan
+        case .unknownUser: return .unknownUser
+        case .unknownFeature where cost.featureFromHeader: return .unknownFeature(feature)
+        // Named by the route itself but no longer active: the company's plan cannot include it.
+        case .unknownFeature, .featureNotInPlan: return .featureNotInPlan(feature: feature)
+        case .featureLimitExceeded: return .featureLimit(feature: feature)
+        case .featureNotBound: return .notBound(feature: feature, bound: nil, credential: credential)
+        case .idempotencyInFlight, .idempotencyNotKept, .idempotencyMismatch: return .idempotency(decision, maxKeptBytes: maxKeptBytes)
+        }
+    }
+
+    func admissionRequest(_ call: Call, cost: CallCost, routesVersion: Int64) -> AdmissionRequest {
+        // A free call buys nothing a retry could buy twice: its key is ignored, nothing kept.
+        let keyed = cost.units > 0
+        return AdmissionRequest(
+            companyID: .zero, userID: .zero, units: cost.units, method: call.method.rawValue,
+            route: Call.ledgerText(call.path, limit: 500), model: call.reading.model, feature: cost.feature, requestID: call.requestID,
+            idempotencyKey: keyed ? call.idempotencyKey : nil, fingerprint: keyed ? call.fingerprint : nil, routesVersion: routesVersion)
+    }
+
+    /// The route table again, for a call matched with an older one (at most 3 attempts, then 503).
+    func rematch(after attempts: inout Int) async throws -> RouteTable.Snapshot {
+        attempts += 1
+        guard attempts < 3 else {
+            throw GatewayError.overloaded("The gateway's route table is being changed right now; try again.")
+        }
+        return try await routes.reload()
+    }
+}
+
+/// A call its admission charged, on its way to the provider.
+struct AdmittedCall: Sendable {
+    let user: UserIdentity
+    /// The usage after the charge (the RateLimit fields).
+    let state: UsageState
+    let units: Int
+    /// The ledger row to settle or give back.
+    let charge: Charge?
+    /// The `Idempotency-Key` its answer is kept under (nil for a free call).
+    let idempotencyKey: String?
+}
+
+extension AdmissionRequest {
+    /// This request on behalf of a verified token's company and user.
+    func `for`(_ identity: UserIdentity) -> AdmissionRequest {
+        var request = self
+        request.companyID = identity.companyID
+        request.userID = identity.userID
+        return request
+    }
+}

@@ -1,0 +1,43 @@
+import Foundation
+import Logging
+
+/// The ledger row of an admitted call: settled with the provider's token counts once it answered
+/// 2xx, given back when it did not serve the call.
+struct Charge: Sendable {
+    let metering: MeteringStore
+    let companyID: UUID
+    let ledgerID: Int64
+    /// This attempt (a retry under the same `Idempotency-Key` is another).
+    let requestID: String
+
+    /// The charge stands: records the provider's status and token counts (queued, not awaited).
+    func settle(status: Int, usage: UsageCapture) {
+        metering.settle(
+            companyID: companyID, ledgerID: ledgerID, upstreamStatus: status, inputTokens: usage.inputTokens,
+            outputTokens: usage.outputTokens)
+    }
+
+    /// Reports this attempt's failure before the caller is answered: the charge is given back
+    /// unless another attempt at it (the same Idempotency-Key) is in flight or succeeded. Returns
+    /// whether it was given back now. If the database is unavailable the caller is answered
+    /// anyway (false: the outcome is not known yet) once the report is in the spool (it is
+    /// idempotent and replayed until the database takes it, across restarts), so a call that
+    /// failed upstream while PostgreSQL was down does not stay charged.
+    @discardableResult
+    func refund(status: Int?, reason: String, logger: Logger) async -> Bool {
+        do {
+            guard try await metering.refund(companyID: companyID, ledgerID: ledgerID, requestID: requestID, upstreamStatus: status)
+            else { return false }
+            GatewayMetrics.refund(reason: reason)
+            return true
+        } catch DatabaseError.unavailable {
+            logger.warning("refund delayed: the database is unavailable; it waits in the spool", metadata: ["ledger_id": "\(ledgerID)"])
+            metering.pendingWrites.later(.refund(company: companyID, ledger: ledgerID, requestID: requestID, status: status))
+            return false
+        } catch {
+            // The ledger row stays charged; `capgate verify` and the operator see it.
+            logger.error("refund failed", metadata: ["ledger_id": "\(ledgerID)", "reason": "\(reason)"])
+            return false
+        }
+    }
+}

@@ -1,0 +1,96 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+
+/// Every answer a call gets that is not the provider's: a ``Refusal`` becomes its 400, 401,
+/// 402, 403, 409 or 422 in the SPEC's envelope, with the `usage` object, the RateLimit fields
+/// and `Retry-After` where they apply. The proxy and `/v1/usage/check` both answer from here,
+/// so a dry run shows exactly what the call would get. (The provider's answers are passed back
+/// by ``Responder/respond(_:to:record:)``.)
+extension Responder {
+    /// The answer to a refused call; `state` is the usage the admission saw.
+    static func error(for refusal: Refusal, state: UsageState, now: Date = Date()) -> GatewayError {
+        switch refusal {
+        case .noActivePlan:
+            return GatewayError(
+                .init(code: 402), refusal.errorType,
+                "Your company has no active plan right now. Ask your administrator to choose a plan.",
+                usage: usage(for: refusal, state: state), headers: [.retryAfter: retryAfter(until: state.periodEnd, now: now)])
+        case .cap(let scope):
+            var headers = state.rateLimitHeaders(now: now)
+            headers[.retryAfter] = retryAfter(until: state.periodEnd, now: now)
+            return GatewayError(
+                .init(code: 402), refusal.errorType, capMessage(scope: scope, state: state), usage: usage(for: refusal, state: state),
+                headers: headers)
+        case .featureNotInPlan(let feature):
+            let name = state.feature?.name ?? feature
+            let upgrade = state.upgrade.map { " The \($0.plan) plan includes it." } ?? ""
+            let message =
+                state.feature?.message ?? "\(name) is not included in your company's \(state.plan?.name ?? "current") plan.\(upgrade)"
+            return GatewayError(
+                .init(code: 402), refusal.errorType, message, usage: usage(for: refusal, state: state),
+                headers: [.retryAfter: retryAfter(until: state.periodEnd, now: now)])
+        case .featureLimit(let feature):
+            let refused = state.feature?.refused
+            let reset = refused.flatMap { state.feature?.resetAt($0, periodEnd: state.periodEnd) } ?? state.periodEnd
+            var headers = state.rateLimitHeaders(now: now)
+            headers[.retryAfter] = retryAfter(until: reset, now: now)
+            let message = state.feature?.message ?? featureLimitMessage(name: state.feature?.name ?? feature, state: state, reset: reset)
+            return GatewayError(.init(code: 402), refusal.errorType, message, usage: usage(for: refusal, state: state), headers: headers)
+        case .unknownFeature(let feature):
+            return GatewayError.invalidRequest(
+                "CapGate-Feature names \"\(feature)\", which is not a feature of this gateway or is not active.")
+        case .notBound(let feature, let bound, let credential):
+            let what = credential == .jwt ? "This token" : "This API key"
+            let list = bound.map { $0.isEmpty ? " (none)" : ": " + $0.joined(separator: ", ") } ?? ""
+            return GatewayError.permission(
+                "\(what) may be charged only to the features it is bound to\(list); this call uses \"\(feature)\". "
+                    + "Nothing was charged. Use a credential for \(feature), or a route of your own feature.")
+        case .unknownUser:
+            return GatewayError.authentication("This user is unknown or disabled in its company.")
+        case .idempotency(let decision, let maxKeptBytes):
+            return IdempotencyKey.refusal(decision, maxKeptBytes: maxKeptBytes)
+                ?? GatewayError.conflict("This Idempotency-Key cannot be used for this request.")
+        }
+    }
+
+    /// The `usage` object of a refusal (nil: the refusal is not about usage) or of an allowed dry
+    /// run: the refusing scope, and for a feature's refusal its `feature` object.
+    static func usage(for refusal: Refusal?, state: UsageState) -> JSON {
+        switch refusal {
+        case .noActivePlan, .featureNotInPlan: state.json(scope: "company", featureRefusal: refusal != .noActivePlan)
+        case .cap(let scope): state.json(scope: scope.rawValue)
+        case .featureLimit: state.json(scope: state.feature?.refused?.scope.rawValue ?? "company", featureRefusal: true)
+        default: state.json(scope: "user")
+        }
+    }
+
+    /// `Retry-After`: whole seconds until the refusing window renews, at least 1; with nothing to
+    /// wait for (no plan), an hour: nothing renews by itself then.
+    static func retryAfter(until reset: Date?, now: Date = Date()) -> String {
+        guard let reset else { return "3600" }
+        return String(max(1, Int(reset.timeIntervalSince(now).rounded(.up))))
+    }
+
+    static func capMessage(scope: Refusal.Scope, state: UsageState) -> String {
+        let planName = state.plan?.name ?? "current"
+        let end = state.periodEnd.map { " The allowance renews on \(Timestamp.format($0))." } ?? ""
+        let upgrade = state.upgrade.map { " Upgrading to the \($0.plan) plan raises the limit." } ?? ""
+        if scope == .company {
+            let limit = state.companyLimit.map(String.init) ?? "unlimited"
+            return "Your company has used all \(limit) analyses included in the \(planName) plan for this period.\(end)\(upgrade)"
+        }
+        let limit = state.userLimit.map(String.init) ?? "unlimited"
+        return "You have used all \(limit) analyses allowed per user in this period.\(end)\(upgrade)"
+    }
+
+    static func featureLimitMessage(name: String, state: UsageState, reset: Date?) -> String {
+        let refused = state.feature?.refused
+        let whose = refused?.scope == .user ? "You have" : "Your company has"
+        let window = refused?.window == .day ? "today" : "in this period"
+        let limit = refused?.limit.map(String.init) ?? "all"
+        let when = reset.map { " It renews at \(Timestamp.format($0))." } ?? ""
+        let upgrade = state.upgrade.map { " Upgrading to the \($0.plan) plan raises the limit." } ?? ""
+        return "\(whose) used all \(limit) \(name) allowed \(window).\(when)\(upgrade)"
+    }
+}
