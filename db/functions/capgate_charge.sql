@@ -117,6 +117,11 @@ BEGIN
             SELECT used INTO r.user_used FROM user_usage
              WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user;
             r.user_used := coalesce(r.user_used, 0);
+            IF p_feature IS NOT NULL THEN
+                -- The feature's windows as they stand, for the refusal's RateLimit fields.
+                SELECT * INTO r.fc_period_used, r.fc_day_used, r.fu_period_used, r.fu_day_used
+                  FROM capgate_feature_used(p_company, p_user, p_feature, r.period_start, r.day_start);
+            END IF;
             r.decision := 'company_cap';
             RETURN r;
         END IF;
@@ -137,6 +142,10 @@ BEGIN
         IF r.user_cap IS NOT NULL AND r.user_used + p_units > r.user_cap THEN
             UPDATE company_usage SET used = used - p_units WHERE company_id = p_company AND period_id = r.period_id
             RETURNING used INTO r.company_used;
+            IF p_feature IS NOT NULL THEN
+                SELECT * INTO r.fc_period_used, r.fc_day_used, r.fu_period_used, r.fu_day_used
+                  FROM capgate_feature_used(p_company, p_user, p_feature, r.period_start, r.day_start);
+            END IF;
             r.decision := 'user_cap';
             RETURN r;
         END IF;
@@ -204,16 +213,8 @@ BEGIN
             RETURNING used INTO r.user_used;
             UPDATE company_usage SET used = used - p_units WHERE company_id = p_company AND period_id = r.period_id
             RETURNING used INTO r.company_used;
-            SELECT coalesce(sum(used) FILTER (WHERE span = 'period'), 0), coalesce(sum(used) FILTER (WHERE span = 'day'), 0)
-              INTO r.fc_period_used, r.fc_day_used
-              FROM company_feature_usage
-             WHERE company_id = p_company AND feature_id = p_feature
-               AND ((span = 'period' AND starts_at = r.period_start) OR (span = 'day' AND starts_at = r.day_start));
-            SELECT coalesce(sum(used) FILTER (WHERE span = 'period'), 0), coalesce(sum(used) FILTER (WHERE span = 'day'), 0)
-              INTO r.fu_period_used, r.fu_day_used
-              FROM user_feature_usage
-             WHERE company_id = p_company AND user_id = p_user AND feature_id = p_feature
-               AND ((span = 'period' AND starts_at = r.period_start) OR (span = 'day' AND starts_at = r.day_start));
+            SELECT * INTO r.fc_period_used, r.fc_day_used, r.fu_period_used, r.fu_day_used
+              FROM capgate_feature_used(p_company, p_user, p_feature, r.period_start, r.day_start);
             r.decision := 'feature_limit_exceeded';
             RETURN r;
         END IF;

@@ -1,0 +1,174 @@
+import Foundation
+import NIOCore
+import PostgresNIO
+import Testing
+
+@testable import CapGate
+
+/// The single-call admission (`capgate_admit` over `capgate_charge`) and the batched one
+/// (`capgate_admit_batch`) are two SQL paths that must decide alike. This runs one random call
+/// sequence through each, inside a transaction that is rolled back after, and requires the same
+/// answer for every call and the same counters, ledger rows and notifications.
+@Suite("Single and batched admission agree", .timeLimit(.minutes(5)))
+struct AdmissionEquivalenceTests {
+    /// A deterministic generator, so a failure can be replayed from the seed it prints.
+    struct SplitMix: RandomNumberGenerator {
+        var state: UInt64
+        mutating func next() -> UInt64 {
+            state &+= 0x9E37_79B9_7F4A_7C15
+            var z = state
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return z ^ (z >> 31)
+        }
+    }
+
+    /// What one call's answer must agree on, as text: everything its answer shows. (A call
+    /// refused before its counters were read, for its credential, its user or a missing plan,
+    /// shows no counters: the batch reads them for the whole batch at once, the single call not
+    /// at all, and neither is shown.)
+    static func summary(_ row: AdmissionRow) -> String {
+        guard row.auth == "ok" else { return row.auth }
+        if row.decision == "unknown_user" { return "unknown_user" }
+        if row.decision == "no_active_plan" {
+            return "no_active_plan "
+                + (row.upgrade.map { "\($0.upgrade.plan) \($0.upgrade.companyLimit ?? -1)/\($0.upgrade.userLimit ?? -1)" } ?? "")
+        }
+        let feature = row.feature.map { f in
+            "\(f.id) refused=\(f.refused.map { "\($0.scope).\($0.window)" } ?? "-") "
+                + f.counters.map { "\($0.scope).\($0.window)=\($0.used)/\($0.limit.map(String.init) ?? "∞")" }.joined(separator: ",")
+        }
+        let upgrade = row.upgrade.map {
+            "\($0.upgrade.plan) \($0.upgrade.companyLimit ?? -1)/\($0.upgrade.userLimit ?? -1)/\($0.featureLimit ?? -1)"
+        }
+        return [
+            row.auth, row.decision ?? "-", row.ledgerID == nil ? "no ledger" : "ledger",
+            "company=\(row.companyUsed ?? -1)/\(row.companyCap ?? -1)",
+            "user=\(row.userUsed ?? -1)/\(row.userCap ?? -1)", feature ?? "no feature", upgrade ?? "no upgrade",
+        ].joined(separator: " ")
+    }
+
+    /// Every counter, ledger row and notification, as text (ledger ids come from a sequence,
+    /// which a rollback does not rewind: they are left out).
+    static let state = """
+        SELECT concat_ws(E'\\n',
+          (SELECT string_agg(concat_ws(' ', company_id, period_id, used), E'\\n' ORDER BY company_id, period_id) FROM company_usage),
+          (SELECT string_agg(concat_ws(' ', company_id, period_id, user_id, used), E'\\n' ORDER BY company_id, user_id) FROM user_usage),
+          (SELECT string_agg(concat_ws(' ', company_id, feature_id, span, starts_at, used), E'\\n'
+                             ORDER BY company_id, feature_id, span, starts_at) FROM company_feature_usage),
+          (SELECT string_agg(concat_ws(' ', company_id, user_id, feature_id, span, starts_at, used), E'\\n'
+                             ORDER BY company_id, user_id, feature_id, span, starts_at) FROM user_feature_usage),
+          (SELECT string_agg(concat_ws(' ', company_id, period_id, user_id, units, route, model, feature, feature_day, request_id,
+                                       outcome), E'\\n' ORDER BY request_id) FROM usage_ledger),
+          (SELECT count(*)::text FROM notifications))
+        """
+
+    @Test("one random sequence of 400 calls: the same decision, counters and usage for each call, the same rows after")
+    func agree() async throws {
+        let seed = UInt64.random(in: 1...UInt64.max)
+        try await Harness.with { h in
+            var random = SplitMix(state: seed)
+            try await h.createPlan("p", company: 60, user: 22, sort: 1)
+            try await h.createPlan("big", company: 500, user: nil, sort: 2)
+            try await h.exec(
+                """
+                INSERT INTO features (id, name, sort_order, is_active) VALUES ('analysis', 'Analysis', 1, true),
+                    ('chat', 'Chat', 2, true), ('vision', 'Vision', 3, true), ('gone', 'Gone', 4, false);
+                INSERT INTO plan_features (plan_id, feature_id, daily_limit, period_limit, user_daily_limit, user_period_limit)
+                VALUES ('p', 'analysis', 14, 25, 6, 9), ('p', 'chat', NULL, NULL, NULL, NULL),
+                       ('big', 'analysis', 100, NULL, 50, NULL), ('big', 'vision', 5, NULL, NULL, NULL)
+                """)
+            let a = try await h.createCompany(plan: "p", users: 3)
+            let b = try await h.createCompany(plan: "p", users: 2)
+            let c = try await h.createCompany(plan: nil, users: 1)
+            let revoked = try await h.createUser(company: a.company)
+            try await h.exec("UPDATE api_keys SET revoked_at = now() WHERE user_id = '\(revoked.id.uuidString.lowercased())'")
+            let at = Date()
+            for company in [a.company, b.company, c.company] {
+                try await h.exec("SELECT capgate_roll_company('\(company.uuidString.lowercased())', now())")
+            }
+
+            // Who calls: keys (also a revoked and an unknown one) and verified tokens (also a user
+            // the company does not have).
+            var callers: [(key: String?, company: UUID, user: UUID)] = []
+            for (company, users) in [a, b, c] {
+                for user in users {
+                    callers.append((user.key, company, user.id))
+                    callers.append((nil, company, user.id))
+                }
+            }
+            callers.append((revoked.key, a.company, revoked.id))
+            callers.append(("cg_unknown_\(seed)", a.company, UUID()))
+            callers.append((nil, b.company, UUID()))
+            let features: [String?] = [nil, nil, "analysis", "analysis", "analysis", "chat", "vision", "gone", "missing"]
+            let items = (0..<400).map { i -> AdmissionItem in
+                let caller = callers.randomElement(using: &random)!
+                let request = AdmissionRequest(
+                    companyID: caller.company, userID: caller.user, units: [0, 1, 1, 1, 2, 3].randomElement(using: &random)!,
+                    method: "POST", route: "/v1/messages", model: "m\(i % 3)", feature: features.randomElement(using: &random)!,
+                    requestID: String(format: "req_%05d", i), at: at)
+                return AdmissionItem(keyHash: caller.key.map(ApiKeyGenerator.hash), request: request)
+            }
+
+            var sizes: [Int] = []
+            while sizes.reduce(0, +) < items.count { sizes.append(Int.random(in: 1...40, using: &random)) }
+            let batchSizes = sizes
+            let (single, singleState) = try await Self.rolledBack(h) { connection in
+                var rows: [AdmissionRow] = []
+                for item in items {
+                    rows += try await connection.execute(AdmitStatement(item: item, relaxed: false), logger: TestCluster.logger).collect()
+                }
+                return rows
+            }
+            let (batched, batchedState) = try await Self.rolledBack(h) { connection in
+                var rows: [AdmissionRow] = []
+                var rest = items[...]
+                for size in batchSizes where !rest.isEmpty {
+                    let batch = Array(rest.prefix(size))
+                    rest = rest.dropFirst(size)
+                    rows += try await connection.execute(AdmitBatchStatement(items: batch, relaxed: false), logger: TestCluster.logger)
+                        .collect()
+                }
+                return rows
+            }
+            #expect(single.count == items.count && batched.count == items.count, "seed \(seed)")
+            for (index, (one, many)) in zip(single, batched).enumerated() {
+                #expect(Self.summary(one) == Self.summary(many), "call \(index), seed \(seed)")
+            }
+            #expect(singleState == batchedState, "seed \(seed)")
+            // The sequence exercised what it is for: charges, every kind of refusal, offers.
+            let decisions = Set(single.compactMap(\.decision))
+            for expected in [
+                "charged", "company_cap", "user_cap", "no_active_plan", "unknown_user", "unknown_feature",
+                "feature_not_in_plan", "feature_limit_exceeded",
+            ] {
+                #expect(decisions.contains(expected), "seed \(seed): no \(expected) in \(decisions.sorted())")
+            }
+            #expect(single.contains { $0.upgrade?.featureLimit != nil }, "seed \(seed): no feature upgrade offer")
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0, "the runs were rolled back")
+        }
+    }
+
+    /// Runs `body` in a transaction on one connection, reads the state, and rolls back.
+    static func rolledBack(
+        _ h: Harness, _ body: (PostgresConnection) async throws -> [AdmissionRow]
+    ) async throws -> ([AdmissionRow], String) {
+        try await h.db.withConnection { connection in
+            _ = try await connection.query("BEGIN", logger: TestCluster.logger).collect()
+            do {
+                let rows = try await body(connection)
+                var state = ""
+                for try await text in try await connection.query(PostgresQuery(unsafeSQL: Self.state), logger: TestCluster.logger)
+                    .decode(String?.self)
+                {
+                    state = text ?? ""
+                }
+                _ = try await connection.query("ROLLBACK", logger: TestCluster.logger).collect()
+                return (rows, state)
+            } catch {
+                _ = try? await connection.query("ROLLBACK", logger: TestCluster.logger).collect()
+                throw error
+            }
+        }
+    }
+}
