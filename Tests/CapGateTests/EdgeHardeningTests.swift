@@ -120,10 +120,10 @@ struct EdgeHardeningTests {
         #expect(ProviderRoutes.label(for: "/v1/models/claude-x") == "/v1/models/{id}")
         #expect(ProviderRoutes.label(for: "/v1/\(UUID().uuidString)") == "proxied")
         #expect(ProviderRoutes.label(for: "/v1/messages/a/b/c/d/e") == "proxied")
-        #expect(GatewayMiddleware.routeLabel(path: "/zzz/abc", proxied: false, endpoint: nil) == "unmatched")
-        #expect(GatewayMiddleware.routeLabel(path: "/zzz/abc", proxied: false, endpoint: "NotFound") == "unmatched")
+        #expect(GatewayEdge.routeLabel(path: "/zzz/abc", proxied: false, endpoint: nil) == "unmatched")
+        #expect(GatewayEdge.routeLabel(path: "/zzz/abc", proxied: false, endpoint: "NotFound") == "unmatched")
         #expect(
-            GatewayMiddleware.routeLabel(path: "/admin/v1/companies/x/usage", proxied: false, endpoint: "/admin/v1/companies/{id}/usage")
+            GatewayEdge.routeLabel(path: "/admin/v1/companies/x/usage", proxied: false, endpoint: "/admin/v1/companies/{id}/usage")
                 == "/admin/v1/companies/{id}/usage")
     }
 
