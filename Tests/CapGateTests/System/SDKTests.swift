@@ -4,7 +4,8 @@ import Testing
 
 @Suite("Official SDK and tooling", .timeLimit(.minutes(5)))
 struct SDKTests {
-    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+    /// The repository root.
+    static let root = PythonTools.root
 
     /// Runs a program to completion on a thread of its own (never blocking the cooperative pool,
     /// which serves the gateway under test in this same process); returns exit code and output.
