@@ -11,18 +11,6 @@ import Testing
 /// answer for every call and the same counters, ledger rows and notifications.
 @Suite("Single and batched admission agree", .timeLimit(.minutes(5)))
 struct AdmissionEquivalenceTests {
-    /// A deterministic generator, so a failure can be replayed from the seed it prints.
-    struct SplitMix: RandomNumberGenerator {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-    }
-
     /// What one call's answer must agree on, as text: everything its answer shows. (A call
     /// refused before its counters were read, for its credential, its user or a missing plan,
     /// shows no counters: the batch reads them for the whole batch at once, the single call not
@@ -67,7 +55,7 @@ struct AdmissionEquivalenceTests {
     func agree() async throws {
         let seed = UInt64.random(in: 1...UInt64.max)
         try await Harness.with { h in
-            var random = SplitMix(state: seed)
+            var random = SeededGenerator(state: seed)
             try await h.createPlan("p", company: 60, user: 22, sort: 1)
             try await h.createPlan("big", company: 500, user: nil, sort: 2)
             try await h.exec(

@@ -123,21 +123,9 @@ struct IJSONReaderTests {
 
     // MARK: - Differential: CapGate against Python's json
 
-    /// A deterministic generator (SplitMix64), so a failure can be replayed from its seed.
-    struct Generator: RandomNumberGenerator {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-    }
-
     /// A hostile body: a batch-like object with `model` and `requests`, then zero to three
     /// mutations of the kinds a tenant who wants free calls would try.
-    static func hostileBody(_ g: inout Generator) -> (bytes: [UInt8], clean: Bool) {
+    static func hostileBody(_ g: inout SeededGenerator) -> (bytes: [UInt8], clean: Bool) {
         func pick<T>(_ options: [T]) -> T { options[Int.random(in: 0..<options.count, using: &g)] }
         func name(_ plain: String) -> String {
             // The same name written with escapes: readers that compare raw text miss the repeat.
@@ -189,7 +177,7 @@ struct IJSONReaderTests {
     @Test("differential: 3,000 hostile bodies; each is refused or read exactly as Python's json reads it")
     func differentialAgainstPython() async throws {
         let seed = UInt64.random(in: 0...UInt64.max)
-        var g = Generator(state: seed)
+        var g = SeededGenerator(state: seed)
         let bodies = (0..<3000).map { _ in Self.hostileBody(&g) }
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("ijson-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
