@@ -11,50 +11,6 @@ public struct UsageStore: Sendable {
         self.database = database
     }
 
-    /// Every user of the company with used/limit/remaining in the period (0 when unused) and
-    /// its own windows of each of `features` (``FeatureUsage/userJSON(_:)``).
-    public func users(company: UUID, periodID: Int64?, planUserCap: Int64?, features: [FeatureUsage] = []) async throws -> [JSON] {
-        try await database.run { client in
-            var out: [JSON] = []
-            let rows = try await client.query(
-                """
-                SELECT u.id, u.email, u.role, COALESCE(uu.used, 0), u.monthly_cap, u.disabled
-                  FROM users u
-                  LEFT JOIN user_usage uu ON uu.company_id = u.company_id AND uu.user_id = u.id AND uu.period_id = \(periodID)
-                 WHERE u.company_id = \(company)
-                 ORDER BY u.created_at, u.id
-                """,
-                logger: logger
-            )
-            for try await (id, email, role, used, override, disabled) in rows.decode((UUID, String?, String, Int64, Int64?, Bool).self) {
-                let limit = override ?? planUserCap
-                out.append(
-                    .obj([
-                        "id": JSON(id), "email": JSON(email), "role": .string(role), "disabled": .bool(disabled),
-                        "used": .int(used), "limit": JSON(limit), "remaining": JSON(limit.map { max(0, $0 - used) }),
-                        "features": .array(features.map { $0.userJSON(id) }),
-                    ])
-                )
-            }
-            return out
-        }
-    }
-
-    /// The id of the period containing `at`, with the plan's per-user cap.
-    public func currentPeriod(company: UUID, at: Date = Date()) async throws -> (id: Int64, userCap: Int64?)? {
-        try await database.run { client in
-            let rows = try await client.query(
-                """
-                SELECT pp.id, pl.monthly_user_cap FROM plan_periods pp JOIN plans pl ON pl.id = pp.plan_id
-                 WHERE pp.company_id = \(company) AND pp.started_at <= \(at) AND pp.ends_at > \(at)
-                """,
-                logger: logger
-            )
-            for try await (id, cap) in rows.decode((Int64, Int64?).self) { return (id, cap) }
-            return nil
-        }
-    }
-
     /// Past periods (ended by `at`), newest first, each with plan, bounds, used and limit. The
     /// current period is `GET …/usage`. With `feature`, `used` and `limit` are that feature's in
     /// the period (its company period counter, 0 when none; the limit is the plan's entitlement

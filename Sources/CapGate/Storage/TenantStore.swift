@@ -153,16 +153,23 @@ public struct TenantStore: Sendable {
         """
     }
 
+    /// A row of ``companyQuery(_:at:)``: id, name, created_at, plan, period start and end,
+    /// auto_renew, time_zone, webhook_url.
+    typealias CompanyRow = (UUID, String, Date, String?, Date?, Date?, Bool?, String, String?)
+
     /// The company object from ``companyQuery(_:at:)``'s rows; nil when there is none.
     static func companyJSON(_ rows: PostgresRowSequence) async throws -> JSON? {
-        for try await r in rows.decode((UUID, String, Date, String?, Date?, Date?, Bool?, String, String?).self) {
-            return .obj([
-                "id": JSON(r.0), "name": .string(r.1), "plan": JSON(r.3),
-                "period": r.4.flatMap { s in r.5.map { e in JSON.obj(["start": JSON(s), "end": JSON(e)]) } } ?? .null,
-                "auto_renew": .bool(r.6 ?? false), "time_zone": .string(r.7), "webhook_url": JSON(r.8), "created_at": JSON(r.2),
-            ])
-        }
+        for try await r in rows.decode(CompanyRow.self) { return companyJSON(r) }
         return nil
+    }
+
+    /// The company object of one ``CompanyRow`` (also read inside the usage snapshot).
+    static func companyJSON(_ r: CompanyRow) -> JSON {
+        .obj([
+            "id": JSON(r.0), "name": .string(r.1), "plan": JSON(r.3),
+            "period": r.4.flatMap { s in r.5.map { e in JSON.obj(["start": JSON(s), "end": JSON(e)]) } } ?? .null,
+            "auto_renew": .bool(r.6 ?? false), "time_zone": .string(r.7), "webhook_url": JSON(r.8), "created_at": JSON(r.2),
+        ])
     }
 
     /// The fields of a company that `PATCH /admin/v1/companies/{id}` changes; nil keeps a field.
