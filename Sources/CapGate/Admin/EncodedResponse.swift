@@ -9,11 +9,16 @@ import NIOCore
 /// Models write every field, `null` included, in their own `encode(to:)`: the SPEC shows an
 /// unlimited cap as `null`, never as a missing key.
 func jsonResponse(encoding value: some Encodable, status: HTTPResponse.Status = .ok, headers: HTTPFields = [:]) throws -> Response {
-    let encoder = JSONEncoder()
-    encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
     var headers = headers
     headers[.contentType] = "application/json"
-    return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: try encoder.encode(value))))
+    return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: try wireJSON(value))))
+}
+
+/// The JSON text of `value` as ``jsonResponse(encoding:status:headers:)`` sends it.
+func wireJSON(_ value: some Encodable) throws -> Data {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+    return try encoder.encode(value)
 }
 
 /// A list in the Anthropic style, as ``listJSON(_:hasMore:nextCursor:)`` writes it:

@@ -84,3 +84,116 @@ extension CallerUsage: Encodable {
         try c.encode(state.json(scope: "user", features: .array(features.map { $0.json(user: user) })))
     }
 }
+
+/// One past period of `GET /admin/v1/companies/{id}/usage/history` (SPEC §4): its bounds and
+/// plan, and what the company used of its cap (or, for `?feature=`, of that feature).
+public struct PeriodUsage: Sendable, Equatable {
+    public var start: Date
+    public var end: Date
+    public var planID: String
+    public var planName: String
+    public var used: Int64
+    /// `nil`: unlimited.
+    public var limit: Int64?
+    /// The feature asked for, or nil for units.
+    public var feature: String?
+}
+
+extension PeriodUsage: Encodable {
+    enum CodingKeys: String, CodingKey { case period, plan, company, used, limit, feature }
+    enum BoundsKeys: String, CodingKey { case start, end }
+    enum PlanKeys: String, CodingKey { case id, name }
+    enum CounterKeys: String, CodingKey { case used, limit, remaining }
+
+    /// `used` and `limit` appear at the top and, with `remaining`, in `company`; nulls written.
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        var period = c.nestedContainer(keyedBy: BoundsKeys.self, forKey: .period)
+        try period.encode(Timestamp.format(start), forKey: .start)
+        try period.encode(Timestamp.format(end), forKey: .end)
+        var plan = c.nestedContainer(keyedBy: PlanKeys.self, forKey: .plan)
+        try plan.encode(planID, forKey: .id)
+        try plan.encode(planName, forKey: .name)
+        var company = c.nestedContainer(keyedBy: CounterKeys.self, forKey: .company)
+        try company.encode(used, forKey: .used)
+        try company.encode(limit, forKey: .limit)
+        try company.encode(limit.map { max(0, $0 - used) }, forKey: .remaining)
+        try c.encode(used, forKey: .used)
+        try c.encode(limit, forKey: .limit)
+        try c.encode(feature, forKey: .feature)
+    }
+}
+
+/// One company of the operator's billing overview (`GET /admin/v1/companies`, SPEC §4).
+public struct CompanyOverview: Sendable, Equatable {
+    public var id: UUID
+    public var name: String
+    /// The plan of the period containing now; nil when none does.
+    public var plan: String?
+    public var periodEnd: Date?
+    public var used: Int64
+    /// The plan's company cap; nil when unlimited or no plan.
+    public var cap: Int64?
+    /// `used` as a percentage of `cap`, to one decimal; nil without a positive cap. A
+    /// percentage, not money: a `Double` is what it is.
+    public var percentUsed: Double?
+}
+
+extension CompanyOverview: Encodable {
+    enum CodingKeys: String, CodingKey {
+        case id, name, plan, periodEnd = "period_end", used, cap, percentUsed = "percent_used"
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(id.uuidString.lowercased(), forKey: .id)
+        try c.encode(name, forKey: .name)
+        try c.encode(plan, forKey: .plan)
+        try c.encode(periodEnd.map(Timestamp.format), forKey: .periodEnd)
+        try c.encode(used, forKey: .used)
+        try c.encode(cap, forKey: .cap)
+        try c.encode(percentUsed, forKey: .percentUsed)
+    }
+}
+
+extension UsageStore.Event: Encodable {
+    enum CodingKeys: String, CodingKey {
+        case id, time, companyID = "company_id", userID = "user_id", period, units, inputTokens = "input_tokens"
+        case outputTokens = "output_tokens", method, route, model, feature, outcome, upstreamStatus = "upstream_status"
+        case requestID = "request_id", idempotencyKey = "idempotency_key", settlement
+    }
+    enum BoundsKeys: String, CodingKey { case start, end }
+
+    /// A ledger row of `GET …/events`: every key present (`null` where the row has nothing).
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(id, forKey: .id)
+        try c.encode(Timestamp.format(createdAt), forKey: .time)
+        try c.encode(companyID.uuidString.lowercased(), forKey: .companyID)
+        try c.encode(userID.uuidString.lowercased(), forKey: .userID)
+        var period = c.nestedContainer(keyedBy: BoundsKeys.self, forKey: .period)
+        try period.encode(Timestamp.format(periodStart), forKey: .start)
+        try period.encode(Timestamp.format(periodEnd), forKey: .end)
+        try c.encode(Int64(units), forKey: .units)
+        try c.encode(inputTokens, forKey: .inputTokens)
+        try c.encode(outputTokens, forKey: .outputTokens)
+        try c.encode(method, forKey: .method)
+        try c.encode(route, forKey: .route)
+        try c.encode(model, forKey: .model)
+        try c.encode(feature, forKey: .feature)
+        try c.encode(outcome, forKey: .outcome)
+        try c.encode(upstreamStatus.map(Int64.init), forKey: .upstreamStatus)
+        try c.encode(requestID, forKey: .requestID)
+        try c.encode(idempotencyKey, forKey: .idempotencyKey)
+        try c.encode(settlement.rawValue, forKey: .settlement)
+    }
+}
+
+/// One day of the console's daily read: `{"date", "units", "features": {"<id>": units}}`, the
+/// day in the company's time zone; a feature is listed once it has units that day.
+public struct DailyUsage: Sendable, Equatable, Encodable {
+    /// `YYYY-MM-DD`.
+    public var date: String
+    public var units: Int64
+    public var features: [String: Int64]
+}

@@ -72,9 +72,10 @@ struct UsageRoutes {
                 throw GatewayError.invalidRequest("'sort' must be 'usage' or 'created'.")
             }
             let rows = try await usage.companies(sortByUsage: sort == "usage", after: cursor, limit: limit.map { $0 + 1 })
-            guard let limit else { return jsonResponse(listJSON(rows)) }
+            guard let limit else { return try jsonResponse(encoding: ListPage(rows)) }
             let hasMore = rows.count > limit
-            return jsonResponse(listJSON(Array(rows.prefix(limit)), hasMore: hasMore, nextCursor: hasMore ? String(cursor + limit) : nil))
+            return try jsonResponse(
+                encoding: ListPage(Array(rows.prefix(limit)), hasMore: hasMore, nextCursor: hasMore ? String(cursor + limit) : nil))
         }
         group.get("companies/{id}/usage") { _, context in
             let id = try context.parameters.uuid("id", what: "company")
@@ -90,7 +91,7 @@ struct UsageRoutes {
             let periods = try Self.boundedInt(request.uri.queryParameters.get("periods"), name: "periods", default: 12, range: 1...120)
             let feature = try Self.feature(request.uri.queryParameters.get("feature"))
             guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
-            return jsonResponse(listJSON(try await usage.history(company: id, periods: periods, feature: feature)))
+            return try jsonResponse(encoding: ListPage(try await usage.history(company: id, periods: periods, feature: feature)))
         }
         group.get("companies/{id}/events") { request, context in
             let id = try context.parameters.uuid("id", what: "company")
@@ -125,7 +126,7 @@ struct UsageRoutes {
                 company: id, from: from, to: to, after: cursor, limit: limit + 1, feature: feature, newestFirst: order == "desc")
             let page = Array(rows.prefix(limit))
             let hasMore = rows.count > limit
-            return jsonResponse(listJSON(page.map(\.json), hasMore: hasMore, nextCursor: hasMore ? page.last.map { String($0.id) } : nil))
+            return try jsonResponse(encoding: ListPage(page, hasMore: hasMore, nextCursor: hasMore ? page.last.map { String($0.id) } : nil))
         }
     }
 

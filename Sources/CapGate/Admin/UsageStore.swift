@@ -15,10 +15,10 @@ public struct UsageStore: Sendable {
     /// current period is `GET …/usage`. With `feature`, `used` and `limit` are that feature's in
     /// the period (its company period counter, 0 when none; the limit is the plan's entitlement
     /// `period_limit` as it is now, null when unlimited, 0 when the plan has it not or disabled).
-    public func history(company: UUID, periods: Int, feature: String? = nil, at: Date = Date()) async throws -> [JSON] {
+    public func history(company: UUID, periods: Int, feature: String? = nil, at: Date = Date()) async throws -> [PeriodUsage] {
         let limit = Int64(periods)
         return try await database.run { client in
-            var out: [JSON] = []
+            var out: [PeriodUsage] = []
             let rows = try await client.query(
                 """
                 SELECT pp.id, pp.plan_id, pl.name, pp.started_at, pp.ends_at,
@@ -37,14 +37,7 @@ public struct UsageStore: Sendable {
                 logger: logger
             )
             for try await (_, plan, name, start, end, used, cap) in rows.decode((Int64, String, String, Date, Date, Int64, Int64?).self) {
-                out.append(
-                    .obj([
-                        "period": .obj(["start": JSON(start), "end": JSON(end)]),
-                        "plan": .obj(["id": .string(plan), "name": .string(name)]),
-                        "company": .obj(["used": .int(used), "limit": JSON(cap), "remaining": JSON(cap.map { max(0, $0 - used) })]),
-                        "used": .int(used), "limit": JSON(cap), "feature": JSON(feature),
-                    ])
-                )
+                out.append(PeriodUsage(start: start, end: end, planID: plan, planName: name, used: used, limit: cap, feature: feature))
             }
             return out
         }
@@ -71,17 +64,6 @@ public struct UsageStore: Sendable {
         public var idempotencyKey: String?
         /// Whether the provider's answer was recorded (see ``UnsettledCharges/State``).
         public var settlement: UnsettledCharges.State
-
-        var json: JSON {
-            .obj([
-                "id": .int(id), "time": JSON(createdAt), "company_id": JSON(companyID), "user_id": JSON(userID),
-                "period": .obj(["start": JSON(periodStart), "end": JSON(periodEnd)]), "units": .int(Int64(units)),
-                "input_tokens": JSON(inputTokens), "output_tokens": JSON(outputTokens), "method": .string(method),
-                "route": .string(route), "model": JSON(model), "feature": JSON(feature), "outcome": .string(outcome),
-                "upstream_status": JSON(upstreamStatus.map(Int.init)), "request_id": .string(requestID),
-                "idempotency_key": JSON(idempotencyKey), "settlement": .string(settlement.rawValue),
-            ])
-        }
 
         /// The first twelve columns as before the rest were added; new columns go at the end.
         static let csvHeader =
@@ -162,7 +144,7 @@ public struct UsageStore: Sendable {
 
     /// The billing overview: every company with plan, period end, used, cap and percentage
     /// (`limit` nil: all of them after `cursor`).
-    public func companies(sortByUsage: Bool, after cursor: Int, limit: Int?, at: Date = Date()) async throws -> [JSON] {
+    public func companies(sortByUsage: Bool, after cursor: Int, limit: Int?, at: Date = Date()) async throws -> [CompanyOverview] {
         let order = sortByUsage ? "pct DESC NULLS LAST, used DESC, c.id" : "c.created_at, c.id"
         let offset = Int64(cursor)
         let limit = limit.map(Int64.init)  // LIMIT NULL is no limit
@@ -183,17 +165,14 @@ public struct UsageStore: Sendable {
         query.binds.append(limit)
         let q = query
         return try await database.run { client in
-            var out: [JSON] = []
+            var out: [CompanyOverview] = []
             for try await (id, name, plan, end, used, cap, pct) in try await client.query(q, logger: logger)
                 .decode((UUID, String, String?, Date?, Int64, Int64?, Double?).self)
             {
                 out.append(
-                    .obj([
-                        "id": JSON(id), "name": .string(name), "plan": JSON(plan), "period_end": JSON(end),
-                        "used": .int(used), "cap": JSON(cap),
-                        "percent_used": pct.map { .double(($0 * 10).rounded() / 10) } ?? .null,
-                    ])
-                )
+                    CompanyOverview(
+                        id: id, name: name, plan: plan, periodEnd: end, used: used, cap: cap,
+                        percentUsed: pct.map { ($0 * 10).rounded() / 10 }))
             }
             return out
         }
