@@ -187,4 +187,59 @@ struct AdminUsageTests {
             #expect(try await h.request(.GET, "/admin/v1/companies/\(a.text)/events?order=newest", headers: admin).status == 400)
         }
     }
+
+    @Test(
+        "the admin usage read is one snapshot: while 8 users' calls are admitted, every read's company used is the sum of its users' used")
+    func oneSnapshot() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: 100_000, user: 100_000)
+            let (company, users) = try await h.createCompany(plan: "p", users: 8, role: "admin")
+            let path = "/admin/v1/companies/\(company.text)/usage"
+            let calls = 400
+            let done = BurstDone()
+            var admitted = 0
+            let reads = try await withThrowingTaskGroup(of: [(company: Int64, users: Int64, count: Int)].self) { group in
+                group.addTask {
+                    let counts = try await ConcurrencyTests.burst(h, keys: users.map(\.key), count: calls, gateways: [h.gatewayURL])
+                    await done.set(counts[200] ?? 0)
+                    return []
+                }
+                for _ in 0..<3 {
+                    group.addTask {
+                        var seen: [(company: Int64, users: Int64, count: Int)] = []
+                        while await done.admitted == nil {
+                            let json = try await h.op(.GET, path).json
+                            let rows = json["users"]?.arrayValue ?? []
+                            seen.append(
+                                (
+                                    json["usage"]?["company"]?["used"]?.intValue ?? -1, rows.reduce(0) { $0 + ($1["used"]?.intValue ?? 0) },
+                                    rows.count
+                                ))
+                        }
+                        return seen
+                    }
+                }
+                var all: [(company: Int64, users: Int64, count: Int)] = []
+                for try await part in group { all += part }
+                return all
+            }
+            admitted = await done.admitted ?? 0
+            #expect(admitted == calls)
+            #expect(reads.count > 5, "too few reads overlapped the calls: \(reads.count)")
+            #expect(reads.contains { $0.company > 0 && $0.company < Int64(admitted) }, "no read saw calls in progress")
+            for read in reads {
+                #expect(read.count == 8)
+                #expect(read.company == read.users, "company used \(read.company), users' sum \(read.users)")
+            }
+            let last = try await h.op(.GET, path).json
+            #expect(last["usage"]?["company"]?["used"]?.intValue == Int64(admitted))
+            #expect(last["users"]?.arrayValue?.reduce(0) { $0 + ($1["used"]?.intValue ?? 0) } == Int64(admitted))
+        }
+    }
+}
+
+/// Set once when a burst of calls has ended, with how many were admitted.
+private actor BurstDone {
+    var admitted: Int? = nil
+    func set(_ count: Int) { admitted = count }
 }

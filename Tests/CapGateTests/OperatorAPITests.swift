@@ -188,4 +188,55 @@ struct OperatorAPITests {
             #expect(try await h.request(.GET, "/admin/v1/plans", headers: [("authorization", "Bearer wrong-token")]).status == 401)
         }
     }
+
+    @Test(
+        "a plan's price is exact: 19.99 in is 19.99 stored and out (never 19.989999…), through create, read, list and an update that leaves it out"
+    )
+    func priceIsExact() async throws {
+        try await Harness.with { h in
+            let created = try await h.op(.POST, "/admin/v1/plans", .obj(["id": "p", "name": "P", "price": 19.99]))
+            #expect(created.status == 201)
+            #expect(created.body.contains("\"price\":19.99"), "\(created.body)")
+            #expect(try await h.text("SELECT price FROM plans WHERE id = 'p'") == "19.99")
+            #expect(try await h.op(.GET, "/admin/v1/plans/p").body.contains("\"price\":19.99"))
+            #expect(try await h.op(.GET, "/admin/v1/plans").json["data"]?.arrayValue?.first?["price"]?.doubleValue == 19.99)
+            // An update without a price keeps it exactly.
+            let renamed = try await h.op(.PUT, "/admin/v1/plans/p", .obj(["name": "Renamed"]))
+            #expect(renamed.status == 200)
+            #expect(renamed.body.contains("\"price\":19.99"), "\(renamed.body)")
+            #expect(try await h.text("SELECT price FROM plans WHERE id = 'p'") == "19.99")
+            // Numbers keep their shortest form, as before: 49, 49.5, 0.1; a numeric string is read too.
+            for (sent, shown, stored) in [
+                (JSON.int(49), "49", "49.00"), (.double(49.5), "49.5", "49.50"), (.string("0.1"), "0.1", "0.10"),
+                (.string("+.05"), "0.05", "0.05"), (.double(9_999_999_999.99), "9999999999.99", "9999999999.99"),
+                (.int(0), "0", "0.00"),
+            ] {
+                let reply = try await h.op(.PUT, "/admin/v1/plans/p", .obj(["price": sent]))
+                #expect(reply.status == 200, "\(sent): \(reply.body)")
+                #expect(reply.body.contains("\"price\":\(shown),") || reply.body.contains("\"price\":\(shown)}"), "\(sent): \(reply.body)")
+                #expect(try await h.text("SELECT price FROM plans WHERE id = 'p'") == stored)
+            }
+        }
+    }
+
+    @Test(
+        "a price that numeric(14,2) cannot hold exactly is 400 and changes nothing: more than 2 decimals, negative, too large, an exponent")
+    func inexactPriceRefused() async throws {
+        try await Harness.with { h in
+            #expect(try await h.op(.POST, "/admin/v1/plans", .obj(["id": "p", "name": "P", "price": "12.34"])).status == 201)
+            let bad: [JSON] = [
+                .double(9.999), .double(19.995), .double(-1), .int(-1), .double(-0.01), .int(10_000_000_000), .double(1e16),
+                .string("1e2"), .string("12.345"), .string("-3"), .string(""), .string("."), .string("1,5"), .string(" 12"), .bool(true),
+            ]
+            for price in bad {
+                let create = try await h.op(.POST, "/admin/v1/plans", .obj(["id": "q", "name": "Q", "price": price]))
+                #expect(create.status == 400, "\(price): \(create.body)")
+                #expect(create.json["error"]?["message"]?.stringValue?.contains("'price'") == true)
+                let update = try await h.op(.PUT, "/admin/v1/plans/p", .obj(["price": price]))
+                #expect(update.status == 400, "\(price): \(update.body)")
+            }
+            #expect(try await h.scalar("SELECT count(*) FROM plans WHERE id = 'q'") == 0)
+            #expect(try await h.text("SELECT price FROM plans WHERE id = 'p'") == "12.34")
+        }
+    }
 }

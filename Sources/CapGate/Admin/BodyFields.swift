@@ -74,8 +74,13 @@ struct BodyFields {
     /// A cap or limit for an update: the body's value (`null` = unlimited), or when the body
     /// leaves it out, the current one in `existing` (nil there: unlimited).
     func cap(_ key: String, keeping existing: JSON?) throws -> Int64? {
+        try cap(key, keeping: existing?[key]?.intValue)
+    }
+
+    /// As ``cap(_:keeping:)-(_,JSON?)``, with the current value itself (nil: unlimited).
+    func cap(_ key: String, keeping current: Int64?) throws -> Int64? {
         switch try cap(key) {
-        case .absent: return existing?[key]?.intValue
+        case .absent: return current
         case .null: return nil
         case .value(let v): return v
         }
@@ -112,11 +117,35 @@ struct BodyFields {
         return i
     }
 
-    func number(_ key: String) throws -> Double? {
+    /// An amount of money with at most 2 decimals from 0 to 9999999999.99 (a `numeric(14,2)`
+    /// column), as a JSON number or a numeric string, read exactly. A JSON number is taken as
+    /// the shortest decimal text of its binary value (`19.99`, never `19.989999…`), which is
+    /// the text that was sent for any number of up to 15 significant digits. More decimals, a
+    /// sign, an exponent or a larger value is 400: refused rather than rounded.
+    func money(_ key: String) throws -> Decimal? {
         guard let value = fields[key], !value.isNull else { return nil }
-        if let d = value.doubleValue, d.isFinite, d >= 0, d < 1e10 { return d }
-        if let s = value.stringValue, let d = Double(s), d.isFinite, d >= 0, d < 1e10 { return d }
-        throw GatewayError.invalidRequest("'\(key)' must be a number from 0 to 9999999999.99.")
+        let text: String? =
+            switch value {
+            case .int(let i): String(i)
+            case .double(let d) where d == 0: "0"
+            case .double(let d) where d.isFinite: String(d)
+            case .string(let s): s.hasPrefix("+") ? String(s.dropFirst()) : s
+            default: nil
+            }
+        if let text, let amount = Self.money(text) { return amount }
+        throw GatewayError.invalidRequest("'\(key)' must be a number from 0 to 9999999999.99 with at most 2 decimals.")
+    }
+
+    /// `^([0-9]{1,10}(\.[0-9]{0,2})?|\.[0-9]{1,2})$` as an exact ``Decimal``; nil for anything else.
+    static func money(_ text: String) -> Decimal? {
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
+        guard let whole = parts.first, parts.count <= 2 else { return nil }
+        let cents = parts.count == 2 ? parts[1] : ""
+        func digits(_ s: Substring) -> Bool { s.unicodeScalars.allSatisfy { ("0"..."9").contains($0) } }
+        guard digits(whole), digits(cents), whole.count <= 10, cents.count <= 2, !(whole.isEmpty && cents.isEmpty) else {
+            return nil
+        }
+        return Decimal(string: "\(whole.isEmpty ? "0" : whole).\(cents.isEmpty ? "0" : cents)", locale: Locale(identifier: "en_US_POSIX"))
     }
 
     /// A list of feature ids (SPEC §8's bindings), duplicates dropped; nil when absent or `null`.

@@ -1,6 +1,5 @@
 import Foundation
 import Hummingbird
-import PostgresNIO
 
 /// SPEC §10: the usage console. The page is plain files under `console/` in the repository
 /// (HTML, CSS, JavaScript, no build step), served with their content types, a strict
@@ -67,16 +66,15 @@ struct ConsoleRoutes {
             let from = try Self.day(query.get("from"), name: "from")
             let to = try Self.day(query.get("to"), name: "to")
             guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
-            return jsonResponse(.array(try await daily(company: id, from: from, to: to)))
+            return try jsonResponse(encoding: try await usage.daily(company: id, from: from, to: to))
         }
     }
 
-    /// A `from`/`to` value: a day `YYYY-MM-DD` (in the company's zone) or an ISO-8601 time (its
-    /// day in the company's zone).
-    enum Day: Sendable {
-        case date(String)
-        case time(Date)
-    }
+    /// A `from`/`to` value (``UsageStore/DayBound``).
+    typealias Day = UsageStore.DayBound
+
+    /// The daily read's store (on the same database).
+    var usage: UsageStore { UsageStore(database: database) }
 
     static func day(_ text: String?, name: String) throws -> Day? {
         guard let text, !text.isEmpty else { return nil }
@@ -93,57 +91,5 @@ struct ConsoleRoutes {
             return .time(time)
         }
         throw GatewayError.invalidRequest("'\(name)' must be a day such as 2026-11-01 or an ISO-8601 time such as 2026-11-01T00:00:00Z.")
-    }
-
-    /// Units per day in the company's zone, every day of the range (0 where nothing was
-    /// charged), split by feature. Default range: the current period's first day (or, with no
-    /// period or a `to` before it, the 30 days ending at `to`) to today. Read from the ledger through its (company, time) index over the range only.
-    func daily(company: UUID, from: Day?, to: Day?) async throws -> [JSON] {
-        func date(_ day: Day?) -> String? { if case .date(let d) = day { d } else { nil } }
-        func time(_ day: Day?) -> Date? { if case .time(let t) = day { t } else { nil } }
-        let (fromDate, fromTime, toDate, toTime) = (date(from), time(from), date(to), time(to))
-        return try await database.run { client in
-            let bounds = try await client.query(
-                """
-                WITH z AS (SELECT time_zone AS tz, (now() AT TIME ZONE time_zone)::date AS today FROM companies WHERE id = \(company)),
-                     e AS (
-                        SELECT z.tz, coalesce(\(toDate)::date, (\(toTime)::timestamptz AT TIME ZONE z.tz)::date, z.today) AS d1,
-                               (SELECT (p.started_at AT TIME ZONE z.tz)::date FROM plan_periods p
-                                 WHERE p.company_id = \(company) AND p.started_at <= now() AND p.ends_at > now()
-                                 ORDER BY p.started_at DESC LIMIT 1) AS period_day
-                          FROM z),
-                     b AS (
-                        SELECT e.tz, e.d1,
-                               coalesce(\(fromDate)::date, (\(fromTime)::timestamptz AT TIME ZONE e.tz)::date,
-                                        CASE WHEN e.period_day <= e.d1 THEN e.period_day ELSE e.d1 - 29 END) AS d0
-                          FROM e)
-                SELECT tz, to_char(d0, 'YYYY-MM-DD'), to_char(d1, 'YYYY-MM-DD'), (d1 - d0)::bigint FROM b
-                """, logger: database.logger)
-            guard let (tz, d0, d1, span) = try await bounds.decode((String, String, String, Int64).self).collect().first else {
-                return []
-            }
-            guard span >= 0 else { throw GatewayError.invalidRequest("'from' must not be after 'to'.") }
-            guard span < 400 else { throw GatewayError.invalidRequest("A daily read spans at most 400 days; narrow 'from' and 'to'.") }
-            let rows = try await client.query(
-                """
-                SELECT to_char(d.day, 'YYYY-MM-DD'), s.feature, coalesce(s.units, 0)::bigint
-                  FROM generate_series(\(d0)::date, \(d1)::date, interval '1 day') AS d(day)
-                  LEFT JOIN (
-                        SELECT (l.created_at AT TIME ZONE \(tz))::date AS day, l.feature, sum(l.units) AS units
-                          FROM usage_ledger l
-                         WHERE l.company_id = \(company) AND l.outcome = 'charged'
-                           AND l.created_at >= (\(d0)::date::timestamp AT TIME ZONE \(tz))
-                           AND l.created_at < ((\(d1)::date + 1)::timestamp AT TIME ZONE \(tz))
-                         GROUP BY 1, 2) s ON s.day = d.day::date
-                 ORDER BY d.day, s.feature NULLS FIRST
-                """, logger: database.logger)
-            var days: [(date: String, units: Int64, features: [JSON.Field])] = []
-            for try await (date, feature, units) in rows.decode((String, String?, Int64).self) {
-                if days.last?.date != date { days.append((date, 0, [])) }
-                days[days.count - 1].units += units
-                if let feature { days[days.count - 1].features.append(.init(feature, .int(units))) }
-            }
-            return days.map { .obj(["date": .string($0.date), "units": .int($0.units), "features": .object($0.features)]) }
-        }
     }
 }

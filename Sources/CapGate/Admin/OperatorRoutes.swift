@@ -9,19 +9,19 @@ struct OperatorRoutes {
     func register(on group: RouterGroup<AuthenticatedContext>) {
         group.get("plans") { _, context in
             try context.requireOperator()
-            return jsonResponse(listJSON(try await tenants.plans()))
+            return try jsonResponse(encoding: ListPage(try await tenants.plans()))
         }
         group.post("plans") { request, context in
             try context.requireOperator()
             let fields = try await BodyFields.read(request, context: context)
             let input = try planInput(fields, id: nil, existing: nil)
-            return jsonResponse(try await tenants.createPlan(input), status: .created)
+            return try jsonResponse(encoding: try await tenants.createPlan(input), status: .created)
         }
         group.get("plans/{id}") { _, context in
             try context.requireOperator()
             let id = context.parameters.get("id") ?? ""
             guard let plan = try await tenants.plan(id) else { throw GatewayError.notFound("No plan with id '\(id)'.") }
-            return jsonResponse(plan)
+            return try jsonResponse(encoding: plan)
         }
         group.put("plans/{id}") { request, context in
             try context.requireOperator()
@@ -29,7 +29,7 @@ struct OperatorRoutes {
             guard let existing = try await tenants.plan(id) else { throw GatewayError.notFound("No plan with id '\(id)'.") }
             let fields = try await BodyFields.read(request, context: context)
             let input = try planInput(fields, id: id, existing: existing)
-            return jsonResponse(try await tenants.updatePlan(input))
+            return try jsonResponse(encoding: try await tenants.updatePlan(input))
         }
 
         group.get("products") { _, context in
@@ -217,24 +217,24 @@ struct OperatorRoutes {
     }
 
     /// Reads a plan body; for an update, missing fields keep their current values.
-    func planInput(_ f: BodyFields, id: String?, existing: JSON?) throws -> TenantStore.PlanInput {
+    func planInput(_ f: BodyFields, id: String?, existing: PlanRecord?) throws -> TenantStore.PlanInput {
         let planID = try f.resourceID(path: id, what: "plan", isValid: Self.isSlug, rule: Self.slugRule)
-        let name = try f.string("name") ?? existing?["name"]?.stringValue
+        let name = try f.string("name") ?? existing?.name
         guard let name else { throw GatewayError.invalidRequest("'name' is required.") }
-        let currency = try f.string("currency", maxLength: 3)?.uppercased() ?? existing?["currency"]?.stringValue ?? "USD"
+        let currency = try f.string("currency", maxLength: 3)?.uppercased() ?? existing?.currency ?? "USD"
         guard currency.count == 3, currency.allSatisfy({ $0.isLetter && $0.isASCII }) else {
             throw GatewayError.invalidRequest("'currency' must be a three-letter ISO 4217 code such as USD.")
         }
         return TenantStore.PlanInput(
             id: planID,
             name: name,
-            companyCap: try f.cap("monthly_company_cap", keeping: existing),
-            userCap: try f.cap("monthly_user_cap", keeping: existing),
-            price: try f.number("price") ?? existing?["price"]?.doubleValue ?? 0,
+            companyCap: try f.cap("monthly_company_cap", keeping: existing?.monthlyCompanyCap),
+            userCap: try f.cap("monthly_user_cap", keeping: existing?.monthlyUserCap),
+            price: try f.money("price") ?? existing?.price ?? 0,
             currency: currency,
-            isDefault: try f.bool("is_default") ?? existing?["is_default"]?.boolValue ?? false,
-            isActive: try f.bool("is_active") ?? existing?["is_active"]?.boolValue ?? true,
-            sortOrder: Int32(try f.int("sort_order", range: -1_000_000...1_000_000) ?? existing?["sort_order"]?.intValue ?? 0)
+            isDefault: try f.bool("is_default") ?? existing?.isDefault ?? false,
+            isActive: try f.bool("is_active") ?? existing?.isActive ?? true,
+            sortOrder: try f.int("sort_order", range: -1_000_000...1_000_000).map { Int32($0) } ?? existing?.sortOrder ?? 0
         )
     }
 }

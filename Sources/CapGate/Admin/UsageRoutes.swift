@@ -13,10 +13,8 @@ struct UsageRoutes {
         group.get("usage") { _, context in
             let user = try context.requireUser()
             let now = Date()
-            let state = try await metering.state(companyID: user.companyID, userID: user.userID, at: now)
-            let features = try await usage.features(company: user.companyID, user: user.userID, at: now)
-            return jsonResponse(
-                state.json(scope: "user", features: .array(features.map { $0.json(user: user.userID) })), headers: state.rateLimitHeaders())
+            let read = try await usage.callerUsage(company: user.companyID, user: user.userID, at: now)
+            return try jsonResponse(encoding: read, headers: read.state.rateLimitHeaders(now: now))
         }
         group.get("usage/check") { request, context in
             let user = try context.requireUser()
@@ -75,27 +73,18 @@ struct UsageRoutes {
                 throw GatewayError.invalidRequest("'sort' must be 'usage' or 'created'.")
             }
             let rows = try await usage.companies(sortByUsage: sort == "usage", after: cursor, limit: limit.map { $0 + 1 })
-            guard let limit else { return jsonResponse(listJSON(rows)) }
+            guard let limit else { return try jsonResponse(encoding: ListPage(rows)) }
             let hasMore = rows.count > limit
-            return jsonResponse(listJSON(Array(rows.prefix(limit)), hasMore: hasMore, nextCursor: hasMore ? String(cursor + limit) : nil))
+            return try jsonResponse(
+                encoding: ListPage(Array(rows.prefix(limit)), hasMore: hasMore, nextCursor: hasMore ? String(cursor + limit) : nil))
         }
         group.get("companies/{id}/usage") { _, context in
             let id = try context.parameters.uuid("id", what: "company")
             try context.requireAdmin(of: id)
-            guard let company = try await tenants.company(id) else { throw GatewayError.notFound("No company with that id.") }
-            let now = Date()
-            let state = try await metering.state(companyID: id, userID: nil, at: now)
-            let period = try await usage.currentPeriod(company: id, at: now)
             // The company's windows of each feature, at the top and (as in /v1/usage) in `usage`;
-            // each user's own windows in its entry of `users`.
-            let features = try await usage.features(company: id, user: nil, at: now)
-            let companyFeatures = JSON.array(features.map { $0.json(user: nil) })
-            let users = try await usage.users(company: id, periodID: period?.id, planUserCap: period?.userCap, features: features)
-            return jsonResponse(
-                .obj([
-                    "company": company, "usage": state.json(scope: "company", includeUser: false, features: companyFeatures),
-                    "features": companyFeatures, "users": .array(users),
-                ]))
+            // each user's own windows in its entry of `users`; all from one snapshot.
+            guard let read = try await usage.companyUsage(id) else { throw GatewayError.notFound("No company with that id.") }
+            return try jsonResponse(encoding: read)
         }
         group.get("companies/{id}/usage/history") { request, context in
             let id = try context.parameters.uuid("id", what: "company")
@@ -103,7 +92,7 @@ struct UsageRoutes {
             let periods = try Self.boundedInt(request.uri.queryParameters.get("periods"), name: "periods", default: 12, range: 1...120)
             let feature = try Self.feature(request.uri.queryParameters.get("feature"))
             guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
-            return jsonResponse(listJSON(try await usage.history(company: id, periods: periods, feature: feature)))
+            return try jsonResponse(encoding: ListPage(try await usage.history(company: id, periods: periods, feature: feature)))
         }
         group.get("companies/{id}/events") { request, context in
             let id = try context.parameters.uuid("id", what: "company")
@@ -138,7 +127,7 @@ struct UsageRoutes {
                 company: id, from: from, to: to, after: cursor, limit: limit + 1, feature: feature, newestFirst: order == "desc")
             let page = Array(rows.prefix(limit))
             let hasMore = rows.count > limit
-            return jsonResponse(listJSON(page.map(\.json), hasMore: hasMore, nextCursor: hasMore ? page.last.map { String($0.id) } : nil))
+            return try jsonResponse(encoding: ListPage(page, hasMore: hasMore, nextCursor: hasMore ? page.last.map { String($0.id) } : nil))
         }
     }
 

@@ -19,7 +19,14 @@ extension UsageStore {
     /// company's day and period counters and the counters of `user`, or of every user of the
     /// company when `user` is nil. Empty when no period contains `at`. One query.
     public func features(company: UUID, user: UUID?, at: Date = Date()) async throws -> [FeatureUsage] {
-        try await featureRows(company: company, user: user, only: nil, at: at).compactMap { row in
+        try await database.run { client in
+            try await client.withConnection { try await features(on: $0, company: company, user: user, at: at) }
+        }
+    }
+
+    /// As ``features(company:user:at:)``, on `connection` (inside a ``Database/snapshot(_:)``).
+    func features(on connection: PostgresConnection, company: UUID, user: UUID?, at: Date) async throws -> [FeatureUsage] {
+        try await featureRows(on: connection, company: company, user: user, only: nil, at: at).compactMap { row in
             row.inPlan ? row.usage : nil
         }
     }
@@ -29,7 +36,10 @@ extension UsageStore {
     public func feature(
         _ id: String, company: UUID, user: UUID, at: Date = Date()
     ) async throws -> (lookup: FeatureLookup, periodStart: Date?) {
-        guard let row = try await featureRows(company: company, user: user, only: id, at: at).first, row.isActive else {
+        let rows = try await database.run { client in
+            try await client.withConnection { try await featureRows(on: $0, company: company, user: user, only: id, at: at) }
+        }
+        guard let row = rows.first, row.isActive else {
             return (.unknown, nil)
         }
         guard row.inPlan, let usage = row.usage, usage.enabled else { return (.notInPlan(id: id, name: row.name), row.periodStart) }
@@ -47,10 +57,10 @@ extension UsageStore {
     /// at the period's start), each a primary-key lookup; a missing row is 0. Users' counters
     /// come as three parallel arrays per feature, so every user costs no extra query.
     func featureRows(
-        company: UUID, user: UUID?, only: String?, at: Date
+        on connection: PostgresConnection, company: UUID, user: UUID?, only: String?, at: Date
     ) async throws -> [(name: String, isActive: Bool, inPlan: Bool, periodStart: Date?, usage: FeatureUsage?)] {
-        try await database.run { client in
-            let rows = try await client.query(
+        do {
+            let rows = try await connection.query(
                 """
                 WITH p AS (
                     SELECT pp.plan_id, pp.started_at, pp.ends_at,

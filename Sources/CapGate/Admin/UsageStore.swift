@@ -11,58 +11,14 @@ public struct UsageStore: Sendable {
         self.database = database
     }
 
-    /// Every user of the company with used/limit/remaining in the period (0 when unused) and
-    /// its own windows of each of `features` (``FeatureUsage/userJSON(_:)``).
-    public func users(company: UUID, periodID: Int64?, planUserCap: Int64?, features: [FeatureUsage] = []) async throws -> [JSON] {
-        try await database.run { client in
-            var out: [JSON] = []
-            let rows = try await client.query(
-                """
-                SELECT u.id, u.email, u.role, COALESCE(uu.used, 0), u.monthly_cap, u.disabled
-                  FROM users u
-                  LEFT JOIN user_usage uu ON uu.company_id = u.company_id AND uu.user_id = u.id AND uu.period_id = \(periodID)
-                 WHERE u.company_id = \(company)
-                 ORDER BY u.created_at, u.id
-                """,
-                logger: logger
-            )
-            for try await (id, email, role, used, override, disabled) in rows.decode((UUID, String?, String, Int64, Int64?, Bool).self) {
-                let limit = override ?? planUserCap
-                out.append(
-                    .obj([
-                        "id": JSON(id), "email": JSON(email), "role": .string(role), "disabled": .bool(disabled),
-                        "used": .int(used), "limit": JSON(limit), "remaining": JSON(limit.map { max(0, $0 - used) }),
-                        "features": .array(features.map { $0.userJSON(id) }),
-                    ])
-                )
-            }
-            return out
-        }
-    }
-
-    /// The id of the period containing `at`, with the plan's per-user cap.
-    public func currentPeriod(company: UUID, at: Date = Date()) async throws -> (id: Int64, userCap: Int64?)? {
-        try await database.run { client in
-            let rows = try await client.query(
-                """
-                SELECT pp.id, pl.monthly_user_cap FROM plan_periods pp JOIN plans pl ON pl.id = pp.plan_id
-                 WHERE pp.company_id = \(company) AND pp.started_at <= \(at) AND pp.ends_at > \(at)
-                """,
-                logger: logger
-            )
-            for try await (id, cap) in rows.decode((Int64, Int64?).self) { return (id, cap) }
-            return nil
-        }
-    }
-
     /// Past periods (ended by `at`), newest first, each with plan, bounds, used and limit. The
     /// current period is `GET …/usage`. With `feature`, `used` and `limit` are that feature's in
     /// the period (its company period counter, 0 when none; the limit is the plan's entitlement
     /// `period_limit` as it is now, null when unlimited, 0 when the plan has it not or disabled).
-    public func history(company: UUID, periods: Int, feature: String? = nil, at: Date = Date()) async throws -> [JSON] {
+    public func history(company: UUID, periods: Int, feature: String? = nil, at: Date = Date()) async throws -> [PeriodUsage] {
         let limit = Int64(periods)
         return try await database.run { client in
-            var out: [JSON] = []
+            var out: [PeriodUsage] = []
             let rows = try await client.query(
                 """
                 SELECT pp.id, pp.plan_id, pl.name, pp.started_at, pp.ends_at,
@@ -81,14 +37,7 @@ public struct UsageStore: Sendable {
                 logger: logger
             )
             for try await (_, plan, name, start, end, used, cap) in rows.decode((Int64, String, String, Date, Date, Int64, Int64?).self) {
-                out.append(
-                    .obj([
-                        "period": .obj(["start": JSON(start), "end": JSON(end)]),
-                        "plan": .obj(["id": .string(plan), "name": .string(name)]),
-                        "company": .obj(["used": .int(used), "limit": JSON(cap), "remaining": JSON(cap.map { max(0, $0 - used) })]),
-                        "used": .int(used), "limit": JSON(cap), "feature": JSON(feature),
-                    ])
-                )
+                out.append(PeriodUsage(start: start, end: end, planID: plan, planName: name, used: used, limit: cap, feature: feature))
             }
             return out
         }
@@ -115,17 +64,6 @@ public struct UsageStore: Sendable {
         public var idempotencyKey: String?
         /// Whether the provider's answer was recorded (see ``UnsettledCharges/State``).
         public var settlement: UnsettledCharges.State
-
-        var json: JSON {
-            .obj([
-                "id": .int(id), "time": JSON(createdAt), "company_id": JSON(companyID), "user_id": JSON(userID),
-                "period": .obj(["start": JSON(periodStart), "end": JSON(periodEnd)]), "units": .int(Int64(units)),
-                "input_tokens": JSON(inputTokens), "output_tokens": JSON(outputTokens), "method": .string(method),
-                "route": .string(route), "model": JSON(model), "feature": JSON(feature), "outcome": .string(outcome),
-                "upstream_status": JSON(upstreamStatus.map(Int.init)), "request_id": .string(requestID),
-                "idempotency_key": JSON(idempotencyKey), "settlement": .string(settlement.rawValue),
-            ])
-        }
 
         /// The first twelve columns as before the rest were added; new columns go at the end.
         static let csvHeader =
@@ -206,7 +144,7 @@ public struct UsageStore: Sendable {
 
     /// The billing overview: every company with plan, period end, used, cap and percentage
     /// (`limit` nil: all of them after `cursor`).
-    public func companies(sortByUsage: Bool, after cursor: Int, limit: Int?, at: Date = Date()) async throws -> [JSON] {
+    public func companies(sortByUsage: Bool, after cursor: Int, limit: Int?, at: Date = Date()) async throws -> [CompanyOverview] {
         let order = sortByUsage ? "pct DESC NULLS LAST, used DESC, c.id" : "c.created_at, c.id"
         let offset = Int64(cursor)
         let limit = limit.map(Int64.init)  // LIMIT NULL is no limit
@@ -227,17 +165,14 @@ public struct UsageStore: Sendable {
         query.binds.append(limit)
         let q = query
         return try await database.run { client in
-            var out: [JSON] = []
+            var out: [CompanyOverview] = []
             for try await (id, name, plan, end, used, cap, pct) in try await client.query(q, logger: logger)
                 .decode((UUID, String, String?, Date?, Int64, Int64?, Double?).self)
             {
                 out.append(
-                    .obj([
-                        "id": JSON(id), "name": .string(name), "plan": JSON(plan), "period_end": JSON(end),
-                        "used": .int(used), "cap": JSON(cap),
-                        "percent_used": pct.map { .double(($0 * 10).rounded() / 10) } ?? .null,
-                    ])
-                )
+                    CompanyOverview(
+                        id: id, name: name, plan: plan, periodEnd: end, used: used, cap: cap,
+                        percentUsed: pct.map { ($0 * 10).rounded() / 10 }))
             }
             return out
         }

@@ -36,7 +36,7 @@ public struct DemoSeed: Sendable {
     }
 
     /// The demo plans, as in the seed figures (company / user caps).
-    static let plans: [(id: String, name: String, company: Int64?, user: Int64?, price: Double, isDefault: Bool, sort: Int32)] = [
+    static let plans: [(id: String, name: String, company: Int64?, user: Int64?, price: Decimal, isDefault: Bool, sort: Int32)] = [
         ("free", "Free", 20, 5, 0, true, 0),
         ("low", "Low Use", 100, 25, 49, false, 10),
         ("medium", "Medium Use", 500, 100, 199, false, 20),

@@ -16,35 +16,29 @@ public struct TenantStore: Sendable {
 
     static let planColumns = "id, name, monthly_company_cap, monthly_user_cap, price::text, currency, is_default, is_active, sort_order"
 
-    static func planJSON(_ r: (String, String, Int64?, Int64?, String, String, Bool, Bool, Int32)) -> JSON {
-        .obj([
-            "id": .string(r.0), "name": .string(r.1),
-            "monthly_company_cap": JSON(r.2), "monthly_user_cap": JSON(r.3),
-            "price": .double(Double(r.4) ?? 0), "currency": .string(r.5),
-            "is_default": .bool(r.6), "is_active": .bool(r.7), "sort_order": .int(Int64(r.8)),
-        ])
-    }
+    /// A row of ``planColumns``.
+    typealias PlanRow = (String, String, Int64?, Int64?, String, String, Bool, Bool, Int32)
 
-    public func plans() async throws -> [JSON] {
+    public func plans() async throws -> [PlanRecord] {
         try await database.run { client in
-            var out: [JSON] = []
+            var out: [PlanRecord] = []
             let rows = try await client.query(
                 PostgresQuery(unsafeSQL: "SELECT \(Self.planColumns) FROM plans ORDER BY sort_order, id"), logger: logger)
-            for try await r in rows.decode((String, String, Int64?, Int64?, String, String, Bool, Bool, Int32).self) {
-                out.append(Self.planJSON(r))
+            for try await r in rows.decode(PlanRow.self) {
+                out.append(try PlanRecord(r))
             }
             return out
         }
     }
 
-    public func plan(_ id: String) async throws -> JSON? {
+    public func plan(_ id: String) async throws -> PlanRecord? {
         try await database.run { client in
             let rows = try await client.query(
                 "SELECT id, name, monthly_company_cap, monthly_user_cap, price::text, currency, is_default, is_active, sort_order FROM plans WHERE id = \(id)",
                 logger: logger
             )
-            for try await r in rows.decode((String, String, Int64?, Int64?, String, String, Bool, Bool, Int32).self) {
-                return Self.planJSON(r)
+            for try await r in rows.decode(PlanRow.self) {
+                return try PlanRecord(r)
             }
             return nil
         }
@@ -56,7 +50,9 @@ public struct TenantStore: Sendable {
         public var name: String
         public var companyCap: Int64?
         public var userCap: Int64?
-        public var price: Double
+        /// At most 2 decimals (the column is `numeric(14,2)`): written as its decimal text, so
+        /// nothing is rounded on the way.
+        public var price: Decimal
         public var currency: String
         public var isDefault: Bool
         public var isActive: Bool
@@ -65,14 +61,14 @@ public struct TenantStore: Sendable {
 
     /// Creates a plan. `is_default: true` makes it the default: the plan that was the default stops
     /// being it, in the same transaction (one default at most).
-    public func createPlan(_ p: PlanInput) async throws -> JSON {
+    public func createPlan(_ p: PlanInput) async throws -> PlanRecord? {
         do {
             try await database.transaction { connection in
                 if p.isDefault { try await Self.clearDefault(except: p.id, on: connection, logger: self.logger) }
                 try await connection.query(
                     """
                     INSERT INTO plans (id, name, monthly_company_cap, monthly_user_cap, price, currency, is_default, is_active, sort_order)
-                    VALUES (\(p.id), \(p.name), \(p.companyCap), \(p.userCap), \(p.price)::numeric, \(p.currency), \(p.isDefault), \(p.isActive), \(p.sortOrder))
+                    VALUES (\(p.id), \(p.name), \(p.companyCap), \(p.userCap), \(PlanRecord.text(p.price))::numeric, \(p.currency), \(p.isDefault), \(p.isActive), \(p.sortOrder))
                     """,
                     logger: self.logger
                 )
@@ -81,24 +77,24 @@ public struct TenantStore: Sendable {
             guard state == "23505" else { throw GatewayError.invalidRequest("The plan's fields are not valid.") }
             throw GatewayError.conflict("A plan with id '\(p.id)' already exists.")
         }
-        return try await plan(p.id) ?? .null
+        return try await plan(p.id)
     }
 
     /// Replaces a plan's fields; `is_default: true` moves the default to it, as in ``createPlan(_:)``.
-    public func updatePlan(_ p: PlanInput) async throws -> JSON {
+    public func updatePlan(_ p: PlanInput) async throws -> PlanRecord? {
         try await database.transaction { connection in
             if p.isDefault { try await Self.clearDefault(except: p.id, on: connection, logger: self.logger) }
             try await connection.query(
                 """
                 UPDATE plans SET name = \(p.name), monthly_company_cap = \(p.companyCap), monthly_user_cap = \(p.userCap),
-                       price = \(p.price)::numeric, currency = \(p.currency), is_default = \(p.isDefault),
+                       price = \(PlanRecord.text(p.price))::numeric, currency = \(p.currency), is_default = \(p.isDefault),
                        is_active = \(p.isActive), sort_order = \(p.sortOrder), updated_at = now()
                  WHERE id = \(p.id)
                 """,
                 logger: self.logger
             )
         }
-        return try await plan(p.id) ?? .null
+        return try await plan(p.id)
     }
 
     /// The plan that is the default (other than `id`) stops being it. Two writers making different
@@ -157,16 +153,23 @@ public struct TenantStore: Sendable {
         """
     }
 
+    /// A row of ``companyQuery(_:at:)``: id, name, created_at, plan, period start and end,
+    /// auto_renew, time_zone, webhook_url.
+    typealias CompanyRow = (UUID, String, Date, String?, Date?, Date?, Bool?, String, String?)
+
     /// The company object from ``companyQuery(_:at:)``'s rows; nil when there is none.
     static func companyJSON(_ rows: PostgresRowSequence) async throws -> JSON? {
-        for try await r in rows.decode((UUID, String, Date, String?, Date?, Date?, Bool?, String, String?).self) {
-            return .obj([
-                "id": JSON(r.0), "name": .string(r.1), "plan": JSON(r.3),
-                "period": r.4.flatMap { s in r.5.map { e in JSON.obj(["start": JSON(s), "end": JSON(e)]) } } ?? .null,
-                "auto_renew": .bool(r.6 ?? false), "time_zone": .string(r.7), "webhook_url": JSON(r.8), "created_at": JSON(r.2),
-            ])
-        }
+        for try await r in rows.decode(CompanyRow.self) { return companyJSON(r) }
         return nil
+    }
+
+    /// The company object of one ``CompanyRow`` (also read inside the usage snapshot).
+    static func companyJSON(_ r: CompanyRow) -> JSON {
+        .obj([
+            "id": JSON(r.0), "name": .string(r.1), "plan": JSON(r.3),
+            "period": r.4.flatMap { s in r.5.map { e in JSON.obj(["start": JSON(s), "end": JSON(e)]) } } ?? .null,
+            "auto_renew": .bool(r.6 ?? false), "time_zone": .string(r.7), "webhook_url": JSON(r.8), "created_at": JSON(r.2),
+        ])
     }
 
     /// The fields of a company that `PATCH /admin/v1/companies/{id}` changes; nil keeps a field.

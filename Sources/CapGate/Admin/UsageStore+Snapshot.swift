@@ -1,0 +1,134 @@
+import Foundation
+import PostgresNIO
+
+/// The current-period reads (`GET /admin/v1/companies/{id}/usage`, `GET /v1/usage`), each from
+/// one snapshot: a read-only REPEATABLE READ transaction on one connection
+/// (``Database/snapshot(_:)``) with two statements, the company's row with its users and the
+/// features. A company's `used` is then the sum of what its users' rows show, even while calls
+/// are admitted, which reads spread over pooled connections could not promise.
+extension UsageStore {
+    /// The admin usage read; nil when there is no such company.
+    public func companyUsage(_ company: UUID, at: Date = Date()) async throws -> CompanyUsage? {
+        let read = try await current(company: company, user: nil, at: at)
+        guard let row = read.company else { return nil }
+        return CompanyUsage(company: TenantStore.companyJSON(row), state: read.state, features: read.features, users: read.users)
+    }
+
+    /// What `user` of `company` sees in `GET /v1/usage`.
+    public func callerUsage(company: UUID, user: UUID, at: Date = Date()) async throws -> CallerUsage {
+        let read = try await current(company: company, user: user, at: at)
+        return CallerUsage(user: user, state: read.state, features: read.features)
+    }
+
+    /// One read of the period containing `at`. When none does, the company is first moved into
+    /// it (`capgate_roll_company`, as the next call's admission and ``MeteringStore/state(companyID:userID:at:)``
+    /// do), then read again.
+    func current(company: UUID, user: UUID?, at: Date) async throws -> CurrentRead {
+        let read = try await snapshotRead(company: company, user: user, at: at)
+        guard read.company != nil, read.state.periodStart == nil else { return read }
+        try await database.run { client in
+            _ = try await client.query("SELECT capgate_roll_company(\(company), \(at))", logger: logger).collect()
+        }
+        return try await snapshotRead(company: company, user: user, at: at)
+    }
+
+    struct CurrentRead: Sendable {
+        /// Nil: no such company.
+        var company: TenantStore.CompanyRow?
+        var state: UsageState
+        var features: [FeatureUsage]
+        /// Every user of the company when the read is the admin's (`user` nil); else empty.
+        var users: [UserUsage]
+    }
+
+    /// The row: the company (all nil when there is none), the plan and period containing `at`
+    /// (nil when none), the company's and `user`'s units and caps, the upgrade offer, and, for
+    /// the admin read, one user of the company per row (the rest repeated; nil when it has none).
+    typealias HeaderRow = (
+        UUID?, String?, Date?, String?, Date?, Date?, Bool?, String?, String?,
+        String?, Int64, Int64?, Int64?, Int64, Int64?,
+        String?, Int64?, Int64?,
+        UUID?, String?, String?, Int64, Int64?, Bool?
+    )
+
+    func snapshotRead(company: UUID, user: UUID?, at: Date) async throws -> CurrentRead {
+        let listUsers = user == nil
+        return try await database.snapshot { connection in
+            // The upgrade is MeteringStore.upgrade(from:)'s query with the plan joined in:
+            // the next active plan by sort order with a larger company or user cap.
+            let rows = try await connection.query(
+                """
+                SELECT c.id, c.name, c.created_at, pp.plan_id, pp.started_at, pp.ends_at, pp.auto_renew, c.time_zone, c.webhook_url,
+                       pl.name, COALESCE(cu.used, 0), pl.monthly_company_cap, pl.monthly_user_cap, COALESCE(uu.used, 0), me.monthly_cap,
+                       up.id, up.monthly_company_cap, up.monthly_user_cap,
+                       u.id, u.email, u.role, COALESCE(ou.used, 0), u.monthly_cap, u.disabled
+                  FROM (VALUES (1)) AS one (n)
+                  LEFT JOIN companies c ON c.id = \(company)
+                  LEFT JOIN plan_periods pp ON pp.company_id = c.id AND pp.started_at <= \(at) AND pp.ends_at > \(at)
+                  LEFT JOIN plans pl ON pl.id = pp.plan_id
+                  LEFT JOIN company_usage cu ON cu.company_id = c.id AND cu.period_id = pp.id
+                  LEFT JOIN user_usage uu ON uu.company_id = c.id AND uu.period_id = pp.id AND uu.user_id = \(user)::uuid
+                  LEFT JOIN users me ON me.company_id = c.id AND me.id = \(user)::uuid
+                  LEFT JOIN LATERAL (
+                      SELECT n.id, n.monthly_company_cap, n.monthly_user_cap
+                        FROM plans n
+                       WHERE n.is_active AND n.id IS DISTINCT FROM pl.id
+                         AND (pl.id IS NULL OR (n.sort_order > pl.sort_order AND (
+                                (pl.monthly_company_cap IS NOT NULL
+                                 AND (n.monthly_company_cap IS NULL OR n.monthly_company_cap > pl.monthly_company_cap))
+                             OR (pl.monthly_user_cap IS NOT NULL
+                                 AND (n.monthly_user_cap IS NULL OR n.monthly_user_cap > pl.monthly_user_cap)))))
+                       ORDER BY n.sort_order, n.id
+                       LIMIT 1
+                  ) up ON true
+                  LEFT JOIN users u ON \(listUsers) AND u.company_id = c.id
+                  LEFT JOIN user_usage ou ON ou.company_id = c.id AND ou.period_id = pp.id AND ou.user_id = u.id
+                 ORDER BY u.created_at, u.id
+                """,
+                logger: logger
+            )
+            var header: HeaderRow? = nil
+            var users: [(id: UUID, email: String?, role: String, used: Int64, override: Int64?, disabled: Bool)] = []
+            for try await r in rows.decode(HeaderRow.self) {
+                if header == nil { header = r }
+                if let id = r.18, let role = r.20 {
+                    users.append((id, r.19, role, r.21, r.22, r.23 ?? false))
+                }
+            }
+            guard let h = header else { throw DatabaseError.other("usage read: no row") }
+            var read = Self.read(h, user: user)
+            if read.company != nil, read.state.periodStart != nil {
+                read.features = try await features(on: connection, company: company, user: user, at: at)
+            }
+            let planUserCap = h.12
+            read.users = users.map {
+                UserUsage(
+                    id: $0.id, email: $0.email, role: $0.role, disabled: $0.disabled, used: $0.used, limit: $0.override ?? planUserCap,
+                    features: read.features)
+            }
+            return read
+        }
+    }
+
+    /// The company, state and upgrade of a ``HeaderRow`` (no features, no users yet).
+    static func read(_ h: HeaderRow, user: UUID?) -> CurrentRead {
+        let company: TenantStore.CompanyRow? =
+            if let id = h.0, let name = h.1, let created = h.2, let zone = h.7 {
+                (id, name, created, h.3, h.4, h.5, h.6, zone, h.8)
+            } else {
+                nil
+            }
+        var state: UsageState
+        if let plan = h.3, let name = h.9, let start = h.4, let end = h.5 {
+            state = UsageState(
+                plan: .init(id: plan, name: name), periodStart: start, periodEnd: end, companyUsed: h.10, companyLimit: h.11,
+                userUsed: user == nil ? nil : h.13, userLimit: h.14 ?? h.12)
+        } else {
+            state = UsageState(
+                plan: nil, periodStart: nil, periodEnd: nil, companyUsed: 0, companyLimit: nil, userUsed: user == nil ? nil : 0,
+                userLimit: nil)
+        }
+        state.upgrade = h.15.map { UsageState.Upgrade(plan: $0, companyLimit: h.16, userLimit: h.17) }
+        return CurrentRead(company: company, state: state, features: [], users: [])
+    }
+}

@@ -1,0 +1,79 @@
+import Foundation
+
+/// A plan as the operator API shows it (SPEC §5), read by ``TenantStore``.
+public struct PlanRecord: Sendable, Equatable {
+    public var id: String
+    public var name: String
+    /// `nil`: unlimited.
+    public var monthlyCompanyCap: Int64?
+    /// `nil`: unlimited.
+    public var monthlyUserCap: Int64?
+    /// Exact, at most 2 decimals (the column is `numeric(14,2)`); never a binary floating point.
+    public var price: Decimal
+    public var currency: String
+    public var isDefault: Bool
+    public var isActive: Bool
+    public var sortOrder: Int32
+
+    /// A row of ``TenantStore/planColumns`` (the price read as `price::text`, so exactly).
+    init(_ r: TenantStore.PlanRow) throws {
+        guard let price = Self.decimal(r.4) else { throw DatabaseError.other("plan \(r.0): price '\(r.4)' is not a decimal") }
+        self.init(
+            id: r.0, name: r.1, monthlyCompanyCap: r.2, monthlyUserCap: r.3, price: price, currency: r.5, isDefault: r.6,
+            isActive: r.7, sortOrder: r.8)
+    }
+
+    public init(
+        id: String, name: String, monthlyCompanyCap: Int64?, monthlyUserCap: Int64?, price: Decimal, currency: String,
+        isDefault: Bool, isActive: Bool, sortOrder: Int32
+    ) {
+        self.id = id
+        self.name = name
+        self.monthlyCompanyCap = monthlyCompanyCap
+        self.monthlyUserCap = monthlyUserCap
+        self.price = price
+        self.currency = currency
+        self.isDefault = isDefault
+        self.isActive = isActive
+        self.sortOrder = sortOrder
+    }
+
+    /// The value of a plain decimal text (`19.99`, `49.00`, `0`): digits with at most one `.`,
+    /// nothing else (no sign, exponent or locale separator); nil otherwise.
+    static func decimal(_ text: String) -> Decimal? {
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
+        guard (1...2).contains(parts.count), parts.allSatisfy({ $0.allSatisfy { $0.isASCII && $0.isNumber } }),
+            parts.contains(where: { !$0.isEmpty })
+        else { return nil }
+        return Decimal(string: text, locale: Locale(identifier: "en_US_POSIX"))
+    }
+
+    /// The text PostgreSQL reads back as exactly `price` (`numeric` input): no exponent, `.` as
+    /// the separator.
+    static func text(_ price: Decimal) -> String {
+        price.description
+    }
+}
+
+extension PlanRecord: Encodable {
+    enum CodingKeys: String, CodingKey {
+        case id, name, monthlyCompanyCap = "monthly_company_cap", monthlyUserCap = "monthly_user_cap", price, currency
+        case isDefault = "is_default", isActive = "is_active", sortOrder = "sort_order"
+    }
+
+    /// Every field always present: an unlimited cap is `null`, not left out (synthesised
+    /// conformance would leave it out). The price is a JSON number of the same value (`49`,
+    /// `49.5`, `19.99`), as the `Double` it replaces was written.
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(id, forKey: .id)
+        try c.encode(name, forKey: .name)
+        try c.encode(monthlyCompanyCap, forKey: .monthlyCompanyCap)
+        try c.encode(monthlyUserCap, forKey: .monthlyUserCap)
+        try c.encode(price, forKey: .price)
+        try c.encode(currency, forKey: .currency)
+        try c.encode(isDefault, forKey: .isDefault)
+        try c.encode(isActive, forKey: .isActive)
+        try c.encode(Int64(sortOrder), forKey: .sortOrder)
+    }
+}
