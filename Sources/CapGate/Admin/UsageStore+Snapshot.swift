@@ -54,8 +54,7 @@ extension UsageStore {
     func snapshotRead(company: UUID, user: UUID?, at: Date) async throws -> CurrentRead {
         let listUsers = user == nil
         return try await database.snapshot { connection in
-            // The upgrade is MeteringStore.upgrade(from:)'s query with the plan joined in:
-            // the next active plan by sort order with a larger company or user cap.
+            // The upgrade is what a cap's refusal would offer (capgate_upgrade_offer).
             let rows = try await connection.query(
                 """
                 SELECT c.id, c.name, c.created_at, pp.plan_id, pp.started_at, pp.ends_at, pp.auto_renew, c.time_zone, c.webhook_url,
@@ -69,18 +68,9 @@ extension UsageStore {
                   LEFT JOIN company_usage cu ON cu.company_id = c.id AND cu.period_id = pp.id
                   LEFT JOIN user_usage uu ON uu.company_id = c.id AND uu.period_id = pp.id AND uu.user_id = \(user)::uuid
                   LEFT JOIN users me ON me.company_id = c.id AND me.id = \(user)::uuid
-                  LEFT JOIN LATERAL (
-                      SELECT n.id, n.monthly_company_cap, n.monthly_user_cap
-                        FROM plans n
-                       WHERE n.is_active AND n.id IS DISTINCT FROM pl.id
-                         AND (pl.id IS NULL OR (n.sort_order > pl.sort_order AND (
-                                (pl.monthly_company_cap IS NOT NULL
-                                 AND (n.monthly_company_cap IS NULL OR n.monthly_company_cap > pl.monthly_company_cap))
-                             OR (pl.monthly_user_cap IS NOT NULL
-                                 AND (n.monthly_user_cap IS NULL OR n.monthly_user_cap > pl.monthly_user_cap)))))
-                       ORDER BY n.sort_order, n.id
-                       LIMIT 1
-                  ) up ON true
+                  LEFT JOIN LATERAL capgate_upgrade_offer(
+                      CASE WHEN pl.id IS NULL THEN 'no_active_plan' ELSE 'company_cap' END, pl.id, NULL, NULL, NULL
+                  ) AS up (id, monthly_company_cap, monthly_user_cap, feature_limit) ON true
                   LEFT JOIN users u ON \(listUsers) AND u.company_id = c.id
                   LEFT JOIN user_usage ou ON ou.company_id = c.id AND ou.period_id = pp.id AND ou.user_id = u.id
                  ORDER BY u.created_at, u.id
