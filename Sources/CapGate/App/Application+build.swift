@@ -172,11 +172,16 @@ func buildRouter(
 }
 
 /// A service that waits for shutdown, then runs `close` (so a client outlives the server).
-struct ClosingService: Service {
+package struct ClosingService: Service {
     let name: String
     let close: @Sendable () async throws -> Void
 
-    func run() async throws {
+    package init(name: String, close: @escaping @Sendable () async throws -> Void) {
+        self.name = name
+        self.close = close
+    }
+
+    package func run() async throws {
         try? await gracefulShutdown()
         try await close()
     }
