@@ -7,6 +7,7 @@ let package = Package(
     products: [
         .executable(name: "capgate", targets: ["capgate"]),
         .library(name: "CapGate", targets: ["CapGate"]),
+        .library(name: "CapGateDev", targets: ["CapGateDev"]),
     ],
     dependencies: [
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
@@ -49,10 +50,27 @@ let package = Package(
                 .product(name: "HTTPTypes", package: "swift-http-types"),
             ]
         ),
+        // What only `capgate dev` and the tests need: the mock providers, the demo seed, the
+        // embedded PostgreSQL. The gateway library never links it.
+        .target(
+            name: "CapGateDev",
+            dependencies: [
+                "CapGate",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+            ]
+        ),
         .executableTarget(
             name: "capgate",
             dependencies: [
                 "CapGate",
+                "CapGateDev",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -77,6 +95,7 @@ let package = Package(
             name: "CapGateTests",
             dependencies: [
                 "CapGate",
+                "CapGateDev",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

@@ -1,5 +1,6 @@
 import ArgumentParser
 import CapGate
+import CapGateDev
 import Foundation
 import Logging
 

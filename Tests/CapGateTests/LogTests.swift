@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import ServiceLifecycle
 import Testing
 
 @testable import CapGate
@@ -51,8 +52,10 @@ struct LogTests {
                 + "request_id=req_1 route=/v1/messages status=200\n")
     }
 
-    @Test("gathered info lines reach the output without a flush; a warning comes after them, in order, at once")
-    func output() throws {
+    @Test(
+        "not running, a line is written at once; running, gathered info lines reach the output without a flush, a warning comes after them in order at once, and the lines left at shutdown are written"
+    )
+    func output() async throws {
         var ends: [Int32] = [0, 0]
         try #require(pipe(&ends) == 0)
         defer {
@@ -62,22 +65,39 @@ struct LogTests {
         _ = fcntl(ends[0], F_SETFL, fcntl(ends[0], F_GETFL) | O_NONBLOCK)
         let output = LogOutput(descriptor: ends[1])
         /// What the pipe holds once it ends with `suffix`, or after 5 s.
-        func read(until suffix: String) -> String {
+        func read(until suffix: String) async throws -> String {
             var received: [UInt8] = []
-            let deadline = Date().addingTimeInterval(5)
+            let deadline = ContinuousClock.now + .seconds(5)
             var chunk = [UInt8](repeating: 0, count: 4096)
-            while !String(decoding: received, as: UTF8.self).hasSuffix(suffix) && Date() < deadline {
+            while !String(decoding: received, as: UTF8.self).hasSuffix(suffix) && ContinuousClock.now < deadline {
                 let count = chunk.withUnsafeMutableBytes { Glibc.read(ends[0], $0.baseAddress, $0.count) }
-                if count > 0 { received += chunk[..<count] } else { usleep(1000) }
+                if count > 0 { received += chunk[..<count] } else { try await Task.sleep(for: .milliseconds(1)) }
             }
             return String(decoding: received, as: UTF8.self)
         }
 
-        for i in 0..<100 { output.write(Array("info \(i)\n".utf8), immediately: false) }
-        #expect(read(until: "info 99\n") == (0..<100).map { "info \($0)\n" }.joined())
+        output.write(Array("before\n".utf8), immediately: false)
+        #expect(try await read(until: "before\n") == "before\n")
 
-        output.write(Array("info last\n".utf8), immediately: false)
-        output.write(Array("warning\n".utf8), immediately: true)
-        #expect(read(until: "warning\n") == "info last\nwarning\n")
+        let group = ServiceGroup(configuration: .init(services: [output], logger: Logger(label: "log-tests")))
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            tasks.addTask { try await group.run() }
+            while !output.isGathering { try await Task.sleep(for: .milliseconds(1)) }
+
+            for i in 0..<100 { output.write(Array("info \(i)\n".utf8), immediately: false) }
+            #expect(try await read(until: "info 99\n") == (0..<100).map { "info \($0)\n" }.joined())
+
+            output.write(Array("info last\n".utf8), immediately: false)
+            output.write(Array("warning\n".utf8), immediately: true)
+            #expect(try await read(until: "warning\n") == "info last\nwarning\n")
+
+            output.write(Array("at shutdown\n".utf8), immediately: false)
+            await group.triggerGracefulShutdown()
+            try await tasks.waitForAll()
+        }
+        #expect(try await read(until: "at shutdown\n") == "at shutdown\n")
+        #expect(!output.isGathering)
+        output.write(Array("after\n".utf8), immediately: false)
+        #expect(try await read(until: "after\n") == "after\n")
     }
 }

@@ -3,6 +3,7 @@ import NIOHTTP1
 import Testing
 
 @testable import CapGate
+@testable import CapGateDev
 
 #if canImport(Glibc)
     import Glibc

@@ -4,6 +4,7 @@ import Logging
 import Testing
 
 @testable import CapGate
+@testable import CapGateDev
 
 #if canImport(Glibc)
     import Glibc

@@ -70,10 +70,11 @@ struct GatewayParts {
             companySharePercent: configuration.proxyCompanyShare
         )
         self.router = buildRouter(
-            prefix: configuration.proxyPrefix, proxy: proxy, authenticator: authenticator, database: database, migrator: try? Migrator(),
-            metering: metering, tenants: TenantStore(database: database), periods: PeriodStore(database: database),
-            usage: UsageStore(database: database), billing: billing, metricsAccess: MetricsAccess(configuration: configuration)
-        )
+            GatewayServices(
+                proxyPrefix: configuration.proxyPrefix, proxy: proxy, authenticator: authenticator, database: database,
+                migrator: try? Migrator(), metering: metering, tenants: TenantStore(database: database),
+                periods: PeriodStore(database: database), usage: UsageStore(database: database), billing: billing,
+                metricsAccess: MetricsAccess(configuration: configuration)))
         // Shut down in reverse: the server drains first, then queued settlements are written,
         // then the upstream client closes, the spool is replayed a last time, and the pool closes.
         var services: [any Service] = [
@@ -108,15 +109,17 @@ struct GatewayParts {
 
 /// The router: health and metrics, the client usage routes, the admin API; the proxy prefix
 /// is handled by ``GatewayMiddleware`` in front of it.
-func buildRouter(
-    prefix: String, proxy: ProxyHandler, authenticator: Authenticator, database: Database, migrator: Migrator?,
-    metering: MeteringStore, tenants: TenantStore, periods: PeriodStore, usage: UsageStore, billing: BillingStore,
-    metricsAccess: MetricsAccess
-) -> Router<GatewayContext> {
+func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
+    let prefix = services.proxyPrefix
+    let database = services.database
+    let migrator = services.migrator
+    let metricsAccess = services.metricsAccess
+    let tenants = services.tenants
+    let authenticator = services.authenticator
     let router = Router(context: GatewayContext.self)
     let ownPaths: Set<String> = ["/v1/usage", "/v1/usage/check", "/healthz", "/readyz", "/metrics", "/openapi.yaml"]
     let methods = RouteMethods()
-    router.add(middleware: GatewayMiddleware(proxy: proxy, prefix: prefix, ownPaths: ownPaths, methods: methods))
+    router.add(middleware: GatewayMiddleware(proxy: services.proxy, prefix: prefix, ownPaths: ownPaths, methods: methods))
 
     router.get("/healthz") { _, _ in
         jsonResponse(.obj(["status": "ok"]))
@@ -155,15 +158,15 @@ func buildRouter(
 
     let console = ConsoleRoutes(database: database, tenants: tenants)
     console.registerPage(on: router)
-    let usageRoutes = UsageRoutes(metering: metering, usage: usage, tenants: tenants)
+    let usageRoutes = UsageRoutes(metering: services.metering, usage: services.usage, tenants: tenants)
     let client = router.group("v1").add(middleware: AuthMiddleware(authenticator: authenticator)).group(context: AuthenticatedContext.self)
     usageRoutes.registerClient(on: client)
 
     let admin = router.group("admin/v1").add(middleware: AuthMiddleware(authenticator: authenticator)).group(
         context: AuthenticatedContext.self)
-    OperatorRoutes(tenants: tenants, periods: periods).register(on: admin)
+    OperatorRoutes(tenants: tenants, periods: services.periods).register(on: admin)
     usageRoutes.registerAdmin(on: admin)
-    BillingRoutes(billing: billing).register(on: admin)
+    BillingRoutes(billing: services.billing).register(on: admin)
     FeatureRoutes(features: FeatureStore(database: tenants.database), prefix: prefix).register(on: admin)
     console.register(on: admin)
     NotificationRoutes(notifications: NotificationStore(database: tenants.database), tenants: tenants).register(on: admin)
@@ -172,11 +175,16 @@ func buildRouter(
 }
 
 /// A service that waits for shutdown, then runs `close` (so a client outlives the server).
-struct ClosingService: Service {
+package struct ClosingService: Service {
     let name: String
     let close: @Sendable () async throws -> Void
 
-    func run() async throws {
+    package init(name: String, close: @escaping @Sendable () async throws -> Void) {
+        self.name = name
+        self.close = close
+    }
+
+    package func run() async throws {
         try? await gracefulShutdown()
         try await close()
     }

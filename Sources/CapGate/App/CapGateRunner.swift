@@ -7,11 +7,16 @@ import ServiceLifecycle
 /// The bodies of the `capgate` subcommands, in the library so tests can drive them.
 public enum CapGateRunner {
     /// `capgate serve`: migrates (under the advisory lock), then runs the gateway until SIGTERM/SIGINT.
+    ///
+    /// The log output runs first in the group, so it stops last and the gateway's final lines
+    /// are written.
     public static func serve(configuration: CapGateConfiguration, logger: Logger) async throws {
         let url = try DatabaseURL(try configuration.require(configuration.databaseURL, key: "database.url"))
         _ = try await migrate(url: url, dryRun: false, logger: logger)
         let app = try await buildApplication(configuration: configuration, logger: logger)
-        try await app.runService()
+        let group = ServiceGroup(
+            configuration: .init(services: [LogOutput.standardError, app], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+        try await group.run()
     }
 
     /// Runs `body` with a short-lived client (for the one-shot commands).

@@ -12,7 +12,7 @@ public enum PeriodMath {
         var months: Int { self == .month ? 1 : 12 }
     }
 
-    static let calendar: Calendar = {
+    package static let calendar: Calendar = {
         var c = Calendar(identifier: .gregorian)
         c.timeZone = TimeZone(identifier: "UTC")!
         return c

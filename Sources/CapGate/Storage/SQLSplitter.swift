@@ -78,7 +78,7 @@ enum SQLSplitter {
 }
 
 extension String {
-    func trimmingWhitespace() -> String {
+    package func trimmingWhitespace() -> String {
         var s = Substring(self)
         while let f = s.first, f.isWhitespace { s = s.dropFirst() }
         while let l = s.last, l.isWhitespace { s = s.dropLast() }

@@ -108,6 +108,14 @@ extension JSON {
     public init(_ value: UUID?) { self = value.map { .string($0.uuidString.lowercased()) } ?? .null }
 }
 
+/// Literals, so a body or an answer reads as what it is: `.obj(["type": "error", "count": 1])`.
+extension JSON: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, ExpressibleByBooleanLiteral, ExpressibleByFloatLiteral {
+    public init(floatLiteral value: Double) { self = .double(value) }
+    public init(stringLiteral value: String) { self = .string(value) }
+    public init(integerLiteral value: Int64) { self = .int(value) }
+    public init(booleanLiteral value: Bool) { self = .bool(value) }
+}
+
 // MARK: - Parsing
 
 extension JSON: Decodable {

@@ -1,14 +1,6 @@
 import Foundation
 import Logging
 
-#if canImport(Glibc)
-    import Glibc
-    private let systemWrite = Glibc.write
-#elseif canImport(Darwin)
-    import Darwin
-    private let systemWrite = Darwin.write
-#endif
-
 /// One structured line per event, logfmt style: `time=… level=info msg=request request_id=…`.
 /// Metadata is sorted so lines diff cleanly; values with spaces, quotes, `=` or line breaks are
 /// quoted. Lines are built as bytes and leave through ``LogOutput`` (at 4,000 requests/s the
@@ -79,106 +71,5 @@ public struct LogfmtHandler: LogHandler {
             }
         }
         line.append(UInt8(ascii: "\""))
-    }
-}
-
-/// Where log lines go. Warnings and more severe lines are written at once (after anything
-/// gathered before them, so lines never reorder); lines below warning (info, notice, debug,
-/// trace) are gathered and written by a background thread about every 5 ms, one `write` for all
-/// of them instead of one per line. The standard error's gathered lines are also written when
-/// the process exits normally; a crash can lose the last few milliseconds of lines below
-/// warning, never a warning or an error.
-public final class LogOutput: @unchecked Sendable {
-    public static let standardError = LogOutput(descriptor: 2)
-
-    /// How long the writer waits for more lines after the first one arrives.
-    static let gather: useconds_t = 5_000
-    /// Past this many gathered bytes (the output cannot keep up) the caller writes them itself.
-    static let limit = 4 << 20
-
-    private let descriptor: Int32
-    /// Guards `pending` and `writerStarted`; the writer waits on it.
-    private let condition = NSCondition()
-    private var pending: [UInt8] = []
-    private var writerStarted = false
-    /// Held while bytes are written, so that writes from the writer and from callers keep order.
-    private let writing = NSLock()
-
-    init(descriptor: Int32) {
-        self.descriptor = descriptor
-    }
-
-    public func write(_ line: [UInt8], immediately: Bool) {
-        if immediately {
-            writing.lock()
-            defer { writing.unlock() }
-            var out = takePending()
-            out.append(contentsOf: line)
-            writeAll(out)
-            return
-        }
-        condition.lock()
-        let wasEmpty = pending.isEmpty
-        pending.append(contentsOf: line)
-        let full = pending.count > Self.limit
-        if !writerStarted {
-            writerStarted = true
-            startWriter()
-        }
-        if wasEmpty { condition.signal() }
-        condition.unlock()
-        if full { flush() }
-    }
-
-    /// Writes everything gathered so far (at exit, in tests).
-    public func flush() {
-        writing.lock()
-        defer { writing.unlock() }
-        writeAll(takePending())
-    }
-
-    private func takePending() -> [UInt8] {
-        condition.lock()
-        defer { condition.unlock() }
-        var out: [UInt8] = []
-        swap(&out, &pending)
-        return out
-    }
-
-    private func startWriter() {
-        let thread = Thread { [self] in
-            while true {
-                condition.lock()
-                while pending.isEmpty { condition.wait() }
-                condition.unlock()
-                usleep(Self.gather)
-                flush()
-            }
-        }
-        thread.name = "capgate-log"
-        thread.start()
-        if self === LogOutput.standardError {
-            atexit { LogOutput.standardError.flush() }
-        }
-    }
-
-    private func writeAll(_ bytes: [UInt8]) {
-        bytes.withUnsafeBytes { buffer in
-            var offset = 0
-            while offset < buffer.count {
-                let written = systemWrite(descriptor, buffer.baseAddress! + offset, buffer.count - offset)
-                if written < 0 {
-                    if errno == EINTR { continue }
-                    if errno == EAGAIN || errno == EWOULDBLOCK {
-                        // A non-blocking output that is full: wait for room rather than drop lines.
-                        var ready = pollfd(fd: descriptor, events: Int16(POLLOUT), revents: 0)
-                        _ = poll(&ready, 1, 100)
-                        continue
-                    }
-                    return
-                }
-                offset += written
-            }
-        }
     }
 }

@@ -10,6 +10,7 @@ import ServiceLifecycle
 import Synchronization
 
 @testable import CapGate
+@testable import CapGateDev
 
 /// A running gateway on a fresh database, with the mock provider, for one test.
 struct Harness: Sendable {

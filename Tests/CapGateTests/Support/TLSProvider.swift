@@ -6,6 +6,7 @@ import NIOSSL
 import Synchronization
 
 @testable import CapGate
+@testable import CapGateDev
 
 /// An `https` provider on 127.0.0.1 (NIOSSL with a certificate from ``TestPKI``), speaking
 /// HTTP/1.1 like the Anthropic API:

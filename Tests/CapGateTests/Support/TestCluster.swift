@@ -1,4 +1,5 @@
 import CapGate
+import CapGateDev
 import Foundation
 import Logging
 import PostgresNIO

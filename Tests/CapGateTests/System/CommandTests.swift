@@ -1,5 +1,6 @@
 import AsyncHTTPClient
 import CapGate
+import CapGateDev
 import Foundation
 import NIOCore
 import NIOHTTP1

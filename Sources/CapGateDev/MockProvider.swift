@@ -1,3 +1,4 @@
+import CapGate
 import Foundation
 import HTTPTypes
 import Hummingbird
@@ -223,11 +224,4 @@ public struct MockProvider: Sendable {
             }
         )
     }
-}
-
-extension JSON: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, ExpressibleByBooleanLiteral, ExpressibleByFloatLiteral {
-    public init(floatLiteral value: Double) { self = .double(value) }
-    public init(stringLiteral value: String) { self = .string(value) }
-    public init(integerLiteral value: Int64) { self = .int(value) }
-    public init(booleanLiteral value: Bool) { self = .bool(value) }
 }

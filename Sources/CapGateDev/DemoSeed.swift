@@ -1,3 +1,4 @@
+import CapGate
 import Foundation
 import Logging
 import PostgresNIO

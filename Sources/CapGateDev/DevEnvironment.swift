@@ -1,3 +1,4 @@
+import CapGate
 import Foundation
 import Hummingbird
 import Logging
@@ -58,7 +59,8 @@ public enum DevEnvironment {
         }
         configuration.operatorToken = seed.operatorToken
 
-        var services: [any Service] = []
+        // The log output first: it stops last, after the gateway's final lines.
+        var services: [any Service] = [LogOutput.standardError]
         if configuration.upstreamURL == nil {
             let mockPort = try EmbeddedPostgres.freePort()
             var mockLogger = logger

@@ -1,0 +1,17 @@
+/// What the router's routes are served by: the proxy, the authenticator and the stores, made
+/// once by ``GatewayParts`` (as the Hummingbird template's `buildRouter` takes one repository).
+struct GatewayServices {
+    /// Where provider calls are routed (`proxy.prefix`); ``GatewayMiddleware`` hands them to `proxy`.
+    var proxyPrefix: String
+    var proxy: ProxyHandler
+    var authenticator: Authenticator
+    var database: Database
+    /// nil when this build has no migrations to compare with (`/readyz` then only checks the database).
+    var migrator: Migrator?
+    var metering: MeteringStore
+    var tenants: TenantStore
+    var periods: PeriodStore
+    var usage: UsageStore
+    var billing: BillingStore
+    var metricsAccess: MetricsAccess
+}
