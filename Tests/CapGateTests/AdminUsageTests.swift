@@ -236,6 +236,35 @@ struct AdminUsageTests {
             #expect(last["users"]?.arrayValue?.reduce(0) { $0 + ($1["used"]?.intValue ?? 0) } == Int64(admitted))
         }
     }
+
+    @Test(
+        "the snapshot read's upgrade offer is the admission's: /v1/usage, the admin read and usage/check (MeteringStore.upgrade) agree on every plan"
+    )
+    func upgradeAgrees() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("free", company: 10, user: 5, sort: 0)
+            try await h.createPlan("low", company: 100, user: 5, sort: 1)
+            try await h.createPlan("mid", company: 100, user: 50, sort: 2)
+            try await h.createPlan("off", company: nil, user: nil, sort: 3)
+            #expect(try await h.op(.PUT, "/admin/v1/plans/off", .obj(["is_active": false])).status == 200)
+            try await h.createPlan("top", company: nil, user: nil, sort: 4)
+            try await h.createPlan("late", company: 20, user: 20, sort: 5)
+            func fields(_ offer: JSON?) -> [String] {
+                guard let offer, !offer.isNull else { return ["null"] }
+                return ["plan", "company_limit", "user_limit"].map { offer[$0].map { $0.serialized() } ?? "absent" }
+            }
+            for plan in ["free", "low", "mid", "top", "late", nil] as [String?] {
+                let (company, users) = try await h.createCompany(plan: plan, users: 1, role: "admin")
+                let key = [("x-api-key", users[0].key)]
+                let read = try await h.request(.GET, "/v1/usage", headers: key).json["upgrade"]
+                let admin = try await h.request(.GET, "/admin/v1/companies/\(company.text)/usage", headers: key).json["usage"]?["upgrade"]
+                let check = try await h.request(.GET, "/v1/usage/check?units=1", headers: key).json["usage"]?["upgrade"]
+                #expect(fields(read) == fields(check), "\(plan ?? "no plan")")
+                #expect(fields(admin) == fields(check), "\(plan ?? "no plan")")
+                #expect(read != nil && check != nil)
+            }
+        }
+    }
 }
 
 /// Set once when a burst of calls has ended, with how many were admitted.
