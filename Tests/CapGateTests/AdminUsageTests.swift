@@ -189,51 +189,105 @@ struct AdminUsageTests {
     }
 
     @Test(
-        "the admin usage read is one snapshot: while 8 users' calls are admitted, every read's company used is the sum of its users' used")
+        "usage reads are one snapshot: while 8 users' calls are admitted, the company's used, its users' sum and the feature counters agree in every read"
+    )
     func oneSnapshot() async throws {
         try await Harness.with { h in
             try await h.createPlan("p", company: 100_000, user: 100_000)
             let (company, users) = try await h.createCompany(plan: "p", users: 8, role: "admin")
+            // Every call is 1 unit of the unlimited feature `analysis`: its company period counter
+            // is the company's units, each user's its units (read by the second statement).
+            try await FeatureAdmissionTests.seed(h, plan: "p")
             let path = "/admin/v1/companies/\(company.text)/usage"
             let calls = 400
             let done = BurstDone()
-            var admitted = 0
-            let reads = try await withThrowingTaskGroup(of: [(company: Int64, users: Int64, count: Int)].self) { group in
+            /// Figures that one read must show equal, named for the failure message.
+            typealias Read = [(String, Int64?)]
+            func analysis(_ features: JSON?) -> JSON? { features?.arrayValue?.first { $0["id"]?.stringValue == "analysis" } }
+            func adminRead() async throws -> Read {
+                let json = try await h.op(.GET, path).json
+                let rows = json["users"]?.arrayValue ?? []
+                return [
+                    ("usage.company.used", json["usage"]?["company"]?["used"]?.intValue),
+                    ("sum of users[].used", rows.count == 8 ? rows.reduce(0) { $0 + ($1["used"]?.intValue ?? 0) } : nil),
+                    ("features[analysis].period.used", analysis(json["features"])?["period"]?["used"]?.intValue),
+                    (
+                        "sum of users[].features[analysis].user_period.used",
+                        rows.reduce(0) { $0 + (analysis($1["features"])?["user_period"]?["used"]?.intValue ?? 0) }
+                    ),
+                ]
+            }
+            func callerRead(_ key: String) async throws -> [Read] {
+                let json = try await h.request(.GET, "/v1/usage", headers: [("x-api-key", key)]).json
+                let feature = analysis(json["features"])
+                return [
+                    [
+                        ("company.used", json["company"]?["used"]?.intValue),
+                        ("features[analysis].period.used", feature?["period"]?["used"]?.intValue),
+                    ],
+                    [
+                        ("user.used", json["user"]?["used"]?.intValue),
+                        ("features[analysis].user_period.used", feature?["user_period"]?["used"]?.intValue),
+                    ],
+                ]
+            }
+            let reads = try await withThrowingTaskGroup(of: [Read].self) { group in
                 group.addTask {
                     let counts = try await ConcurrencyTests.burst(h, keys: users.map(\.key), count: calls, gateways: [h.gatewayURL])
                     await done.set(counts[200] ?? 0)
                     return []
                 }
-                for _ in 0..<3 {
+                for reader in 0..<3 {
                     group.addTask {
-                        var seen: [(company: Int64, users: Int64, count: Int)] = []
+                        var seen: [Read] = []
                         while await done.admitted == nil {
-                            let json = try await h.op(.GET, path).json
-                            let rows = json["users"]?.arrayValue ?? []
-                            seen.append(
-                                (
-                                    json["usage"]?["company"]?["used"]?.intValue ?? -1, rows.reduce(0) { $0 + ($1["used"]?.intValue ?? 0) },
-                                    rows.count
-                                ))
+                            if reader == 0 { seen += try await callerRead(users[1].key) } else { seen.append(try await adminRead()) }
                         }
                         return seen
                     }
                 }
-                var all: [(company: Int64, users: Int64, count: Int)] = []
+                var all: [Read] = []
                 for try await part in group { all += part }
                 return all
             }
-            admitted = await done.admitted ?? 0
+            let admitted = await done.admitted ?? 0
             #expect(admitted == calls)
             #expect(reads.count > 5, "too few reads overlapped the calls: \(reads.count)")
-            #expect(reads.contains { $0.company > 0 && $0.company < Int64(admitted) }, "no read saw calls in progress")
+            #expect(reads.contains { ($0[0].1 ?? 0) > 0 && ($0[0].1 ?? 0) < Int64(admitted) }, "no read saw calls in progress")
             for read in reads {
-                #expect(read.count == 8)
-                #expect(read.company == read.users, "company used \(read.company), users' sum \(read.users)")
+                #expect(read.allSatisfy { $0.1 != nil && $0.1 == read[0].1 }, "\(read)")
             }
-            let last = try await h.op(.GET, path).json
-            #expect(last["usage"]?["company"]?["used"]?.intValue == Int64(admitted))
-            #expect(last["users"]?.arrayValue?.reduce(0) { $0 + ($1["used"]?.intValue ?? 0) } == Int64(admitted))
+            let last = try await adminRead()
+            #expect(last.allSatisfy { $0.1 == Int64(admitted) }, "\(last)")
+        }
+    }
+
+    @Test(
+        "the snapshot read's upgrade offer is the admission's: /v1/usage, the admin read and usage/check (MeteringStore.upgrade) agree on every plan"
+    )
+    func upgradeAgrees() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("free", company: 10, user: 5, sort: 0)
+            try await h.createPlan("low", company: 100, user: 5, sort: 1)
+            try await h.createPlan("mid", company: 100, user: 50, sort: 2)
+            try await h.createPlan("off", company: nil, user: nil, sort: 3)
+            #expect(try await h.op(.PUT, "/admin/v1/plans/off", .obj(["is_active": false])).status == 200)
+            try await h.createPlan("top", company: nil, user: nil, sort: 4)
+            try await h.createPlan("late", company: 20, user: 20, sort: 5)
+            func fields(_ offer: JSON?) -> [String] {
+                guard let offer, !offer.isNull else { return ["null"] }
+                return ["plan", "company_limit", "user_limit"].map { offer[$0].map { $0.serialized() } ?? "absent" }
+            }
+            for plan in ["free", "low", "mid", "top", "late", nil] as [String?] {
+                let (company, users) = try await h.createCompany(plan: plan, users: 1, role: "admin")
+                let key = [("x-api-key", users[0].key)]
+                let read = try await h.request(.GET, "/v1/usage", headers: key).json["upgrade"]
+                let admin = try await h.request(.GET, "/admin/v1/companies/\(company.text)/usage", headers: key).json["usage"]?["upgrade"]
+                let check = try await h.request(.GET, "/v1/usage/check?units=1", headers: key).json["usage"]?["upgrade"]
+                #expect(fields(read) == fields(check), "\(plan ?? "no plan")")
+                #expect(fields(admin) == fields(check), "\(plan ?? "no plan")")
+                #expect(read != nil && check != nil)
+            }
         }
     }
 }

@@ -68,4 +68,28 @@ struct UsageModelTests {
                 + #""route":"/v1/messages","settlement":"settled","time":"2026-11-01T00:00:00Z","units":1,"upstream_status":200,"#
                 + #""user_id":"9f2c1d7e-0000-4000-8000-00000000000a"}"#)
     }
+
+    @Test("products, users and API keys: every key present, nulls written, the key's secret only when given")
+    func tenantRecords() throws {
+        #expect(
+            try Self.text(ProductRecord(productID: "app.low.monthly", planID: "low", interval: "month"))
+                == #"{"id":"app.low.monthly","interval":"month","plan_id":"low","product_id":"app.low.monthly"}"#)
+        let user = UserRecord(
+            id: Self.id, companyID: Self.id, email: nil, role: "admin", monthlyCap: nil, disabled: true, createdAt: Self.start)
+        #expect(
+            try Self.text(user)
+                == #"{"company_id":"9f2c1d7e-0000-4000-8000-00000000000a","created_at":"2026-11-01T00:00:00Z","disabled":true,"#
+                + #""email":null,"id":"9f2c1d7e-0000-4000-8000-00000000000a","monthly_cap":null,"role":"admin"}"#)
+        var key = ApiKeyRecord(
+            id: Self.id, userID: Self.id, prefix: "cg_ab", createdAt: Self.start, revokedAt: nil, features: nil, key: nil)
+        #expect(
+            try Self.text(key)
+                == #"{"created_at":"2026-11-01T00:00:00Z","features":null,"id":"9f2c1d7e-0000-4000-8000-00000000000a","#
+                + #""prefix":"cg_ab","revoked_at":null,"user_id":"9f2c1d7e-0000-4000-8000-00000000000a"}"#)
+        key.features = ["scan"]
+        key.revokedAt = Self.end
+        key.key = "cg_ab_secret"
+        #expect(try Self.text(key).contains(#""features":["scan"],"id":"#))
+        #expect(try Self.text(key).contains(#""key":"cg_ab_secret","prefix":"cg_ab","revoked_at":"2026-12-01T00:00:00Z""#))
+    }
 }

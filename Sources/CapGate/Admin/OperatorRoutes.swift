@@ -34,7 +34,7 @@ struct OperatorRoutes {
 
         group.get("products") { _, context in
             try context.requireOperator()
-            return jsonResponse(listJSON(try await tenants.products()))
+            return try jsonResponse(encoding: ListPage(try await tenants.products()))
         }
         group.post("products") { request, context in
             try context.requireOperator()
@@ -45,7 +45,8 @@ struct OperatorRoutes {
             guard interval == "month" || interval == "year" else {
                 throw GatewayError.invalidRequest("'interval' must be 'month' or 'year'.")
             }
-            return jsonResponse(try await tenants.createProduct(productID: product, planID: plan, interval: interval), status: .created)
+            return try jsonResponse(
+                encoding: try await tenants.createProduct(productID: product, planID: plan, interval: interval), status: .created)
         }
 
         group.post("companies") { request, context in
@@ -102,7 +103,7 @@ struct OperatorRoutes {
             let id = try context.parameters.uuid("id", what: "company")
             try context.requireAdmin(of: id)
             guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
-            return jsonResponse(listJSON(try await tenants.users(company: id)))
+            return try jsonResponse(encoding: ListPage(try await tenants.users(company: id)))
         }
         group.post("companies/{id}/users") { request, context in
             try context.requireOperator()
@@ -116,8 +117,9 @@ struct OperatorRoutes {
             if case .value(let v) = try fields.cap("monthly_cap") { cap = v }
             let disabled = try fields.bool("disabled") ?? false
             guard try await tenants.companyExists(company) else { throw GatewayError.notFound("No company with that id.") }
-            return jsonResponse(
-                try await tenants.createUser(company: company, id: id, email: email, role: role, monthlyCap: cap, disabled: disabled),
+            return try jsonResponse(
+                encoding: try await tenants.createUser(
+                    company: company, id: id, email: email, role: role, monthlyCap: cap, disabled: disabled),
                 status: .created
             )
         }
@@ -140,8 +142,9 @@ struct OperatorRoutes {
             guard try await tenants.user(company: company, id: user) != nil else {
                 throw GatewayError.notFound("No user with that id in this company.")
             }
-            return jsonResponse(
-                try await tenants.updateUser(company: company, id: user, email: email, role: role, monthlyCap: cap, disabled: disabled)
+            return try jsonResponse(
+                encoding: try await tenants.updateUser(
+                    company: company, id: user, email: email, role: role, monthlyCap: cap, disabled: disabled)
             )
         }
 
@@ -149,7 +152,7 @@ struct OperatorRoutes {
             let company = try context.parameters.uuid("id", what: "company")
             try context.requireAdmin(of: company)
             guard try await tenants.companyExists(company) else { throw GatewayError.notFound("No company with that id.") }
-            return jsonResponse(listJSON(try await tenants.keys(company: company)))
+            return try jsonResponse(encoding: ListPage(try await tenants.keys(company: company)))
         }
         group.post("companies/{id}/api-keys") { request, context in
             try context.requireOperator()
@@ -163,7 +166,8 @@ struct OperatorRoutes {
                 throw GatewayError.notFound("No user with that id in this company.")
             }
             try await FeatureStore(database: tenants.database).checkFeaturesExist(features, field: "features")
-            return jsonResponse(try await tenants.createKey(company: company, user: user, features: features), status: .created)
+            return try jsonResponse(
+                encoding: try await tenants.createKey(company: company, user: user, features: features), status: .created)
         }
         group.delete("companies/{id}/api-keys/{keyId}") { _, context in
             try context.requireOperator()
@@ -172,7 +176,7 @@ struct OperatorRoutes {
             guard let revoked = try await tenants.revokeKey(company: company, id: key) else {
                 throw GatewayError.notFound("No API key with that id in this company.")
             }
-            return jsonResponse(revoked)
+            return try jsonResponse(encoding: revoked)
         }
     }
 

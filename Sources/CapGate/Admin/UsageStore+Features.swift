@@ -59,61 +59,59 @@ extension UsageStore {
     func featureRows(
         on connection: PostgresConnection, company: UUID, user: UUID?, only: String?, at: Date
     ) async throws -> [(name: String, isActive: Bool, inPlan: Bool, periodStart: Date?, usage: FeatureUsage?)] {
-        do {
-            let rows = try await connection.query(
-                """
-                WITH p AS (
-                    SELECT pp.plan_id, pp.started_at, pp.ends_at,
-                           capgate_day_start(\(at), c.time_zone) AS day_start, capgate_day_end(\(at), c.time_zone) AS day_end
-                      FROM plan_periods pp JOIN companies c ON c.id = pp.company_id
-                     WHERE pp.company_id = \(company) AND pp.started_at <= \(at) AND pp.ends_at > \(at)
-                )
-                SELECT f.id, f.name, f.is_active, e.feature_id IS NOT NULL, coalesce(e.enabled, false),
-                       e.daily_limit, e.period_limit, e.user_daily_limit, e.user_period_limit, p.day_start, p.day_end, p.ends_at,
-                       coalesce(cd.used, 0), coalesce(cp.used, 0),
-                       coalesce(u.ids, '{}'::uuid[]), coalesce(u.day, '{}'::bigint[]), coalesce(u.period, '{}'::bigint[]),
-                       p.started_at
-                  FROM features f
-                  LEFT JOIN p ON true
-                  LEFT JOIN plan_features e ON e.plan_id = p.plan_id AND e.feature_id = f.id
-                  LEFT JOIN company_feature_usage cd
-                         ON cd.company_id = \(company) AND cd.feature_id = f.id AND cd.span = 'day' AND cd.starts_at = p.day_start
-                  LEFT JOIN company_feature_usage cp
-                         ON cp.company_id = \(company) AND cp.feature_id = f.id AND cp.span = 'period' AND cp.starts_at = p.started_at
-                  LEFT JOIN LATERAL (
-                      SELECT array_agg(s.id ORDER BY s.id) AS ids, array_agg(s.day ORDER BY s.id) AS day,
-                             array_agg(s.period ORDER BY s.id) AS period
-                        FROM (SELECT usr.id, coalesce(ud.used, 0) AS day, coalesce(up.used, 0) AS period
-                                FROM users usr
-                                LEFT JOIN user_feature_usage ud
-                                       ON ud.company_id = usr.company_id AND ud.user_id = usr.id AND ud.feature_id = f.id
-                                      AND ud.span = 'day' AND ud.starts_at = p.day_start
-                                LEFT JOIN user_feature_usage up
-                                       ON up.company_id = usr.company_id AND up.user_id = usr.id AND up.feature_id = f.id
-                                      AND up.span = 'period' AND up.starts_at = p.started_at
-                               WHERE usr.company_id = \(company) AND (\(user)::uuid IS NULL OR usr.id = \(user)::uuid)
-                                 AND (ud.used IS NOT NULL OR up.used IS NOT NULL)) s
-                  ) u ON e.feature_id IS NOT NULL
-                 WHERE CASE WHEN \(only)::text IS NULL THEN e.feature_id IS NOT NULL AND f.is_active ELSE f.id = \(only)::text END
-                 ORDER BY f.sort_order, f.id
-                """,
-                logger: logger
+        let rows = try await connection.query(
+            """
+            WITH p AS (
+                SELECT pp.plan_id, pp.started_at, pp.ends_at,
+                       capgate_day_start(\(at), c.time_zone) AS day_start, capgate_day_end(\(at), c.time_zone) AS day_end
+                  FROM plan_periods pp JOIN companies c ON c.id = pp.company_id
+                 WHERE pp.company_id = \(company) AND pp.started_at <= \(at) AND pp.ends_at > \(at)
             )
-            var out: [(name: String, isActive: Bool, inPlan: Bool, periodStart: Date?, usage: FeatureUsage?)] = []
-            for try await r in rows.decode(FeatureRow.self) {
-                var usage: FeatureUsage? = nil
-                if r.3, let dayStart = r.9, let dayEnd = r.10, let periodEnd = r.11 {
-                    var users: [UUID: FeatureUsage.Used] = [:]
-                    for (i, id) in r.14.enumerated() where i < r.15.count && i < r.16.count {
-                        users[id] = FeatureUsage.Used(day: r.15[i], period: r.16[i])
-                    }
-                    usage = FeatureUsage(
-                        id: r.0, name: r.1, enabled: r.4, dailyLimit: r.5, periodLimit: r.6, userDailyLimit: r.7, userPeriodLimit: r.8,
-                        dayStart: dayStart, dayEnd: dayEnd, periodEnd: periodEnd, company: .init(day: r.12, period: r.13), users: users)
+            SELECT f.id, f.name, f.is_active, e.feature_id IS NOT NULL, coalesce(e.enabled, false),
+                   e.daily_limit, e.period_limit, e.user_daily_limit, e.user_period_limit, p.day_start, p.day_end, p.ends_at,
+                   coalesce(cd.used, 0), coalesce(cp.used, 0),
+                   coalesce(u.ids, '{}'::uuid[]), coalesce(u.day, '{}'::bigint[]), coalesce(u.period, '{}'::bigint[]),
+                   p.started_at
+              FROM features f
+              LEFT JOIN p ON true
+              LEFT JOIN plan_features e ON e.plan_id = p.plan_id AND e.feature_id = f.id
+              LEFT JOIN company_feature_usage cd
+                     ON cd.company_id = \(company) AND cd.feature_id = f.id AND cd.span = 'day' AND cd.starts_at = p.day_start
+              LEFT JOIN company_feature_usage cp
+                     ON cp.company_id = \(company) AND cp.feature_id = f.id AND cp.span = 'period' AND cp.starts_at = p.started_at
+              LEFT JOIN LATERAL (
+                  SELECT array_agg(s.id ORDER BY s.id) AS ids, array_agg(s.day ORDER BY s.id) AS day,
+                         array_agg(s.period ORDER BY s.id) AS period
+                    FROM (SELECT usr.id, coalesce(ud.used, 0) AS day, coalesce(up.used, 0) AS period
+                            FROM users usr
+                            LEFT JOIN user_feature_usage ud
+                                   ON ud.company_id = usr.company_id AND ud.user_id = usr.id AND ud.feature_id = f.id
+                                  AND ud.span = 'day' AND ud.starts_at = p.day_start
+                            LEFT JOIN user_feature_usage up
+                                   ON up.company_id = usr.company_id AND up.user_id = usr.id AND up.feature_id = f.id
+                                  AND up.span = 'period' AND up.starts_at = p.started_at
+                           WHERE usr.company_id = \(company) AND (\(user)::uuid IS NULL OR usr.id = \(user)::uuid)
+                             AND (ud.used IS NOT NULL OR up.used IS NOT NULL)) s
+              ) u ON e.feature_id IS NOT NULL
+             WHERE CASE WHEN \(only)::text IS NULL THEN e.feature_id IS NOT NULL AND f.is_active ELSE f.id = \(only)::text END
+             ORDER BY f.sort_order, f.id
+            """,
+            logger: logger
+        )
+        var out: [(name: String, isActive: Bool, inPlan: Bool, periodStart: Date?, usage: FeatureUsage?)] = []
+        for try await r in rows.decode(FeatureRow.self) {
+            var usage: FeatureUsage? = nil
+            if r.3, let dayStart = r.9, let dayEnd = r.10, let periodEnd = r.11 {
+                var users: [UUID: FeatureUsage.Used] = [:]
+                for (i, id) in r.14.enumerated() where i < r.15.count && i < r.16.count {
+                    users[id] = FeatureUsage.Used(day: r.15[i], period: r.16[i])
                 }
-                out.append((name: r.1, isActive: r.2, inPlan: r.3, periodStart: r.17, usage: usage))
+                usage = FeatureUsage(
+                    id: r.0, name: r.1, enabled: r.4, dailyLimit: r.5, periodLimit: r.6, userDailyLimit: r.7, userPeriodLimit: r.8,
+                    dayStart: dayStart, dayEnd: dayEnd, periodEnd: periodEnd, company: .init(day: r.12, period: r.13), users: users)
             }
-            return out
+            out.append((name: r.1, isActive: r.2, inPlan: r.3, periodStart: r.17, usage: usage))
         }
+        return out
     }
 }

@@ -22,13 +22,15 @@ extension UsageStore {
 
     /// One read of the period containing `at`. When none does, the company is first moved into
     /// it (`capgate_roll_company`, as the next call's admission and ``MeteringStore/state(companyID:userID:at:)``
-    /// do), then read again.
+    /// do), then read again if that changed anything.
     func current(company: UUID, user: UUID?, at: Date) async throws -> CurrentRead {
         let read = try await snapshotRead(company: company, user: user, at: at)
         guard read.company != nil, read.state.periodStart == nil else { return read }
-        try await database.run { client in
-            _ = try await client.query("SELECT capgate_roll_company(\(company), \(at))", logger: logger).collect()
+        let change = try await database.run { client in
+            try await client.query("SELECT capgate_roll_company(\(company), \(at))", logger: logger).decode(String.self).collect().first
         }
+        // 'none': nothing was due (no period ever, or one starting later); the read stands.
+        guard change != "none" else { return read }
         return try await snapshotRead(company: company, user: user, at: at)
     }
 

@@ -106,19 +106,18 @@ public struct TenantStore: Sendable {
 
     // MARK: products
 
-    public func products() async throws -> [JSON] {
+    public func products() async throws -> [ProductRecord] {
         try await database.run { client in
-            var out: [JSON] = []
+            var out: [ProductRecord] = []
             let rows = try await client.query("SELECT product_id, plan_id, interval FROM products ORDER BY product_id", logger: logger)
             for try await (product, plan, interval) in rows.decode((String, String, String).self) {
-                out.append(
-                    .obj(["id": .string(product), "product_id": .string(product), "plan_id": .string(plan), "interval": .string(interval)]))
+                out.append(ProductRecord(productID: product, planID: plan, interval: interval))
             }
             return out
         }
     }
 
-    public func createProduct(productID: String, planID: String, interval: String) async throws -> JSON {
+    public func createProduct(productID: String, planID: String, interval: String) async throws -> ProductRecord {
         guard try await plan(planID) != nil else { throw GatewayError.notFound("No plan with id '\(planID)'.") }
         do {
             try await database.run { client in
@@ -131,7 +130,7 @@ public struct TenantStore: Sendable {
             guard state == "23505" else { throw GatewayError.invalidRequest("The product's fields are not valid.") }
             throw GatewayError.conflict("A product with id '\(productID)' already exists.")
         }
-        return .obj(["id": .string(productID), "product_id": .string(productID), "plan_id": .string(planID), "interval": .string(interval)])
+        return ProductRecord(productID: productID, planID: planID, interval: interval)
     }
 
     // MARK: companies
@@ -212,37 +211,35 @@ public struct TenantStore: Sendable {
 
     // MARK: users
 
-    static func userJSON(_ r: (UUID, UUID, String?, String, Int64?, Bool, Date)) -> JSON {
-        .obj([
-            "id": JSON(r.0), "company_id": JSON(r.1), "email": JSON(r.2), "role": .string(r.3),
-            "monthly_cap": JSON(r.4), "disabled": .bool(r.5), "created_at": JSON(r.6),
-        ])
-    }
+    /// A row of `SELECT id, company_id, email, role, monthly_cap, disabled, created_at FROM users`.
+    typealias UserRow = (UUID, UUID, String?, String, Int64?, Bool, Date)
 
-    public func user(company: UUID, id: UUID) async throws -> JSON? {
+    public func user(company: UUID, id: UUID) async throws -> UserRecord? {
         try await database.run { client in
             let rows = try await client.query(
                 "SELECT id, company_id, email, role, monthly_cap, disabled, created_at FROM users WHERE company_id = \(company) AND id = \(id)",
                 logger: logger
             )
-            for try await r in rows.decode((UUID, UUID, String?, String, Int64?, Bool, Date).self) { return Self.userJSON(r) }
+            for try await r in rows.decode(UserRow.self) { return UserRecord(r) }
             return nil
         }
     }
 
-    public func users(company: UUID) async throws -> [JSON] {
+    public func users(company: UUID) async throws -> [UserRecord] {
         try await database.run { client in
-            var out: [JSON] = []
+            var out: [UserRecord] = []
             let rows = try await client.query(
                 "SELECT id, company_id, email, role, monthly_cap, disabled, created_at FROM users WHERE company_id = \(company) ORDER BY created_at, id",
                 logger: logger
             )
-            for try await r in rows.decode((UUID, UUID, String?, String, Int64?, Bool, Date).self) { out.append(Self.userJSON(r)) }
+            for try await r in rows.decode(UserRow.self) { out.append(UserRecord(r)) }
             return out
         }
     }
 
-    public func createUser(company: UUID, id: UUID, email: String?, role: String, monthlyCap: Int64?, disabled: Bool) async throws -> JSON {
+    public func createUser(
+        company: UUID, id: UUID, email: String?, role: String, monthlyCap: Int64?, disabled: Bool
+    ) async throws -> UserRecord? {
         do {
             try await database.run { client in
                 try await client.query(
@@ -257,12 +254,12 @@ public struct TenantStore: Sendable {
             guard state == "23505" else { throw GatewayError.invalidRequest("The user's fields are not valid.") }
             throw GatewayError.conflict("A user with id \(id.uuidString.lowercased()) already exists.")
         }
-        return try await user(company: company, id: id) ?? .null
+        return try await user(company: company, id: id)
     }
 
     public func updateUser(
         company: UUID, id: UUID, email: String??, role: String?, monthlyCap: Int64??, disabled: Bool?
-    ) async throws -> JSON {
+    ) async throws -> UserRecord? {
         try await database.run { client in
             let setEmail = email != nil
             let setCap = monthlyCap != nil
@@ -278,27 +275,22 @@ public struct TenantStore: Sendable {
                 logger: logger
             )
         }
-        return try await user(company: company, id: id) ?? .null
+        return try await user(company: company, id: id)
     }
 
     // MARK: API keys
 
-    static func keyJSON(
-        id: UUID, userID: UUID, prefix: String, createdAt: Date, revokedAt: Date?, features: [String]?, key: String? = nil
-    ) -> JSON {
-        var fields: [JSON.Field] = [
-            .init("id", JSON(id)), .init("user_id", JSON(userID)), .init("prefix", .string(prefix)),
-            .init("created_at", JSON(createdAt)), .init("revoked_at", JSON(revokedAt)),
-            .init("features", features.map { .array($0.map(JSON.string)) } ?? .null),
-        ]
-        if let key { fields.append(.init("key", .string(key))) }
-        return .object(fields)
+    /// A row of `SELECT id, user_id, prefix, created_at, revoked_at, features FROM api_keys`.
+    typealias KeyRow = (UUID, UUID, String, Date, Date?, [String]?)
+
+    static func keyRecord(_ r: KeyRow) -> ApiKeyRecord {
+        ApiKeyRecord(id: r.0, userID: r.1, prefix: r.2, createdAt: r.3, revokedAt: r.4, features: r.5, key: nil)
     }
 
     /// Creates a key for a user of the company; the key itself is returned once and never stored.
     /// `features`: the features the key may be charged to (SPEC §8), nil for an unbound key; the
     /// caller checks that they exist.
-    public func createKey(company: UUID, user: UUID, features: [String]? = nil) async throws -> JSON {
+    public func createKey(company: UUID, user: UUID, features: [String]? = nil) async throws -> ApiKeyRecord {
         let (key, prefix, hash) = ApiKeyGenerator.make()
         let id = UUID()
         let created = try await database.run { client in
@@ -312,12 +304,12 @@ public struct TenantStore: Sendable {
             for try await date in rows.decode(Date.self) { return date }
             return Date()
         }
-        return Self.keyJSON(id: id, userID: user, prefix: prefix, createdAt: created, revokedAt: nil, features: features, key: key)
+        return ApiKeyRecord(id: id, userID: user, prefix: prefix, createdAt: created, revokedAt: nil, features: features, key: key)
     }
 
-    public func keys(company: UUID) async throws -> [JSON] {
+    public func keys(company: UUID) async throws -> [ApiKeyRecord] {
         try await database.run { client in
-            var out: [JSON] = []
+            var out: [ApiKeyRecord] = []
             let rows = try await client.query(
                 """
                 SELECT id, user_id, prefix, created_at, revoked_at, features FROM api_keys
@@ -325,15 +317,13 @@ public struct TenantStore: Sendable {
                 """,
                 logger: logger
             )
-            for try await r in rows.decode((UUID, UUID, String, Date, Date?, [String]?).self) {
-                out.append(Self.keyJSON(id: r.0, userID: r.1, prefix: r.2, createdAt: r.3, revokedAt: r.4, features: r.5))
-            }
+            for try await r in rows.decode(KeyRow.self) { out.append(Self.keyRecord(r)) }
             return out
         }
     }
 
     /// Revokes a key at once; revoking twice keeps the first time. nil when unknown.
-    public func revokeKey(company: UUID, id: UUID) async throws -> JSON? {
+    public func revokeKey(company: UUID, id: UUID) async throws -> ApiKeyRecord? {
         try await database.run { client in
             let rows = try await client.query(
                 """
@@ -343,9 +333,7 @@ public struct TenantStore: Sendable {
                 """,
                 logger: logger
             )
-            for try await r in rows.decode((UUID, UUID, String, Date, Date?, [String]?).self) {
-                return Self.keyJSON(id: r.0, userID: r.1, prefix: r.2, createdAt: r.3, revokedAt: r.4, features: r.5)
-            }
+            for try await r in rows.decode(KeyRow.self) { return Self.keyRecord(r) }
             return nil
         }
     }

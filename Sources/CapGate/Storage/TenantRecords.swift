@@ -1,0 +1,99 @@
+import Foundation
+
+/// A store product mapped to a plan (SPEC §5), as the operator API shows it.
+public struct ProductRecord: Sendable, Equatable {
+    public var productID: String
+    public var planID: String
+    /// `month` or `year`.
+    public var interval: String
+}
+
+extension ProductRecord: Encodable {
+    enum CodingKeys: String, CodingKey { case id, productID = "product_id", planID = "plan_id", interval }
+
+    /// `id` repeats `product_id` (a create answers with the created object's `id`).
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(productID, forKey: .id)
+        try c.encode(productID, forKey: .productID)
+        try c.encode(planID, forKey: .planID)
+        try c.encode(interval, forKey: .interval)
+    }
+}
+
+/// A user of a company (SPEC §5).
+public struct UserRecord: Sendable, Equatable {
+    public var id: UUID
+    public var companyID: UUID
+    public var email: String?
+    /// `member` or `admin`.
+    public var role: String
+    /// The user's own cap, overriding the plan's per-user cap; nil: the plan's.
+    public var monthlyCap: Int64?
+    public var disabled: Bool
+    public var createdAt: Date
+
+    /// A row of ``TenantStore/UserRow``.
+    init(_ r: TenantStore.UserRow) {
+        self.init(id: r.0, companyID: r.1, email: r.2, role: r.3, monthlyCap: r.4, disabled: r.5, createdAt: r.6)
+    }
+
+    public init(id: UUID, companyID: UUID, email: String?, role: String, monthlyCap: Int64?, disabled: Bool, createdAt: Date) {
+        self.id = id
+        self.companyID = companyID
+        self.email = email
+        self.role = role
+        self.monthlyCap = monthlyCap
+        self.disabled = disabled
+        self.createdAt = createdAt
+    }
+}
+
+extension UserRecord: Encodable {
+    enum CodingKeys: String, CodingKey {
+        case id, companyID = "company_id", email, role, monthlyCap = "monthly_cap", disabled, createdAt = "created_at"
+    }
+
+    /// Every key present (`null` for no email or no override); ids in lower case.
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(id.uuidString.lowercased(), forKey: .id)
+        try c.encode(companyID.uuidString.lowercased(), forKey: .companyID)
+        try c.encode(email, forKey: .email)
+        try c.encode(role, forKey: .role)
+        try c.encode(monthlyCap, forKey: .monthlyCap)
+        try c.encode(disabled, forKey: .disabled)
+        try c.encode(Timestamp.format(createdAt), forKey: .createdAt)
+    }
+}
+
+/// An API key (SPEC §5): never its secret, except ``key`` in the answer that created it.
+public struct ApiKeyRecord: Sendable, Equatable {
+    public var id: UUID
+    public var userID: UUID
+    public var prefix: String
+    public var createdAt: Date
+    public var revokedAt: Date?
+    /// The features it may be charged to (SPEC §8); nil: unbound.
+    public var features: [String]?
+    /// The key itself, only when just created (it is stored as a hash).
+    public var key: String?
+}
+
+extension ApiKeyRecord: Encodable {
+    enum CodingKeys: String, CodingKey {
+        case id, userID = "user_id", prefix, createdAt = "created_at", revokedAt = "revoked_at", features, key
+    }
+
+    /// Every key present (`null` when not revoked or unbound), `key` only when there is one.
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(id.uuidString.lowercased(), forKey: .id)
+        try c.encode(userID.uuidString.lowercased(), forKey: .userID)
+        try c.encode(prefix, forKey: .prefix)
+        try c.encode(Timestamp.format(createdAt), forKey: .createdAt)
+        try c.encode(revokedAt.map(Timestamp.format), forKey: .revokedAt)
+        try c.encode(features, forKey: .features)
+        try c.encodeIfPresent(key, forKey: .key)
+    }
+}
