@@ -72,7 +72,7 @@ struct GatewayParts {
         self.router = buildRouter(
             GatewayServices(
                 proxyPrefix: configuration.proxyPrefix, proxy: proxy, authenticator: authenticator, database: database,
-                migrator: try? Migrator(), metering: metering, tenants: TenantStore(database: database),
+                migrator: Migrator(), metering: metering, tenants: TenantStore(database: database),
                 periods: PeriodStore(database: database), usage: UsageStore(database: database), billing: billing,
                 metricsAccess: MetricsAccess(configuration: configuration)))
         // Shut down in reverse: the server drains first, then queued settlements are written,
@@ -127,11 +127,7 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
     router.get("/readyz") { _, _ in
         do {
             let pending = try await database.run { client in
-                guard let migrator else {
-                    _ = try await client.query("SELECT 1", logger: database.logger).collect()
-                    return 0
-                }
-                return try await migrator.pending(client: client, logger: database.logger).count
+                try await migrator.pending(client: client, logger: database.logger).count
             }
             guard pending == 0 else {
                 return notReady(
