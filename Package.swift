@@ -48,8 +48,14 @@ let package = Package(
                 .product(name: "NIOTLS", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
-            ]
+            ],
+            plugins: ["EmbedResourcesPlugin"]
         ),
+        // db/, console/ and openapi.yaml stay at the package root (the README and the docs point
+        // there); this build tool plugin embeds their text into CapGate, so the binary alone,
+        // copied anywhere and run from any folder, has them.
+        .executableTarget(name: "EmbedResources"),
+        .plugin(name: "EmbedResourcesPlugin", capability: .buildTool(), dependencies: ["EmbedResources"]),
         // What only `capgate dev` and the tests need: the mock providers, the demo seed, the
         // embedded PostgreSQL. The gateway library never links it.
         .target(

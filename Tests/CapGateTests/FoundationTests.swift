@@ -42,8 +42,9 @@ struct FoundationTests {
         let folder = NSTemporaryDirectory() + "migrations-\(UUID().uuidString)"
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: folder) }
-        for name in try FileManager.default.contentsOfDirectory(atPath: Migrator.defaultFolder()) where name.hasSuffix(".sql") {
-            var text = try String(contentsOfFile: Migrator.defaultFolder() + "/" + name, encoding: .utf8)
+        let source = SDKTests.root.appendingPathComponent("db/migrations").path
+        for name in try FileManager.default.contentsOfDirectory(atPath: source) where name.hasSuffix(".sql") {
+            var text = try String(contentsOfFile: source + "/" + name, encoding: .utf8)
             if name.hasPrefix("0001") { text += "\n-- edited\n" }
             try text.write(toFile: folder + "/" + name, atomically: true, encoding: .utf8)
         }
@@ -65,7 +66,7 @@ struct FoundationTests {
         // A copy of db/ whose functions are edited.
         let root = NSTemporaryDirectory() + "db-\(UUID().uuidString)"
         defer { try? FileManager.default.removeItem(atPath: root) }
-        let source = URL(fileURLWithPath: Migrator.defaultFolder()).deletingLastPathComponent().path
+        let source = SDKTests.root.appendingPathComponent("db").path
         try FileManager.default.copyItem(atPath: source, toPath: root)
         func migrate() async throws -> [String] {
             let migrator = try Migrator(folder: root + "/migrations")
@@ -192,7 +193,7 @@ struct FoundationTests {
         async let a = CapGateRunner.migrate(url: url, dryRun: false, logger: logger)
         async let b = CapGateRunner.migrate(url: url, dryRun: false, logger: logger)
         let lines = try await a + b
-        #expect(lines.filter { $0.hasPrefix("applied") }.count == (try Migrator().migrations.count) + 1)
+        #expect(lines.filter { $0.hasPrefix("applied") }.count == Migrator().migrations.count + 1)
         #expect(lines.filter { $0 == "nothing to apply" }.count == 1)
     }
 }

@@ -2,9 +2,10 @@ import Foundation
 import Hummingbird
 
 /// SPEC §10: the usage console. The page is plain files under `console/` in the repository
-/// (HTML, CSS, JavaScript, no build step), served with their content types, a strict
-/// Content-Security-Policy and no caching of stale code; its data comes from the JSON API, plus
-/// the daily read here and `GET /admin/v1/me` (who the pasted credential is).
+/// (HTML, CSS, JavaScript, no build step; embedded into the binary when it is built), served
+/// with their content types, a strict Content-Security-Policy and no caching of stale code; its
+/// data comes from the JSON API, plus the daily read here and `GET /admin/v1/me` (who the
+/// pasted credential is).
 struct ConsoleRoutes {
     let database: Database
     let tenants: TenantStore
@@ -20,28 +21,19 @@ struct ConsoleRoutes {
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
         + "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
-    /// The folder holding the console's files: `console/` in the working directory, or in the
-    /// checkout this binary was built from.
-    static func folder() -> String? {
-        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-            .deletingLastPathComponent().deletingLastPathComponent()
-        for candidate in [FileManager.default.currentDirectoryPath + "/console", root.appendingPathComponent("console").path] {
-            if FileManager.default.fileExists(atPath: candidate + "/index.html") { return candidate }
-        }
-        return nil
-    }
-
+    /// A file of the page, from `console/` as this binary was built with it (the same from any
+    /// working directory).
     static func file(_ name: String) throws -> Response {
-        guard let type = files[name], let folder = folder(),
-            let data = FileManager.default.contents(atPath: folder + "/" + name)
-        else { throw GatewayError.notFound("The console is not available in this build.") }
+        guard let type = files[name], let text = EmbeddedFiles.text("console/" + name) else {
+            throw GatewayError.notFound("The console is not available in this build.")
+        }
         var headers = HTTPFields()
         headers[.contentType] = type
         headers[.cacheControl] = "no-cache"
         headers[.contentSecurityPolicy] = contentSecurityPolicy
         headers[.init("x-content-type-options")!] = "nosniff"
         headers[.init("referrer-policy")!] = "no-referrer"
-        return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: data)))
+        return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: text)))
     }
 
     func registerPage(on router: Router<GatewayContext>) {

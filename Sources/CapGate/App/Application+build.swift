@@ -72,7 +72,7 @@ struct GatewayParts {
         self.router = buildRouter(
             GatewayServices(
                 proxyPrefix: configuration.proxyPrefix, proxy: proxy, authenticator: authenticator, database: database,
-                migrator: try? Migrator(), metering: metering, tenants: TenantStore(database: database),
+                migrator: Migrator(), metering: metering, tenants: TenantStore(database: database),
                 periods: PeriodStore(database: database), usage: UsageStore(database: database), billing: billing,
                 metricsAccess: MetricsAccess(configuration: configuration)))
         // Shut down in reverse: the server drains first, then queued settlements are written,
@@ -110,16 +110,14 @@ struct GatewayParts {
 /// The router: health and metrics, the client usage routes, the admin API; the proxy prefix
 /// is handled by ``GatewayMiddleware`` in front of it.
 func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
-    let prefix = services.proxyPrefix
+    // What the route closures capture.
     let database = services.database
     let migrator = services.migrator
     let metricsAccess = services.metricsAccess
-    let tenants = services.tenants
-    let authenticator = services.authenticator
     let router = Router(context: GatewayContext.self)
     let ownPaths: Set<String> = ["/v1/usage", "/v1/usage/check", "/healthz", "/readyz", "/metrics", "/openapi.yaml"]
     let methods = RouteMethods()
-    router.add(middleware: GatewayMiddleware(proxy: services.proxy, prefix: prefix, ownPaths: ownPaths, methods: methods))
+    router.add(middleware: GatewayMiddleware(proxy: services.proxy, prefix: services.proxyPrefix, ownPaths: ownPaths, methods: methods))
 
     router.get("/healthz") { _, _ in
         jsonResponse(.obj(["status": "ok"]))
@@ -127,11 +125,7 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
     router.get("/readyz") { _, _ in
         do {
             let pending = try await database.run { client in
-                guard let migrator else {
-                    _ = try await client.query("SELECT 1", logger: database.logger).collect()
-                    return 0
-                }
-                return try await migrator.pending(client: client, logger: database.logger).count
+                try await migrator.pending(client: client, logger: database.logger).count
             }
             guard pending == 0 else {
                 return notReady(
@@ -156,20 +150,21 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
         return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: text)))
     }
 
-    let console = ConsoleRoutes(database: database, tenants: tenants)
+    let console = ConsoleRoutes(database: database, tenants: services.tenants)
     console.registerPage(on: router)
-    let usageRoutes = UsageRoutes(metering: services.metering, usage: services.usage, tenants: tenants)
-    let client = router.group("v1").add(middleware: AuthMiddleware(authenticator: authenticator)).group(context: AuthenticatedContext.self)
+    let usageRoutes = UsageRoutes(metering: services.metering, usage: services.usage, tenants: services.tenants)
+    let client = router.group("v1").add(middleware: AuthMiddleware(authenticator: services.authenticator)).group(
+        context: AuthenticatedContext.self)
     usageRoutes.registerClient(on: client)
 
-    let admin = router.group("admin/v1").add(middleware: AuthMiddleware(authenticator: authenticator)).group(
+    let admin = router.group("admin/v1").add(middleware: AuthMiddleware(authenticator: services.authenticator)).group(
         context: AuthenticatedContext.self)
-    OperatorRoutes(tenants: tenants, periods: services.periods).register(on: admin)
+    OperatorRoutes(tenants: services.tenants, periods: services.periods).register(on: admin)
     usageRoutes.registerAdmin(on: admin)
     BillingRoutes(billing: services.billing).register(on: admin)
-    FeatureRoutes(features: FeatureStore(database: tenants.database), prefix: prefix).register(on: admin)
+    FeatureRoutes(features: FeatureStore(database: services.tenants.database), prefix: services.proxyPrefix).register(on: admin)
     console.register(on: admin)
-    NotificationRoutes(notifications: NotificationStore(database: tenants.database), tenants: tenants).register(on: admin)
+    NotificationRoutes(notifications: NotificationStore(database: services.tenants.database), tenants: services.tenants).register(on: admin)
     methods.record(router)
     return router
 }

@@ -43,7 +43,7 @@ public enum CapGateRunner {
 
     /// `capgate migrate [--dry-run]`: the lines to print.
     public static func migrate(url: DatabaseURL, dryRun: Bool, logger: Logger) async throws -> [String] {
-        let migrator = try Migrator()
+        let migrator = Migrator()
         return try await withClient(url: url, logger: logger) { client in
             if dryRun {
                 let pending = try await migrator.pending(client: client, logger: logger)

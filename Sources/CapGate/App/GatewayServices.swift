@@ -6,8 +6,8 @@ struct GatewayServices {
     var proxy: ProxyHandler
     var authenticator: Authenticator
     var database: Database
-    /// nil when this build has no migrations to compare with (`/readyz` then only checks the database).
-    var migrator: Migrator?
+    /// The build's migrations, which `/readyz` compares with the database's.
+    var migrator: Migrator
     var metering: MeteringStore
     var tenants: TenantStore
     var periods: PeriodStore

@@ -28,15 +28,20 @@ public struct FunctionSet: Sendable {
     /// In the order they are applied.
     public let files: [File]
 
-    /// nil when `folder` does not exist.
+    /// The files `*.type.sql` first, then the others, each group in name order.
+    init(files: [(name: String, text: String)]) {
+        let types = files.filter { $0.name.hasSuffix(".type.sql") }.sorted { $0.name < $1.name }
+        let others = files.filter { !$0.name.hasSuffix(".type.sql") }.sorted { $0.name < $1.name }
+        self.files = (types + others).map { File(name: $0.name, sql: $0.text, checksum: Migrator.checksum($0.text)) }
+    }
+
+    /// The `.sql` files of `folder`; nil when it does not exist.
     init?(folder: String) throws {
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder) else { return nil }
-        let sql = names.filter { $0.hasSuffix(".sql") }
-        let ordered = sql.filter { $0.hasSuffix(".type.sql") }.sorted() + sql.filter { !$0.hasSuffix(".type.sql") }.sorted()
-        files = try ordered.map { name in
-            let text = try String(contentsOfFile: folder + "/" + name, encoding: .utf8)
-            return File(name: name, sql: text, checksum: Migrator.checksum(text))
-        }
+        self.init(
+            files: try names.filter { $0.hasSuffix(".sql") }.map { name in
+                (name, try String(contentsOfFile: folder + "/" + name, encoding: .utf8))
+            })
     }
 
     /// Whether the database runs exactly these files.

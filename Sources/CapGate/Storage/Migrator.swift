@@ -3,8 +3,8 @@ import Foundation
 import Logging
 import PostgresNIO
 
-/// Applies `db/migrations/*.sql` in name order, each once, inside a transaction, recorded in
-/// `capgate_migrations` with its checksum, under a session advisory lock so that two runners
+/// Applies `db/migrations/*.sql` (built into the binary) in name order, each once, inside a
+/// transaction, recorded in `capgate_migrations` with its checksum, under a session advisory lock so that two runners
 /// never collide. A file changed after it was applied is an error, never silently skipped.
 ///
 /// Then the live SQL functions, `db/functions/*.sql` (one file each; see ``FunctionSet``): when
@@ -35,37 +35,31 @@ public struct Migrator: Sendable {
     }
 
     public let migrations: [Migration]
-    /// The live functions, from the `functions` folder beside the migrations' (nil: there is none,
-    /// and they are left as they are).
+    /// The live functions (nil: there are none, and they are left as they are).
     public let functions: FunctionSet?
 
-    /// Loads the migration files from `folder` (default: ``defaultFolder()``) and the function
-    /// files from the `functions` folder beside it.
-    public init(folder: String? = nil) throws {
-        let path = folder ?? Self.defaultFolder()
+    /// The migrations and functions this binary was built with (`db/` of its checkout,
+    /// embedded at build time by the `EmbedResourcesPlugin`): the same from any working directory.
+    public init() {
+        let migrations = EmbeddedFiles.texts(in: "db/migrations", suffix: ".sql")
+        self.migrations = migrations.map { Migration(name: $0.name, sql: $0.text) }
+        functions = FunctionSet(files: EmbeddedFiles.texts(in: "db/functions", suffix: ".sql"))
+    }
+
+    /// Loads the migration files from `folder` and the function files from the `functions`
+    /// folder beside it (tests that edit a copy).
+    public init(folder path: String) throws {
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: path) else {
             throw MigrationError.folderMissing(path)
         }
         migrations = try names.filter { $0.hasSuffix(".sql") }.sorted().map { name in
-            let sql = try String(contentsOfFile: path + "/" + name, encoding: .utf8)
-            return Migration(version: String(name.dropLast(4)), sql: sql, checksum: Self.checksum(sql))
+            Migration(name: name, sql: try String(contentsOfFile: path + "/" + name, encoding: .utf8))
         }
         functions = try FunctionSet(folder: URL(fileURLWithPath: path).deletingLastPathComponent().appendingPathComponent("functions").path)
     }
 
     static func checksum(_ text: String) -> String {
         SHA256.hash(data: Data(text.utf8)).map { String(format: "%02x", $0) }.joined()
-    }
-
-    /// `CAPGATE_MIGRATIONS`, else `db/migrations` under the working directory, else the
-    /// folder of the checkout this binary was built from.
-    public static func defaultFolder() -> String {
-        if let env = ProcessInfo.processInfo.environment["CAPGATE_MIGRATIONS"] { return env }
-        let local = FileManager.default.currentDirectoryPath + "/db/migrations"
-        if FileManager.default.fileExists(atPath: local) { return local }
-        let source = URL(fileURLWithPath: #filePath)  // …/Sources/CapGate/Storage/Migrator.swift
-        return source.deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-            .deletingLastPathComponent().appendingPathComponent("db/migrations").path
     }
 
     static let lockKey: Int64 = 0x4361_7047_6174_6501  // "CapGate" + 1
@@ -159,5 +153,12 @@ public struct Migrator: Sendable {
             return message
         }
         return String(reflecting: error)
+    }
+}
+
+extension Migrator.Migration {
+    /// The migration in file `name` (`NNNN_what.sql`).
+    init(name: String, sql: String) {
+        self.init(version: String(name.dropLast(4)), sql: sql, checksum: Migrator.checksum(sql))
     }
 }
