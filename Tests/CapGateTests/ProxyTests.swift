@@ -311,13 +311,15 @@ struct ProxyTests {
     func refunds() async throws {
         let closer = try await ClosingServer.start()
         defer { closer.stop() }
-        try await Harness.with(settings: ["upstream.timeout": "1"]) { h in
+        // upstream.timeout 3 s: a loaded machine (the full suite on 2 cores) must not turn the
+        // provider's prompt 500 into a 504; the stall is well past it.
+        try await Harness.with(settings: ["upstream.timeout": "3"]) { h in
             try await h.createPlan("low", company: 100, user: 25)
             let (company, users) = try await h.createCompany(plan: "low", users: 1)
             let failed = try await h.message(key: users[0].key, headers: [("x-mock-status", "500")])
             #expect(failed.status == 500)
             #expect(failed.json["error"]?["type"]?.stringValue == "api_error")
-            let stalled = try await h.message(key: users[0].key, headers: [("x-mock-delay-ms", "3000")])
+            let stalled = try await h.message(key: users[0].key, headers: [("x-mock-delay-ms", "8000")])
             #expect(stalled.status == 504)
             #expect(stalled.json["error"]?["type"]?.stringValue == "upstream_timeout")
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 0)
