@@ -7,6 +7,15 @@ struct OperatorRoutes {
     let periods: PeriodStore
 
     func register(on group: RouterGroup<AuthenticatedContext>) {
+        registerPlans(on: group)
+        registerProducts(on: group)
+        registerCompanies(on: group)
+        registerUsers(on: group)
+        registerKeys(on: group)
+    }
+
+    /// `GET/POST /plans`, `GET/PUT /plans/{id}`.
+    func registerPlans(on group: RouterGroup<AuthenticatedContext>) {
         group.get("plans") { _, context in
             try context.requireOperator()
             return try jsonResponse(encoding: ListPage(try await tenants.plans()))
@@ -31,7 +40,10 @@ struct OperatorRoutes {
             let input = try planInput(fields, id: id, existing: existing)
             return try jsonResponse(encoding: try await tenants.updatePlan(input))
         }
+    }
 
+    /// `GET/POST /products`.
+    func registerProducts(on group: RouterGroup<AuthenticatedContext>) {
         group.get("products") { _, context in
             try context.requireOperator()
             return try jsonResponse(encoding: ListPage(try await tenants.products()))
@@ -48,7 +60,10 @@ struct OperatorRoutes {
             return try jsonResponse(
                 encoding: try await tenants.createProduct(productID: product, planID: plan, interval: interval), status: .created)
         }
+    }
 
+    /// `POST /companies`, `GET/PATCH /companies/{id}`, `PUT /companies/{id}/plan`.
+    func registerCompanies(on group: RouterGroup<AuthenticatedContext>) {
         group.post("companies") { request, context in
             try context.requireOperator()
             let fields = try await BodyFields.read(request, context: context)
@@ -98,7 +113,10 @@ struct OperatorRoutes {
             try await periods.assignPlan(company: id, plan: plan, start: start, autoRenew: autoRenew)
             return jsonResponse(try await tenants.company(id) ?? .null)
         }
+    }
 
+    /// A company's users: `GET/POST /companies/{id}/users`, `PATCH /companies/{id}/users/{userId}`.
+    func registerUsers(on group: RouterGroup<AuthenticatedContext>) {
         group.get("companies/{id}/users") { _, context in
             let id = try context.parameters.uuid("id", what: "company")
             try context.requireAdmin(of: id)
@@ -147,7 +165,10 @@ struct OperatorRoutes {
                     company: company, id: user, email: email, role: role, monthlyCap: cap, disabled: disabled)
             )
         }
+    }
 
+    /// A company's API keys: `GET/POST /companies/{id}/api-keys`, `DELETE /companies/{id}/api-keys/{keyId}`.
+    func registerKeys(on group: RouterGroup<AuthenticatedContext>) {
         group.get("companies/{id}/api-keys") { _, context in
             let company = try context.parameters.uuid("id", what: "company")
             try context.requireAdmin(of: company)

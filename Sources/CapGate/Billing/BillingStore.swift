@@ -53,92 +53,10 @@ public struct BillingStore: Sendable {
         do {
             return try await database.transaction { connection in
                 try await PeriodStore.lockCompany(connection, logger: logger, company: event.companyID)
-                let previous = try await connection.query(
-                    "SELECT company_id, result FROM billing_events WHERE transaction_id = \(event.transactionID)", logger: logger
-                ).decode((UUID?, String?).self).collect()
-                if let (storedCompany, stored) = previous.first {
-                    guard storedCompany == event.companyID else { throw BillingError.transactionOfAnotherCompany }
-                    return stored ?? JSON.obj(["transaction_id": .string(event.transactionID), "applied": .bool(true)]).serialized()
-                }
-                var planID: String? = nil
-                var interval = PeriodMath.Interval.month
-                if let product = event.productID {
-                    let rows = try await connection.query(
-                        "SELECT plan_id, interval FROM products WHERE product_id = \(product)", logger: logger
-                    ).decode((String, String).self).collect()
-                    guard let row = rows.first else { throw BillingError.unknownProduct(product) }
-                    planID = row.0
-                    interval = PeriodMath.Interval(rawValue: row.1) ?? .month
-                }
-                let eventTime = event.purchaseDate ?? now
-
-                switch event.kind {
-                case .purchase, .restore:
-                    guard let planID else { throw BillingError.productRequired }
-                    let start = event.purchaseDate ?? now
-                    let end = event.expirationDate ?? PeriodMath.add(months: interval == .month ? 1 : 12, to: start)
-                    guard end > start else { throw BillingError.badDates }
-                    try await PeriodStore.startPeriod(
-                        connection, logger: logger, company: event.companyID, plan: planID, start: start, end: end,
-                        interval: interval, autoRenew: true, source: event.kind.rawValue, now: now
-                    )
-                case .renewal:
-                    guard let planID else { throw BillingError.productRequired }
-                    let latest = try await Self.latestPeriod(connection, logger: logger, company: event.companyID)
-                    if let latest, latest.planID == planID {
-                        let end = event.expirationDate ?? PeriodMath.add(months: interval == .month ? 1 : 12, to: latest.endsAt)
-                        if end > latest.endsAt {
-                            try await connection.query(
-                                """
-                                UPDATE plan_periods SET ends_at = \(end), auto_renew = true, status = 'active'
-                                 WHERE company_id = \(event.companyID) AND id = \(latest.id)
-                                """,
-                                logger: logger
-                            )
-                        }
-                    } else {
-                        let start = latest?.endsAt ?? eventTime
-                        let end = event.expirationDate ?? PeriodMath.add(months: interval == .month ? 1 : 12, to: start)
-                        guard end > start else { throw BillingError.badDates }
-                        try await PeriodStore.startPeriod(
-                            connection, logger: logger, company: event.companyID, plan: planID, start: start, end: end,
-                            interval: interval, autoRenew: true, source: "renewal", now: now
-                        )
-                    }
-                case .cancel:
-                    try await connection.query(
-                        """
-                        UPDATE plan_periods SET auto_renew = false, status = 'cancelled'
-                         WHERE company_id = \(event.companyID) AND ends_at > \(now)
-                        """,
-                        logger: logger
-                    )
-                case .refund, .expire:
-                    try await Self.moveToDefault(connection, logger: logger, company: event.companyID, at: now, source: event.kind.rawValue)
-                }
-
-                let company = try await Self.companyState(connection, logger: logger, company: event.companyID, at: now)
-                var result: JSON = .obj([
-                    "transaction_id": .string(event.transactionID), "type": .string(event.kind.rawValue),
-                    "applied": .bool(true), "company": company,
-                ])
-                let inserted = try await connection.query(
-                    """
-                    INSERT INTO billing_events (company_id, type, transaction_id, product_id, plan_id, payload, result)
-                    VALUES (\(event.companyID), \(event.kind.rawValue), \(event.transactionID), \(event.productID), \(planID),
-                            \(event.payload.serialized())::jsonb, \(result.serialized()))
-                    RETURNING id
-                    """,
-                    logger: logger
-                ).decode(Int64.self).collect()
-                if case .object(var fields) = result {
-                    fields.insert(.init("id", .int(inserted[0])), at: 0)
-                    result = .object(fields)
-                }
-                try await connection.query(
-                    "UPDATE billing_events SET result = \(result.serialized()) WHERE id = \(inserted[0])", logger: logger
-                )
-                return result.serialized()
+                if let answer = try await recordedAnswer(connection, event) { return answer }
+                let (planID, interval) = try await productPlan(connection, event.productID)
+                try await change(connection, event, planID: planID, interval: interval, now: now)
+                return try await record(connection, event, planID: planID, now: now)
             }
         } catch BillingError.unknownProduct(let product) {
             throw GatewayError.notFound("Unknown product '\(product)': map it to a plan with POST /admin/v1/products first.")
@@ -160,6 +78,100 @@ public struct BillingStore: Sendable {
             // A concurrent delivery of the same event won the race: answer with its result.
             return try await apply(event, now: now)
         }
+    }
+
+    /// The answer of an event already recorded under its `transaction_id` (nil: a new one).
+    func recordedAnswer(_ connection: PostgresConnection, _ event: StoreEvent) async throws -> String? {
+        let previous = try await connection.query(
+            "SELECT company_id, result FROM billing_events WHERE transaction_id = \(event.transactionID)", logger: logger
+        ).decode((UUID?, String?).self).collect()
+        guard let (storedCompany, stored) = previous.first else { return nil }
+        guard storedCompany == event.companyID else { throw BillingError.transactionOfAnotherCompany }
+        return stored ?? JSON.obj(["transaction_id": .string(event.transactionID), "applied": .bool(true)]).serialized()
+    }
+
+    /// The plan and interval a store product maps to (none without a product).
+    func productPlan(_ connection: PostgresConnection, _ product: String?) async throws -> (String?, PeriodMath.Interval) {
+        guard let product else { return (nil, .month) }
+        let rows = try await connection.query(
+            "SELECT plan_id, interval FROM products WHERE product_id = \(product)", logger: logger
+        ).decode((String, String).self).collect()
+        guard let row = rows.first else { throw BillingError.unknownProduct(product) }
+        return (row.0, PeriodMath.Interval(rawValue: row.1) ?? .month)
+    }
+
+    /// What the event does to the company's periods.
+    func change(
+        _ connection: PostgresConnection, _ event: StoreEvent, planID: String?, interval: PeriodMath.Interval, now: Date
+    ) async throws {
+        let months = interval == .month ? 1 : 12
+        switch event.kind {
+        case .purchase, .restore:
+            guard let planID else { throw BillingError.productRequired }
+            let start = event.purchaseDate ?? now
+            let end = event.expirationDate ?? PeriodMath.add(months: months, to: start)
+            guard end > start else { throw BillingError.badDates }
+            try await PeriodStore.startPeriod(
+                connection, logger: logger, company: event.companyID, plan: planID, start: start, end: end,
+                interval: interval, autoRenew: true, source: event.kind.rawValue, now: now
+            )
+        case .renewal:
+            guard let planID else { throw BillingError.productRequired }
+            let latest = try await Self.latestPeriod(connection, logger: logger, company: event.companyID)
+            if let latest, latest.planID == planID {
+                let end = event.expirationDate ?? PeriodMath.add(months: months, to: latest.endsAt)
+                guard end > latest.endsAt else { return }
+                try await connection.query(
+                    """
+                    UPDATE plan_periods SET ends_at = \(end), auto_renew = true, status = 'active'
+                     WHERE company_id = \(event.companyID) AND id = \(latest.id)
+                    """,
+                    logger: logger
+                )
+            } else {
+                let start = latest?.endsAt ?? event.purchaseDate ?? now
+                let end = event.expirationDate ?? PeriodMath.add(months: months, to: start)
+                guard end > start else { throw BillingError.badDates }
+                try await PeriodStore.startPeriod(
+                    connection, logger: logger, company: event.companyID, plan: planID, start: start, end: end,
+                    interval: interval, autoRenew: true, source: "renewal", now: now
+                )
+            }
+        case .cancel:
+            try await connection.query(
+                """
+                UPDATE plan_periods SET auto_renew = false, status = 'cancelled'
+                 WHERE company_id = \(event.companyID) AND ends_at > \(now)
+                """,
+                logger: logger
+            )
+        case .refund, .expire:
+            try await Self.moveToDefault(connection, logger: logger, company: event.companyID, at: now, source: event.kind.rawValue)
+        }
+    }
+
+    /// Records the event with its answer (the company as it now stands), which a repeat gets.
+    func record(_ connection: PostgresConnection, _ event: StoreEvent, planID: String?, now: Date) async throws -> String {
+        let company = try await Self.companyState(connection, logger: logger, company: event.companyID, at: now)
+        var result: JSON = .obj([
+            "transaction_id": .string(event.transactionID), "type": .string(event.kind.rawValue),
+            "applied": .bool(true), "company": company,
+        ])
+        let inserted = try await connection.query(
+            """
+            INSERT INTO billing_events (company_id, type, transaction_id, product_id, plan_id, payload, result)
+            VALUES (\(event.companyID), \(event.kind.rawValue), \(event.transactionID), \(event.productID), \(planID),
+                    \(event.payload.serialized())::jsonb, \(result.serialized()))
+            RETURNING id
+            """,
+            logger: logger
+        ).decode(Int64.self).collect()
+        if case .object(var fields) = result {
+            fields.insert(.init("id", .int(inserted[0])), at: 0)
+            result = .object(fields)
+        }
+        try await connection.query("UPDATE billing_events SET result = \(result.serialized()) WHERE id = \(inserted[0])", logger: logger)
+        return result.serialized()
     }
 
     struct PeriodRow {
