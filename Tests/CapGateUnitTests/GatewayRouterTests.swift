@@ -1,0 +1,75 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import HummingbirdTesting
+import Logging
+import NIOCore
+import Testing
+
+@testable import CapGate
+
+/// The gateway's real router (``GatewayParts``, as `capgate serve` builds it) through
+/// Hummingbird's `app.test(.router)`, with a PostgreSQL client that never runs and a provider
+/// that is never called: what is answered without the database, and what is answered when it
+/// cannot be reached. No socket is opened.
+@Suite("Gateway router (no database)", .timeLimit(.minutes(1)))
+struct GatewayRouterTests {
+    static let operatorToken = "op-" + String(repeating: "x", count: 40)
+
+    static func router() async throws -> Router<GatewayContext> {
+        let spool = NSTemporaryDirectory() + "capgate-router-\(UUID().uuidString)"
+        let configuration = try await CapGateConfiguration.load(
+            flags: [
+                "database.url": "postgres://capgate@127.0.0.1:9/none", "upstream.url": "http://127.0.0.1:9",
+                "database.timeout": "0.2", "spool.directory": spool, "operator.token": operatorToken,
+            ],
+            environment: [:], file: "/nonexistent.json")
+        return try await GatewayParts(
+            configuration: configuration, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
+        )
+        .router
+    }
+
+    static func errorType(_ response: TestResponse) -> String? {
+        (try? JSONParser.parse(response.body))?["error"]?["type"]?.stringValue
+    }
+
+    @Test("health, the OpenAPI document and the console page need nothing; /metrics needs the operator token")
+    func openRoutes() async throws {
+        try await Application(router: try await Self.router()).test(.router) { client in
+            #expect(try await client.execute(uri: "/healthz", method: .get).status == .ok)
+            let document = try await client.execute(uri: "/openapi.yaml", method: .get)
+            #expect(document.status == .ok && String(buffer: document.body).hasPrefix("openapi:"))
+            #expect(try await client.execute(uri: "/console", method: .get).status == .ok)
+            let metrics = try await client.execute(uri: "/metrics", method: .get)
+            #expect(metrics.status == .unauthorized)
+            let allowed = try await client.execute(uri: "/metrics", method: .get, headers: [.authorization: "Bearer \(Self.operatorToken)"])
+            #expect(allowed.status == .ok)
+        }
+    }
+
+    @Test("no credential is 401 before anything is read; a bad operator token is 401; another method is 405")
+    func credentials() async throws {
+        try await Application(router: try await Self.router()).test(.router) { client in
+            for (uri, method) in [("/v1/messages", HTTPRequest.Method.post), ("/v1/usage", .get), ("/admin/v1/plans", .get)] {
+                let response = try await client.execute(uri: uri, method: method, body: ByteBuffer(string: "{}"))
+                #expect(response.status == .unauthorized && Self.errorType(response) == "authentication_error", "\(uri)")
+            }
+            let wrong = try await client.execute(uri: "/admin/v1/plans", method: .get, headers: [.authorization: "Bearer wrong"])
+            #expect(wrong.status == .unauthorized)
+            #expect(try await client.execute(uri: "/healthz", method: .post).status == .methodNotAllowed)
+        }
+    }
+
+    @Test("with the database unreachable: /readyz is 503 database_unreachable, an operator read 503 overloaded_error")
+    func databaseAway() async throws {
+        try await Application(router: try await Self.router()).test(.router) { client in
+            let ready = try await client.execute(uri: "/readyz", method: .get)
+            #expect(ready.status == .serviceUnavailable)
+            #expect((try? JSONParser.parse(ready.body))?["status"]?.stringValue == "database_unreachable")
+            let plans = try await client.execute(
+                uri: "/admin/v1/plans", method: .get, headers: [.authorization: "Bearer \(Self.operatorToken)"])
+            #expect(plans.status == .serviceUnavailable && Self.errorType(plans) == "overloaded_error")
+        }
+    }
+}
