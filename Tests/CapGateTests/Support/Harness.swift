@@ -238,6 +238,15 @@ struct Harness: Sendable {
         return (user, key.json["key"]!.stringValue!)
     }
 
+    /// Waits up to 30 s for a gateway at `base` to answer `/readyz` with 200.
+    static func ready(_ base: String) async throws -> Bool {
+        for _ in 0..<120 {
+            if (try? await http.execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(2)).status) == .ok { return true }
+            try await Task.sleep(for: .milliseconds(250))
+        }
+        return false
+    }
+
     // MARK: direct SQL checks
 
     func scalar(_ sql: String) async throws -> Int64 {

@@ -171,11 +171,7 @@ struct CommandTests {
             try EmbeddedPostgres.spawnLock.withLock { _ in try serve.run() }
             defer { if serve.isRunning { serve.terminate() } }
             let base = "http://127.0.0.1:\(port)"
-            var ready = false
-            for _ in 0..<120 where !ready {
-                ready = (try? await Harness.http.execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(2)).status) == .ok
-                if !ready { try await Task.sleep(for: .milliseconds(250)) }
-            }
+            let ready = try await Harness.ready(base)
             try #require(ready)
 
             // A stream of ~10 events 150 ms apart; SIGTERM once its first bytes arrived.

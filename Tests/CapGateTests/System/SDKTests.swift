@@ -20,11 +20,21 @@ struct SDKTests {
     }
 
     static func runBlocking(_ executable: String, _ arguments: [String], environment: [String: String]) throws -> (Int32, String) {
+        try runBlocking(
+            URL(fileURLWithPath: "/usr/bin/env"), [executable] + arguments,
+            environment: ProcessInfo.processInfo.environment.merging(environment) { _, new in new }, folder: root)
+    }
+
+    /// Runs `executable` in `folder` with exactly `environment`, blocking this thread until it
+    /// ends; its output and errors together.
+    static func runBlocking(
+        _ executable: URL, _ arguments: [String], environment: [String: String], folder: URL
+    ) throws -> (Int32, String) {
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = [executable] + arguments
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { _, new in new }
-        process.currentDirectoryURL = root
+        process.executableURL = executable
+        process.arguments = arguments
+        process.environment = environment
+        process.currentDirectoryURL = folder
         let output = Pipe()
         process.standardOutput = output
         process.standardError = output

@@ -56,11 +56,7 @@ struct StandaloneBinaryTests {
             try EmbeddedPostgres.spawnLock.withLock { _ in try serve.run() }
             defer { if serve.isRunning { serve.terminate() } }
             let gateway = "http://127.0.0.1:\(port)"
-            var ready = false
-            for _ in 0..<120 where !ready {
-                ready = (try? await Harness.http.execute(HTTPClientRequest(url: gateway + "/readyz"), timeout: .seconds(2)).status) == .ok
-                if !ready { try await Task.sleep(for: .milliseconds(250)) }
-            }
+            let ready = try await Harness.ready(gateway)
             try #require(ready, "capgate serve did not become ready (its migrations are not the database's?)")
 
             for (route, file, type) in [
@@ -107,18 +103,8 @@ struct StandaloneBinaryTests {
         Int32, String
     ) {
         try await offPool {
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: executable)
-            process.arguments = arguments
-            process.environment = environment
-            process.currentDirectoryURL = URL(fileURLWithPath: folder)
-            let output = Pipe()
-            process.standardOutput = output
-            process.standardError = output
-            try EmbeddedPostgres.spawnLock.withLock { _ in try process.run() }
-            let data = output.fileHandleForReading.readDataToEndOfFile()
-            process.waitUntilExit()
-            return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+            try SDKTests.runBlocking(
+                URL(fileURLWithPath: executable), arguments, environment: environment, folder: URL(fileURLWithPath: folder))
         }
     }
 }
