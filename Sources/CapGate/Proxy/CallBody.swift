@@ -17,7 +17,7 @@ struct CallBody: Sendable {
     var json: JSONParser.TopLevel?
 
     /// The members built from the body; the rest is only checked (and arrays counted).
-    static let members: Set<String> = ["model"]
+    static let members: Set<String> = ["model", "max_tokens"]
 
     /// Reads `body` when its content type is JSON; anything else is read only if a route needs
     /// it (``items(_:units:)``).
@@ -60,5 +60,41 @@ struct CallBody: Sendable {
             )
         }
         return count
+    }
+
+    /// The request's `max_tokens` when it is a whole number from 0 (what the provider bills
+    /// output against); nil when missing or anything else.
+    var maxTokens: Int64? {
+        guard let value = json?.values["max_tokens"]?.intValue, value >= 0 else { return nil }
+        return value
+    }
+
+    /// The body's image and document blocks and cache requests (``PromptShape``), read as the
+    /// provider reads them; a second pass over the body, made only when a call's cost is bounded.
+    /// The body is read whatever its content type claims (the provider may read it as JSON all
+    /// the same): a bound never rests on a body CapGate did not read.
+    func promptShape() throws -> PromptShape {
+        guard raw.readableBytes > 0 else { return PromptShape() }
+        do {
+            return try JSONParser.shape(in: raw, maxDepth: maxDepth)
+        } catch {
+            throw GatewayError.invalidRequest(
+                "The request body must be one valid JSON text (I-JSON, RFC 7493): \(error.description). Nothing was charged.")
+        }
+    }
+}
+
+/// The most prompt tokens a call can be billed for (SPEC §11 "Hold"): a text token is at least
+/// one byte, so the body's bytes, plus what the provider adds for tools and system text
+/// (`costs.promptOverheadTokens`), plus `costs.imageTokens` for each image block; any document
+/// block makes it the model's context window, and it is never more than that window (the
+/// provider refuses longer prompts).
+enum PromptBound {
+    static func tokens(bodyBytes: Int, shape: PromptShape, overheadTokens: Int, imageTokens: Int, contextWindow: Int) -> Int {
+        guard shape.documents == 0 else { return contextWindow }
+        let (images, overflowA) = imageTokens.multipliedReportingOverflow(by: shape.images)
+        let (sum, overflowB) = (bodyBytes + overheadTokens).addingReportingOverflow(images)
+        guard !overflowA, !overflowB else { return contextWindow }
+        return min(sum, contextWindow)
     }
 }

@@ -1,0 +1,92 @@
+import NIOCore
+
+/// What bounds a Messages call's prompt beyond its bytes (SPEC §11): its image and document
+/// blocks, wherever they are nested (a message's content, a tool result's), and whether anything
+/// asks to be cached, and for how long.
+struct PromptShape: Sendable, Equatable {
+    /// Objects whose `type` is `"image"`.
+    var images = 0
+    /// Objects whose `type` is `"document"` (a PDF, or a file or URL whose size CapGate cannot see).
+    var documents = 0
+    /// Some object has a `cache_control` member.
+    var cached = false
+    /// Some `cache_control` asks for longer than five minutes (`"ttl"` other than `"5m"`).
+    var cachedLong = false
+}
+
+extension JSONParser {
+    /// Checks the whole text as strictly as ``members(_:in:maxDepth:)`` and reads its
+    /// ``PromptShape``: names and `type` values are compared after unescaping, so a block's type
+    /// is read exactly as the provider reads it (`"typ\u0065": "im\u0061ge"` is an image).
+    static func shape(in buffer: ByteBuffer, maxDepth: Int = defaultMaxDepth) throws(Failure) -> PromptShape {
+        let result: Result<PromptShape, Failure> = buffer.withUnsafeReadableBytes { raw in
+            var parser = JSONParser(raw, maxDepth: maxDepth)
+            var shape = PromptShape()
+            return Result { () throws(Failure) in
+                try parser.shapeValue(depth: 0, into: &shape)
+                try parser.end()
+                return shape
+            }
+        }
+        return try result.get()
+    }
+
+    /// The value at `i`, checked, with what it adds to `shape`.
+    mutating func shapeValue(depth: Int, into shape: inout PromptShape) throws(Failure) {
+        skipWhitespace()
+        guard i < bytes.count else { throw fail("the JSON text ends where a value should be") }
+        switch bytes[i] {
+        case UInt8(ascii: "{"):
+            var type: [UInt8]? = nil
+            try object(depth: depth + 1, build: false) { (parser: inout JSONParser, name: Name) throws(Failure) in
+                parser.skipWhitespace()
+                let isString = parser.i < parser.bytes.count && parser.bytes[parser.i] == UInt8(ascii: "\"")
+                if isString, parser.nameIs(name, "type") {
+                    type = parser.decodedBytes(try parser.string())
+                } else if parser.nameIs(name, "cache_control") {
+                    shape.cached = true
+                    let control = try parser.value(depth: depth + 1, build: true)
+                    if let ttl = control["ttl"], ttl.stringValue != "5m" { shape.cachedLong = true }
+                } else {
+                    try parser.shapeValue(depth: depth + 1, into: &shape)
+                }
+            }
+            if type == Array("image".utf8) { shape.images += 1 }
+            if type == Array("document".utf8) { shape.documents += 1 }
+        case UInt8(ascii: "["):
+            guard depth + 1 <= maxDepth else { throw fail("the JSON nests deeper than \(maxDepth) levels") }
+            i += 1
+            skipWhitespace()
+            if i < bytes.count, bytes[i] == UInt8(ascii: "]") {
+                i += 1
+                return
+            }
+            while true {
+                try shapeValue(depth: depth + 1, into: &shape)
+                skipWhitespace()
+                guard i < bytes.count else { throw fail("the JSON text ends inside an array") }
+                if bytes[i] == UInt8(ascii: ",") {
+                    i += 1
+                } else if bytes[i] == UInt8(ascii: "]") {
+                    i += 1
+                    return
+                } else {
+                    throw fail("an array's elements must be separated by ',' and closed by ']'")
+                }
+            }
+        default:
+            _ = try value(depth: depth, build: false)
+        }
+    }
+
+    /// Whether a member's name is `literal` once unescaped (raw bytes compared when it has no escapes).
+    func nameIs(_ name: Name, _ literal: StaticString) -> Bool {
+        guard name.escaped else {
+            let count = literal.utf8CodeUnitCount
+            guard name.end - name.start == count else { return false }
+            for k in 0..<count where bytes[name.start + k] != literal.utf8Start[k] { return false }
+            return true
+        }
+        return decodedBytes(name) == Array(UnsafeBufferPointer(start: literal.utf8Start, count: literal.utf8CodeUnitCount))
+    }
+}

@@ -1,0 +1,67 @@
+import NIOCore
+import Testing
+
+@testable import CapGate
+
+/// The prompt bound of SPEC §11 from the body alone: blocks counted wherever they are nested
+/// and however they are escaped, cache requests, and the bound's arithmetic.
+@Suite("Prompt bound")
+struct PromptBoundTests {
+    static func shape(_ body: String) throws -> PromptShape {
+        try CallBody.read(ByteBuffer(string: body), contentType: "application/json", maxDepth: 128).promptShape()
+    }
+
+    @Test("image and document blocks anywhere: a message's content, a tool result's, the system prompt")
+    func blocks() throws {
+        let body = #"""
+            {"model":"m","max_tokens":64,"system":[{"type":"text","text":"s"}],
+             "messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","data":"AA"}},
+               {"type":"tool_result","content":[{"type":"image","source":{"type":"url","url":"u"}}]},
+               {"type":"text","text":"{\"type\":\"image\"} is only text"}]}]}
+            """#
+        let shape = try Self.shape(body)
+        #expect(shape.images == 2 && shape.documents == 0 && !shape.cached)
+        #expect(try Self.shape(#"{"messages":[{"content":[{"type":"document","source":{}}]}]}"#).documents == 1)
+    }
+
+    @Test("names and types compared after unescaping, as the provider reads them")
+    func escapes() throws {
+        #expect(try Self.shape(#"{"messages":[{"content":[{"typ\u0065":"im\u0061ge"}]}]}"#).images == 1)
+        #expect(try Self.shape(#"{"a":{"cache\u005fcontrol":{"type":"ephemeral"}}}"#).cached)
+        #expect(throws: GatewayError.self) { try Self.shape(#"{"content":[{"type":"text","typ\u0065":"image"}]}"#) }
+    }
+
+    @Test("cache_control: five minutes by default or as asked; any other ttl counts as the longer cache")
+    func cache() throws {
+        let plain = try Self.shape(#"{"system":[{"type":"text","text":"s","cache_control":{"type":"ephemeral"}}]}"#)
+        #expect(plain.cached && !plain.cachedLong)
+        #expect(!(try Self.shape(#"{"tools":[{"cache_control":{"type":"ephemeral","ttl":"5m"}}]}"#)).cachedLong)
+        #expect(try Self.shape(#"{"tools":[{"cache_control":{"type":"ephemeral","ttl":"1h"}}]}"#).cachedLong)
+        #expect(try Self.shape(#"{"tools":[{"cache_control":{"ttl":3600}}]}"#).cachedLong)
+    }
+
+    @Test("a body that is not I-JSON is refused whatever its content type; max_tokens only as a whole number")
+    func strictness() throws {
+        let text = try CallBody.read(ByteBuffer(string: #"{"a":1,"a":2}"#), contentType: "text/plain", maxDepth: 128)
+        #expect(throws: GatewayError.self) { try text.promptShape() }
+        func maxTokens(_ body: String) throws -> Int64? {
+            try CallBody.read(ByteBuffer(string: body), contentType: "application/json", maxDepth: 128).maxTokens
+        }
+        #expect(try maxTokens(#"{"max_tokens":64000}"#) == 64000)
+        for bad in [#"{"max_tokens":-1}"#, #"{"max_tokens":1.5}"#, #"{"max_tokens":"64"}"#, #"{}"#] {
+            #expect(try maxTokens(bad) == nil, "\(bad)")
+        }
+    }
+
+    @Test("the bound: bytes + overhead + images, the context window with a document, never above the window")
+    func bound() {
+        func tokens(_ bytes: Int, _ shape: PromptShape, window: Int = 200_000) -> Int {
+            PromptBound.tokens(bodyBytes: bytes, shape: shape, overheadTokens: 1_000, imageTokens: 5_000, contextWindow: window)
+        }
+        #expect(tokens(500, PromptShape()) == 1_500)
+        #expect(tokens(500, PromptShape(images: 3)) == 16_500)
+        #expect(tokens(500, PromptShape(documents: 1)) == 200_000)
+        #expect(tokens(900_000, PromptShape()) == 200_000)
+        #expect(tokens(1, PromptShape(images: Int.max / 2)) == 200_000)
+    }
+}
