@@ -92,11 +92,12 @@ public enum LeanMockProvider {
             if head.method == .POST, path.hasSuffix("/messages") {
                 let fields = JSON.topLevelValues(["model", "stream"], in: body)
                 let model = fields["model"]?.stringValue ?? "claude-mock-1"
-                let inputTokens = Int64(max(1, body.readableBytes / 4))
+                // The body is not parsed here (this provider is the benchmark's): input from its size.
+                let usage = MockUsage(input: Int64(max(1, body.readableBytes / 4)), output: MockProvider.outputTokens)
                 if fields["stream"]?.boolValue == true {
-                    stream(MockProvider.streamEvents(model: model, inputTokens: inputTokens), keepAlive: keepAlive, context: context)
+                    stream(MockProvider.streamEvents(model: model, usage: usage), keepAlive: keepAlive, context: context)
                 } else {
-                    let message = MockProvider.message(id: "msg_mock_" + String(count, radix: 16), model: model, inputTokens: inputTokens)
+                    let message = MockProvider.message(id: "msg_mock_" + String(count, radix: 16), model: model, usage: usage)
                     write(.ok, contentType: "application/json", body: message.byteBuffer(), keepAlive: keepAlive, context: context)
                 }
             } else if head.method == .GET, path == "/v1/models" {

@@ -16,7 +16,7 @@ import Synchronization
 /// - Test controls, as request headers (or as the `model` name, so an SDK can steer them):
 ///   `x-mock-status: 500` (or model `mock-error-500`), `x-mock-delay-ms: N` before the head
 ///   (model `mock-stall`: 30 s), `x-mock-chunk-delay-ms: N` between SSE events,
-///   `x-mock-bytes: N` for an N-byte body.
+///   `x-mock-bytes: N` for an N-byte body; the usage it reports: see ``MockUsage``.
 public struct MockProvider: Sendable {
     /// Requests received, for tests that check nothing was forwarded.
     public let counter = RequestCounter()
@@ -79,15 +79,15 @@ public struct MockProvider: Sendable {
                 )
             }
             served.increment()
-            let inputTokens = Int64(max(1, body.readableBytes / 4))
+            let usage = MockUsage(body: body, headers: headers)
             if let bytes = headers[Self.bytesField].flatMap(Int.init) {
                 return Self.bulk(bytes: bytes)
             }
             if json["stream"]?.boolValue == true {
                 let chunkDelay = headers[Self.chunkDelayField].flatMap(Int.init) ?? 0
-                return Self.stream(Self.streamEvents(model: model, inputTokens: inputTokens), chunkDelay: chunkDelay)
+                return Self.stream(Self.streamEvents(model: model, usage: usage), chunkDelay: chunkDelay)
             }
-            return Self.json(Self.message(id: "msg_mock_" + String(number, radix: 16), model: model, inputTokens: inputTokens))
+            return Self.json(Self.message(id: "msg_mock_" + String(number, radix: 16), model: model, usage: usage))
         }
         // Everything else: an echo.
         // (The router does not backtrack from /v1/… to a root wildcard, so both are registered.)
@@ -141,17 +141,17 @@ public struct MockProvider: Sendable {
     ])
 
     /// A Messages API answer.
-    static func message(id: String, model: String, inputTokens: Int64) -> JSON {
+    static func message(id: String, model: String, usage: MockUsage) -> JSON {
         .obj([
             "id": .string(id), "type": "message", "role": "assistant",
             "model": .string(model), "content": .array([.obj(["type": "text", "text": .string(text)])]),
             "stop_reason": "end_turn", "stop_sequence": .null,
-            "usage": .obj(["input_tokens": .int(inputTokens), "output_tokens": .int(outputTokens)]),
+            "usage": usage.json(),
         ])
     }
 
     /// The same answer as server-sent events: name and data of each.
-    static func streamEvents(model: String, inputTokens: Int64) -> [(event: String, data: JSON)] {
+    static func streamEvents(model: String, usage: MockUsage) -> [(event: String, data: JSON)] {
         var events: [(event: String, data: JSON)] = [
             (
                 "message_start",
@@ -160,7 +160,7 @@ public struct MockProvider: Sendable {
                     "message": .obj([
                         "id": "msg_mock_stream", "type": "message", "role": "assistant", "model": .string(model),
                         "content": .array([]), "stop_reason": .null, "stop_sequence": .null,
-                        "usage": .obj(["input_tokens": .int(inputTokens), "output_tokens": 1]),
+                        "usage": usage.json(output: 1),
                     ]),
                 ])
             ),
@@ -184,7 +184,7 @@ public struct MockProvider: Sendable {
                 "message_delta",
                 .obj([
                     "type": "message_delta", "delta": .obj(["stop_reason": "end_turn", "stop_sequence": .null]),
-                    "usage": .obj(["output_tokens": .int(outputTokens)]),
+                    "usage": usage.verbatim ?? .obj(["output_tokens": .int(usage.output)]),
                 ])
             ))
         events.append(("message_stop", .obj(["type": "message_stop"])))

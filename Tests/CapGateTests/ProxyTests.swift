@@ -125,8 +125,9 @@ struct ProxyTests {
             #expect(firstEventAt! < total - .milliseconds(1500), "first event at \(firstEventAt!), all at \(total)")
             #expect(total > .milliseconds(2500))
             #expect(text.contains("event: message_stop"))
+            // The mock bills at most max_tokens (5) of output.
             #expect(
-                try await h.eventually("SELECT count(*) FROM usage_ledger WHERE output_tokens = 7 AND input_tokens > 0", equals: 1) == 1)
+                try await h.eventually("SELECT count(*) FROM usage_ledger WHERE output_tokens = 5 AND input_tokens > 0", equals: 1) == 1)
         }
     }
 

@@ -72,9 +72,12 @@ final class TLSProvider: Sendable {
     }
 
     /// The whole answer to a message call.
-    static let message = MockProvider.message(id: "msg_tls_1", model: "claude-test", inputTokens: 5)
+    static let message = MockProvider.message(
+        id: "msg_tls_1", model: "claude-test", usage: MockUsage(input: 5, output: MockProvider.outputTokens))
     /// The streamed answer's events, each one as written.
-    static let events: [String] = MockProvider.streamEvents(model: "claude-test", inputTokens: 5).map {
+    static let events: [String] = MockProvider.streamEvents(
+        model: "claude-test", usage: MockUsage(input: 5, output: MockProvider.outputTokens)
+    ).map {
         "event: \($0.event)\ndata: \($0.data.serialized())\n\n"
     }
 
