@@ -146,9 +146,9 @@ struct IJSONReaderTests {
         var suffix: [UInt8] = []
         for _ in 0..<mutations {
             let insertAt = text.index(before: text.endIndex)
-            switch Int.random(in: 0..<14, using: &g) {
-            case 0: text.insert(contentsOf: #","\#(name("requests")):\#(requests(Int.random(in: 50...100, using: &g)))"#, at: insertAt)
-            case 1: text.insert(contentsOf: #","\#(name("model")):"claude-opus-expensive""#, at: insertAt)
+            switch Int.random(in: 0..<15, using: &g) {
+            case 0: text.insert(contentsOf: #","\#(name("requests"))":\#(requests(Int.random(in: 50...100, using: &g)))"#, at: insertAt)
+            case 1: text.insert(contentsOf: #","\#(name("model"))":"claude-opus-expensive""#, at: insertAt)
             case 2: text.insert(contentsOf: #","\#(pick(["\\udc00", "\\ud800", "a\\udfff", "\\ud800\\u0041"])):0"#, at: insertAt)
             case 3:
                 text.insert(
@@ -167,7 +167,16 @@ struct IJSONReaderTests {
             case 9: text.insert(contentsOf: #","s":"\#(pick(["\\u00", "\\q", "\t", "ok\\/ok", "\\uD834\\uDD1E"]))""#, at: insertAt)
             case 10: suffix = [pick([0xFF, 0xC0, 0x80, 0xED])]
             case 11 where text.count > 1: text = String(text.prefix(Int.random(in: 1..<text.count, using: &g)))
-            case 12: text.insert(contentsOf: #","\#(name("requests")):\#(pick(["[]", "{}", "null", "\"many\"", "[[]]"]))"#, at: insertAt)
+            case 12: text.insert(contentsOf: #","\#(name("requests"))":\#(pick(["[]", "{}", "null", "\"many\"", "[[]]"]))"#, at: insertAt)
+            case 13:
+                // Content blocks that bound a cost (SPEC §11), their names and types maybe escaped.
+                let blocks = (0..<Int.random(in: 1...4, using: &g)).map { _ in
+                    let control = Bool.random(using: &g) ? #","\#(name("cache_control"))":{"type":"ephemeral"}"# : ""
+                    let type = pick(["image", "im\\u0061ge", "text", "document", "\\u0064ocument"])
+                    return #"{"\#(name("type"))":"\#(type)","source":{"type":"base64","data":"AA"}\#(control)}"#
+                }
+                text.insert(
+                    contentsOf: #","\#(name("messages"))":[{"role":"user","content":[\#(blocks.joined(separator: ","))]}]"#, at: insertAt)
             default: text = text.replacingOccurrences(of: ":", with: pick([" :", ": ", ":\u{00A0}", "\u{3000}:"]))
             }
         }
@@ -194,14 +203,25 @@ struct IJSONReaderTests {
                     continue
                 model = value.get("model") if isinstance(value, dict) else None
                 requests = value.get("requests") if isinstance(value, dict) else None
+                shape = {"images": 0, "documents": 0, "cached": False}
+                def walk(v):
+                    if isinstance(v, dict):
+                        if v.get("type") == "image": shape["images"] += 1
+                        if v.get("type") == "document": shape["documents"] += 1
+                        if "cache_control" in v: shape["cached"] = True
+                        for x in v.values(): walk(x)
+                    elif isinstance(v, list):
+                        for x in v: walk(x)
+                walk(value)
                 print(json.dumps({"model": model if isinstance(model, str) else None,
-                                  "requests": len(requests) if isinstance(requests, list) else None}))
+                                  "requests": len(requests) if isinstance(requests, list) else None, **shape}))
             """
         let output = try Self.runPython(script, argument: input.path)
         let lines = output.split(separator: "\n", omittingEmptySubsequences: false).prefix(bodies.count)
         try #require(lines.count == bodies.count, "python answered \(lines.count) lines for \(bodies.count) bodies")
         var accepted = 0
         var refusedByBoth = 0
+        var withImages = 0
         for (body, line) in zip(bodies, lines) {
             let shown = String(decoding: body.bytes.prefix(300), as: UTF8.self)
             guard let ours = try? Self.read(bytes: body.bytes) else {
@@ -217,9 +237,16 @@ struct IJSONReaderTests {
             let ourCount = ours.arrayCounts["requests"]
             #expect(theirs["model"]?.stringValue == ourModel, "seed \(seed): model differs for \(shown)")
             #expect(theirs["requests"]?.intValue.map(Int.init) == ourCount, "seed \(seed): requests differ for \(shown)")
+            // The prompt bound's reading (images, documents, caching) agrees too.
+            let shape = try? JSONParser.shape(in: ByteBuffer(bytes: body.bytes))
+            #expect(shape?.images == theirs["images"]?.intValue.map(Int.init), "seed \(seed): images differ for \(shown)")
+            #expect(shape?.documents == theirs["documents"]?.intValue.map(Int.init), "seed \(seed): documents differ for \(shown)")
+            #expect(shape?.cached == theirs["cached"]?.boolValue, "seed \(seed): caching differs for \(shown)")
+            if (shape?.images ?? 0) > 0 { withImages += 1 }
         }
         // The generator must produce both kinds, or the test proves nothing.
         #expect(accepted > 300, "seed \(seed): only \(accepted) bodies were accepted")
+        #expect(withImages > 15, "seed \(seed): only \(withImages) accepted bodies had image blocks")
         #expect(refusedByBoth > 100, "seed \(seed): only \(refusedByBoth) bodies were refused by both")
         #expect(bodies.count - accepted - refusedByBoth > 100, "seed \(seed): too few bodies only CapGate refuses")
     }
