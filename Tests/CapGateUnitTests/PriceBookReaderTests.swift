@@ -67,7 +67,12 @@ struct PriceBookReaderTests {
             (Self.with("model", ""), "'model'"), (Self.with("model", "a*b"), "'model'"), (Self.with("model", "a b"), "'model'"),
             (Self.with("model", .string(String(repeating: "m", count: 201))), "'model'"), (Self.with("model", 5), "'model'"),
             (Self.with("model", nil), "'model' is required"), (Self.with("effective_from", "yesterday"), "'effective_from'"),
-            (Self.with("effective_from", "2026-11-01"), "'effective_from'"), (Self.with("context_window", 0), "'context_window'"),
+            (Self.with("effective_from", "2026-11-01"), "'effective_from'"),
+            (Self.with("effective_from", "2024-01-01T12:99:00Z"), "'effective_from'"),
+            (Self.with("effective_from", "2023-02-29T00:00:00Z"), "'effective_from'"),
+            (Self.with("effective_from", "2024-01-01T00:00:00"), "'effective_from'"),
+            (Self.with("effective_from", "2024-01-01 00:00:00Z"), "'effective_from'"),
+            (Self.with("effective_from", "1969-12-31T23:59:59Z"), "'effective_from'"), (Self.with("context_window", 0), "'context_window'"),
             (Self.with("context_window", 100_000_001), "'context_window'"), (Self.with("context_window", "5"), "'context_window'"),
             (Self.with("input", "-1"), "'input'"), (Self.with("input", 3), "'input'"), (Self.with("output", "1e3"), "'output'"),
             (Self.with("cache_read", "0.0000001"), "'cache_read'"), (Self.with("cache_write_1h", "10000.000001"), "'cache_write_1h'"),
@@ -95,6 +100,27 @@ struct PriceBookReaderTests {
                 #expect(message?.contains("(model '\(model)')") == true, "\(message ?? "accepted")")
             }
         }
+    }
+
+    @Test("effective_from is RFC 3339 read strictly: offsets, fractions to the nearest millisecond, leap days")
+    func times() {
+        let cases: [(String, Double)] = [
+            ("2026-11-01T00:00:00Z", 1_793_491_200), ("2026-11-01t00:00:00z", 1_793_491_200),
+            ("2026-11-01T01:30:00+01:30", 1_793_491_200), ("2026-10-31T20:00:00-04:00", 1_793_491_200),
+            ("2026-11-01T00:00:00.25Z", 1_793_491_200.25), ("2026-11-01T00:00:00.1234Z", 1_793_491_200.123),
+            ("2026-11-01T00:00:00.9995Z", 1_793_491_201), ("2024-02-29T00:00:00Z", 1_709_164_800), ("1970-01-01T00:00:00Z", 0),
+        ]
+        for (text, seconds) in cases {
+            #expect(Timestamp.parseStrict(text) == Date(timeIntervalSince1970: seconds), "\(text)")
+        }
+        for text in [
+            "2026-11-01", "2026-13-01T00:00:00Z", "2026-11-31T00:00:00Z", "2026-11-01T24:00:00Z", "2026-11-01T00:60:00Z",
+            "2026-11-01T00:00:60Z", "2026-11-01T00:00:00.Z", "2026-11-01T00:00:00+1:00", "2026-11-01T00:00:00+01:60",
+            "2026-11-01T00:00:00Z ", "+2026-11-01T00:00:00Z", "2026-11-01T00:00:00+0100",
+        ] {
+            #expect(Timestamp.parseStrict(text) == nil, "\(text)")
+        }
+        #expect(PriceRecord.timeText(Timestamp.parseStrict("2026-02-03T04:05:06.789Z")!) == "2026-02-03T04:05:06.789Z")
     }
 
     @Test("the body: only 'prices', a list, at most 10,000 rows")

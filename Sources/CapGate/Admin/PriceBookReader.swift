@@ -109,10 +109,10 @@ struct PriceBookReader {
 
         func readEffectiveFrom() throws -> Date {
             let rule = "'effective_from' must be an RFC 3339 date-time from 1970 to 9999 such as 2026-11-01T00:00:00Z."
-            guard let text = json["effective_from"]?.stringValue, text.count <= 64, text.contains(where: { $0 == "T" || $0 == "t" }),
-                let date = Timestamp.parse(text), (0..<253_402_300_800).contains(date.timeIntervalSince1970)
+            guard let text = json["effective_from"]?.stringValue, text.utf8.count <= 64, let date = Timestamp.parseStrict(text),
+                (0..<253_402_300_800).contains(date.timeIntervalSince1970)
             else { throw problem(rule) }
-            return PriceRecord.millisecond(date)
+            return date
         }
 
         func tokens(_ name: String, _ value: JSON?) throws -> Int32 {

@@ -56,12 +56,6 @@ public struct PriceRecord: Sendable, Equatable {
     /// The largest context window or threshold: 100,000,000 tokens.
     public static let maxTokens: Int32 = 100_000_000
 
-    /// `date` to the nearest millisecond: the book keeps `effective_from` to the millisecond, so
-    /// what is read back is what was stored.
-    public static func millisecond(_ date: Date) -> Date {
-        Date(timeIntervalSince1970: (date.timeIntervalSince1970 * 1000).rounded() / 1000)
-    }
-
     /// `effective_from` as the API writes it (`2026-11-01T00:00:00Z`, `…00.250Z` when there are
     /// milliseconds), from integer milliseconds so that a binary fraction never loses one.
     public static func timeText(_ date: Date) -> String {
@@ -105,11 +99,11 @@ extension PriceRecord: Codable {
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: CodingKeys.self)
         let text = try c.decode(String.self, forKey: .effectiveFrom)
-        guard let effectiveFrom = Timestamp.parse(text) else {
+        guard let effectiveFrom = Timestamp.parseStrict(text) else {
             throw DecodingError.dataCorruptedError(forKey: .effectiveFrom, in: c, debugDescription: "'\(text)' is not an RFC 3339 time")
         }
         self.init(
-            model: try c.decode(String.self, forKey: .model), effectiveFrom: Self.millisecond(effectiveFrom),
+            model: try c.decode(String.self, forKey: .model), effectiveFrom: effectiveFrom,
             contextWindow: try c.decode(Int32.self, forKey: .contextWindow), rates: try Rates(from: decoder),
             longPrompt: try c.decodeIfPresent(LongPrompt.self, forKey: .longPrompt))
     }
