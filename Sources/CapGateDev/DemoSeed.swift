@@ -4,7 +4,7 @@ import Logging
 import PostgresNIO
 
 /// The demo data `capgate dev` loads once: plans, features with their entitlements and the
-/// route table (`DemoSeed+Features.swift`), a company on `low`, an admin and a member with API keys. Keys are shown once, so the dev folder keeps them in `demo.json`.
+/// route table (`DemoSeed+Features.swift`), the price book (`DemoSeed+Prices.swift`), a company on `low`, an admin and a member with API keys. Keys are shown once, so the dev folder keeps them in `demo.json`.
 public struct DemoSeed: Sendable {
     public var companyID: UUID
     public var adminID: UUID
@@ -22,7 +22,10 @@ public struct DemoSeed: Sendable {
             var seed = seed
             if let operatorToken { seed.operatorToken = operatorToken }
             let database = Database(client: client, timeout: .seconds(60), logger: logger)
-            try await database.transaction { try await seedFeatures($0, logger: logger) }
+            try await database.transaction {
+                try await seedFeatures($0, logger: logger)
+                try await seedPrices($0, logger: logger)
+            }
             return seed
         }
         let seed = try await seed(
@@ -72,6 +75,7 @@ public struct DemoSeed: Sendable {
                 )
             }
             try await seedFeatures(connection, logger: logger)
+            try await seedPrices(connection, logger: logger)
             try await connection.query("INSERT INTO companies (id, name) VALUES (\(company), 'Demo Company')", logger: logger)
             try await connection.query(
                 """

@@ -9,14 +9,16 @@ struct BodyFields {
     /// and a route that stores the whole body checks this.
     let containsNUL: Bool
 
-    static func read(_ request: Request, context: some RequestContext) async throws -> BodyFields {
+    /// The body, up to `limit` bytes (default the context's `maxUploadSize`; larger is 413).
+    static func read(_ request: Request, context: some RequestContext, limit: Int? = nil) async throws -> BodyFields {
+        let limit = limit ?? context.maxUploadSize
         let buffer: ByteBuffer
         do {
-            buffer = try await request.body.collect(upTo: context.maxUploadSize)
+            buffer = try await request.body.collect(upTo: limit)
         } catch let error as GatewayError {
             throw error  // http.bodyTimeout's 408
         } catch {
-            throw GatewayError(.contentTooLarge, "request_too_large", "The request body is larger than \(context.maxUploadSize) bytes.")
+            throw GatewayError(.contentTooLarge, "request_too_large", "The request body is larger than \(limit) bytes.")
         }
         guard buffer.readableBytes > 0 else { throw GatewayError.invalidRequest("The request needs a JSON object body.") }
         let containsNUL = buffer.readableBytesView.containsSequence(Array("\\u0000".utf8))

@@ -74,6 +74,7 @@ struct GatewayParts {
                 proxyPrefix: configuration.proxyPrefix, proxy: proxy, authenticator: authenticator, database: database,
                 migrator: Migrator(), metering: metering, tenants: TenantStore(database: database),
                 periods: PeriodStore(database: database), usage: UsageStore(database: database), billing: billing,
+                prices: PriceStore(database: database),
                 metricsAccess: MetricsAccess(configuration: configuration)))
         // Shut down in reverse: the server drains first, then queued settlements are written,
         // then the upstream client closes, the spool is replayed a last time, and the pool closes.
@@ -162,6 +163,7 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
     OperatorRoutes(tenants: services.tenants, periods: services.periods).register(on: admin)
     usageRoutes.registerAdmin(on: admin)
     BillingRoutes(billing: services.billing).register(on: admin)
+    PriceRoutes(prices: services.prices).register(on: admin)
     FeatureRoutes(features: FeatureStore(database: services.tenants.database), prefix: services.proxyPrefix).register(on: admin)
     console.register(on: admin)
     NotificationRoutes(notifications: NotificationStore(database: services.tenants.database), tenants: services.tenants).register(on: admin)

@@ -13,5 +13,7 @@ struct GatewayServices {
     var periods: PeriodStore
     var usage: UsageStore
     var billing: BillingStore
+    /// The price book (SPEC §11).
+    var prices: PriceStore
     var metricsAccess: MetricsAccess
 }

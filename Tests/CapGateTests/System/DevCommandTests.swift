@@ -120,6 +120,16 @@ struct DevCommandTests {
         #expect(days.last?["date"]?.stringValue == today)
         if days.count > 3 { #expect(days.dropLast().filter { ($0["units"]?.intValue ?? 0) > 0 }.count >= 2, "\(days)") }
 
+        // The price book holds the provider's list prices: the demo's claude-sonnet-4-6 is priced
+        // by its family's row, long-prompt tier included.
+        var pricesRead = HTTPClientRequest(url: base + "/admin/v1/prices")
+        pricesRead.headers.add(name: "authorization", value: "Bearer \(demo["operator_token"]!.stringValue!)")
+        let pricesAnswer = try await Harness.http.execute(pricesRead, timeout: .seconds(10))
+        let book = try JSON.parse(Array(String(buffer: try await pricesAnswer.body.collect(upTo: 1 << 20)).utf8))
+        let sonnet = book["prices"]?.arrayValue?.first { $0["model"]?.stringValue == "claude-sonnet-4*" }
+        #expect(sonnet?["input"]?.stringValue == "3" && sonnet?["cache_write_5m"]?.stringValue == "3.75", "\(book)")
+        #expect(sonnet?["long_prompt"]?["threshold_tokens"]?.intValue == 200_000, "\(book)")
+
         kill(process.processIdentifier, SIGINT)
         for _ in 0..<60 where process.isRunning { try await Task.sleep(for: .milliseconds(250)) }
         #expect(!process.isRunning, "dev did not stop on SIGINT")

@@ -1,0 +1,105 @@
+import Foundation
+import Logging
+import PostgresNIO
+
+/// The price book (SPEC §11) in PostgreSQL: the `prices` table, read whole and replaced whole.
+/// Which row prices a call is `capgate_price` (db/functions/capgate_price.sql), for the admission.
+public struct PriceStore: Sendable {
+    let database: Database
+    var logger: Logger { database.logger }
+
+    public init(database: Database) {
+        self.database = database
+    }
+
+    /// The book by model (byte order) then `effective_from`.
+    public func book() async throws -> [PriceRecord] {
+        try await database.run { client in
+            try await Self.rows(try await client.query(Self.select, logger: logger))
+        }
+    }
+
+    /// Replaces the whole book with `book` (already checked by ``PriceBookReader``) in one
+    /// transaction, and answers it as stored. Concurrent replacements take turns (a table lock
+    /// that readers, such as the admission, do not wait for); the last one to commit is the book.
+    public func replace(_ book: [PriceRecord]) async throws -> [PriceRecord] {
+        do {
+            return try await database.transaction { connection in
+                try await Self.replace(book, on: connection, logger: self.logger)
+                return try await Self.rows(try await connection.query(Self.select, logger: self.logger))
+            }
+        } catch DatabaseError.constraint(_, let constraint, _) {
+            throw GatewayError.invalidRequest("The price book breaks the database rule '\(constraint ?? "?")'; nothing was changed.")
+        }
+    }
+
+    /// The statements of ``replace(_:)``, for a caller that holds its own transaction (the demo seed).
+    public static func replace(_ book: [PriceRecord], on connection: PostgresConnection, logger: Logger) async throws {
+        try await connection.query("LOCK TABLE prices IN SHARE ROW EXCLUSIVE MODE", logger: logger)
+        try await connection.query("DELETE FROM prices", logger: logger)
+        guard !book.isEmpty else { return }
+        // One statement for the whole book (up to 10,000 rows): the rows as one jsonb parameter.
+        let rows = JSON.array(book.map(Self.json)).serialized()
+        try await connection.query(
+            """
+            INSERT INTO prices (model, effective_from, context_window, input, output, cache_write_5m, cache_write_1h, cache_read,
+                                long_prompt_threshold, long_prompt_input, long_prompt_output, long_prompt_cache_write_5m,
+                                long_prompt_cache_write_1h, long_prompt_cache_read)
+            SELECT model, effective_from, context_window, input, output, cache_write_5m, cache_write_1h, cache_read,
+                   long_prompt_threshold, long_prompt_input, long_prompt_output, long_prompt_cache_write_5m,
+                   long_prompt_cache_write_1h, long_prompt_cache_read
+              FROM jsonb_to_recordset(\(rows)::jsonb) AS r(
+                   model text, effective_from timestamptz, context_window integer, input bigint, output bigint,
+                   cache_write_5m bigint, cache_write_1h bigint, cache_read bigint, long_prompt_threshold integer,
+                   long_prompt_input bigint, long_prompt_output bigint, long_prompt_cache_write_5m bigint,
+                   long_prompt_cache_write_1h bigint, long_prompt_cache_read bigint)
+            """,
+            logger: logger)
+    }
+
+    /// A row as `jsonb_to_recordset` reads it: the table's columns, money in micro-dollars.
+    static func json(_ p: PriceRecord) -> JSON {
+        let tier = p.longPrompt
+        return .obj([
+            "model": .string(p.model), "effective_from": .string(PriceRecord.timeText(p.effectiveFrom)),
+            "context_window": .int(Int64(p.contextWindow)), "input": .int(p.rates.input.value), "output": .int(p.rates.output.value),
+            "cache_write_5m": .int(p.rates.cacheWrite5m.value), "cache_write_1h": .int(p.rates.cacheWrite1h.value),
+            "cache_read": .int(p.rates.cacheRead.value), "long_prompt_threshold": JSON(tier.map { Int64($0.thresholdTokens) }),
+            "long_prompt_input": JSON(tier?.rates.input.value), "long_prompt_output": JSON(tier?.rates.output.value),
+            "long_prompt_cache_write_5m": JSON(tier?.rates.cacheWrite5m.value),
+            "long_prompt_cache_write_1h": JSON(tier?.rates.cacheWrite1h.value), "long_prompt_cache_read": JSON(tier?.rates.cacheRead.value),
+        ])
+    }
+
+    static let select: PostgresQuery = """
+        SELECT model, effective_from, context_window, input, output, cache_write_5m, cache_write_1h, cache_read,
+               long_prompt_threshold, long_prompt_input, long_prompt_output, long_prompt_cache_write_5m,
+               long_prompt_cache_write_1h, long_prompt_cache_read
+          FROM prices ORDER BY model COLLATE "C", effective_from
+        """
+
+    /// The rows of ``select``.
+    static func rows(_ rows: PostgresRowSequence) async throws -> [PriceRecord] {
+        var book: [PriceRecord] = []
+        for try await r in rows.decode(
+            (String, Date, Int32, Int64, Int64, Int64, Int64, Int64, Int32?, Int64?, Int64?, Int64?, Int64?, Int64?).self)
+        {
+            var tier: PriceRecord.LongPrompt?
+            if let threshold = r.8, let input = r.9, let output = r.10, let write5m = r.11, let write1h = r.12, let read = r.13 {
+                tier = PriceRecord.LongPrompt(
+                    thresholdTokens: threshold,
+                    rates: PriceRecord.Rates(
+                        input: Micros(input), output: Micros(output), cacheWrite5m: Micros(write5m), cacheWrite1h: Micros(write1h),
+                        cacheRead: Micros(read)))
+            }
+            book.append(
+                PriceRecord(
+                    model: r.0, effectiveFrom: r.1, contextWindow: r.2,
+                    rates: PriceRecord.Rates(
+                        input: Micros(r.3), output: Micros(r.4), cacheWrite5m: Micros(r.5), cacheWrite1h: Micros(r.6),
+                        cacheRead: Micros(r.7)),
+                    longPrompt: tier))
+        }
+        return book
+    }
+}
