@@ -54,25 +54,8 @@ extension JSONParser {
             if type == Array("image".utf8) { shape.images += 1 }
             if type == Array("document".utf8) { shape.documents += 1 }
         case UInt8(ascii: "["):
-            guard depth + 1 <= maxDepth else { throw fail("the JSON nests deeper than \(maxDepth) levels") }
-            i += 1
-            skipWhitespace()
-            if i < bytes.count, bytes[i] == UInt8(ascii: "]") {
-                i += 1
-                return
-            }
-            while true {
-                try shapeValue(depth: depth + 1, into: &shape)
-                skipWhitespace()
-                guard i < bytes.count else { throw fail("the JSON text ends inside an array") }
-                if bytes[i] == UInt8(ascii: ",") {
-                    i += 1
-                } else if bytes[i] == UInt8(ascii: "]") {
-                    i += 1
-                    return
-                } else {
-                    throw fail("an array's elements must be separated by ',' and closed by ']'")
-                }
+            _ = try elements(depth: depth + 1) { (parser: inout JSONParser) throws(Failure) in
+                try parser.shapeValue(depth: depth + 1, into: &shape)
             }
         default:
             _ = try value(depth: depth, build: false)

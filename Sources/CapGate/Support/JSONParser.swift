@@ -215,26 +215,35 @@ struct JSONParser {
     /// Reads an array opening at `i` (nesting `depth`); its element count, and the array when
     /// `build`.
     mutating func array(depth: Int, build: Bool) throws(Failure) -> (value: JSON, count: Int) {
+        var items: [JSON] = []
+        let count = try elements(depth: depth) { (parser: inout JSONParser) throws(Failure) in
+            let item = try parser.value(depth: depth, build: build)
+            if build { items.append(item) }
+        }
+        return (build ? .array(items) : .null, count)
+    }
+
+    /// Reads an array opening at `i` (nesting `depth`), handing each element to `element` with
+    /// `i` at its start; returns the element count.
+    mutating func elements(depth: Int, element: (inout JSONParser) throws(Failure) -> Void) throws(Failure) -> Int {
         guard depth <= maxDepth else { throw fail("the JSON nests deeper than \(maxDepth) levels") }
         i += 1  // [
-        var items: [JSON] = []
         var count = 0
         skipWhitespace()
         if i < bytes.count, bytes[i] == UInt8(ascii: "]") {
             i += 1
-            return (build ? .array(items) : .null, 0)
+            return 0
         }
         while true {
-            let item = try value(depth: depth, build: build)
+            try element(&self)
             count += 1
-            if build { items.append(item) }
             skipWhitespace()
             guard i < bytes.count else { throw fail("the JSON text ends inside an array") }
             if bytes[i] == UInt8(ascii: ",") {
                 i += 1
             } else if bytes[i] == UInt8(ascii: "]") {
                 i += 1
-                return (build ? .array(items) : .null, count)
+                return count
             } else {
                 throw fail("an array's elements must be separated by ',' and closed by ']'")
             }

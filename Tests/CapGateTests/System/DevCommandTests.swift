@@ -27,29 +27,9 @@ struct DevCommandTests {
 
     @Test("dev starts its own PostgreSQL and mock, answers /readyz 200, serves the demo keys, and stops cleanly on SIGINT")
     func devComesUp() async throws {
-        let binary = SDKTests.root.appendingPathComponent(".build/debug/capgate").path
-        try #require(FileManager.default.isExecutableFile(atPath: binary), "build the binary first: swift build")
-        let folder = NSTemporaryDirectory() + "capgate-dev-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: folder) }
-        let port = try EmbeddedPostgres.freePort()
-        let logPath = folder + "/dev.log"
-        FileManager.default.createFile(atPath: logPath, contents: nil)
-        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
-
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: binary)
-        process.arguments = ["dev", "--port", String(port), "--directory", folder + "/.capgate"]
-        var environment = ProcessInfo.processInfo.environment
-        for key in ["DATABASE_URL", "UPSTREAM_URL", "OPERATOR_TOKEN", "HTTP_PORT", "CAPGATE_CONFIG"] { environment[key] = nil }
-        process.environment = environment
-        process.currentDirectoryURL = URL(fileURLWithPath: folder)
-        process.standardOutput = log
-        process.standardError = log
-        try EmbeddedPostgres.spawnLock.withLock { _ in try process.run() }
-        defer { if process.isRunning { process.terminate() } }
-
-        let base = "http://127.0.0.1:\(port)"
+        let dev = try DevRun([], label: "dev")
+        defer { dev.end() }
+        let (process, folder, base, output) = (dev.process, dev.folder, dev.base, dev.output)
         var ready = false
         for _ in 0..<120 {
             if let reply = try? await Harness.http.execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(2)),
@@ -60,7 +40,6 @@ struct DevCommandTests {
             }
             try await Task.sleep(for: .milliseconds(500))
         }
-        let output = { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
         try #require(ready, "dev did not become ready:\n\(output())")
 
         // The demo data works: the printed member key makes a call through the mock provider.

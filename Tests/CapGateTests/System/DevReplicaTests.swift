@@ -21,30 +21,9 @@ struct DevReplicaTests {
     }
 
     static func replicaFailoverAlone() async throws {
-        let binary = SDKTests.root.appendingPathComponent(".build/debug/capgate").path
-        try #require(FileManager.default.isExecutableFile(atPath: binary), "build the binary first: swift build")
-        let folder = NSTemporaryDirectory() + "capgate-dev-replica-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: folder) }
-        let port = try EmbeddedPostgres.freePort()
-        let logPath = folder + "/dev.log"
-        FileManager.default.createFile(atPath: logPath, contents: nil)
-        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
-
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: binary)
-        process.arguments = ["dev", "--replica", "--port", String(port), "--directory", folder + "/.capgate"]
-        var environment = ProcessInfo.processInfo.environment
-        for key in ["DATABASE_URL", "UPSTREAM_URL", "OPERATOR_TOKEN", "HTTP_PORT", "CAPGATE_CONFIG"] { environment[key] = nil }
-        process.environment = environment
-        process.currentDirectoryURL = URL(fileURLWithPath: folder)
-        process.standardOutput = log
-        process.standardError = log
-        try EmbeddedPostgres.spawnLock.withLock { _ in try process.run() }
-        defer { if process.isRunning { process.terminate() } }
-
-        let base = "http://127.0.0.1:\(port)"
-        let output = { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+        let dev = try DevRun(["--replica"], label: "dev-replica")
+        defer { dev.end() }
+        let (process, folder, base, output) = (dev.process, dev.folder, dev.base, dev.output)
         var ready = false
         for _ in 0..<120 {
             if let reply = try? await Harness.http.execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(2)),
