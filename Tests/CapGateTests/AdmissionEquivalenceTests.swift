@@ -65,7 +65,7 @@ struct AdmissionEquivalenceTests {
                 INSERT INTO features (id, name, sort_order, is_active) VALUES ('analysis', 'Analysis', 1, true),
                     ('chat', 'Chat', 2, true), ('vision', 'Vision', 3, true), ('gone', 'Gone', 4, false);
                 INSERT INTO plan_features (plan_id, feature_id, daily_limit, period_limit, user_daily_limit, user_period_limit)
-                VALUES ('p', 'analysis', 14, 25, 6, 9), ('p', 'chat', NULL, NULL, NULL, NULL),
+                VALUES ('p', 'analysis', 8, 12, 3, 5), ('p', 'chat', NULL, NULL, NULL, NULL),
                        ('big', 'analysis', 100, NULL, 50, NULL), ('big', 'vision', 5, NULL, NULL, NULL)
                 """)
             let a = try await h.createCompany(plan: "p", users: 3)
