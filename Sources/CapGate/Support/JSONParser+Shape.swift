@@ -36,7 +36,7 @@ extension JSONParser {
         skipWhitespace()
         guard i < bytes.count else { throw fail("the JSON text ends where a value should be") }
         switch bytes[i] {
-        case UInt8(ascii: "{"):
+        case Self.openBrace:
             var type: [UInt8]? = nil
             try object(depth: depth + 1, build: false) { (parser: inout JSONParser, name: Name) throws(Failure) in
                 parser.skipWhitespace()

@@ -47,6 +47,10 @@ struct JSONParser {
         var decoded: [UInt8]?
     }
 
+    /// An object's delimiters (named, so that no brace stands unbalanced in a character literal).
+    static let openBrace = UInt8(ascii: "\u{7B}")
+    static let closeBrace = UInt8(ascii: "\u{7D}")
+
     /// Above this many members, an object's names are checked for repeats through a hash set.
     static let linearNameLimit = 16
 
@@ -106,7 +110,7 @@ struct JSONParser {
     mutating func topLevel(_ keys: Set<String>) throws(Failure) -> TopLevel {
         var top = TopLevel()
         skipWhitespace()
-        guard i < bytes.count, bytes[i] == UInt8(ascii: "{") else {
+        guard i < bytes.count, bytes[i] == Self.openBrace else {
             _ = try value(depth: 0, build: false)
             try end()
             return top
@@ -137,7 +141,7 @@ struct JSONParser {
         skipWhitespace()
         guard i < bytes.count else { throw fail("the JSON text ends where a value should be") }
         switch bytes[i] {
-        case UInt8(ascii: "{"):
+        case Self.openBrace:
             var fields: [JSON.Field] = []
             try object(depth: depth + 1, build: build) { (parser: inout JSONParser, name: Name) throws(Failure) in
                 let member = try parser.value(depth: depth + 1, build: build)
@@ -176,7 +180,7 @@ struct JSONParser {
         defer { names.removeSubrange(base...) }
         var hashed: Set<[UInt8]>?
         skipWhitespace()
-        if i < bytes.count, bytes[i] == UInt8(ascii: "}") {
+        if i < bytes.count, bytes[i] == Self.closeBrace {
             i += 1
             return
         }
@@ -203,7 +207,7 @@ struct JSONParser {
             guard i < bytes.count else { throw fail("the JSON text ends inside an object") }
             if bytes[i] == UInt8(ascii: ",") {
                 i += 1
-            } else if bytes[i] == UInt8(ascii: "}") {
+            } else if bytes[i] == Self.closeBrace {
                 i += 1
                 return
             } else {
