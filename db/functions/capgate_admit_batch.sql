@@ -308,7 +308,7 @@ BEGIN
             CONTINUE;
         ELSIF p_units[i] > 0 AND (a_cbudget[i] IS NOT NULL OR a_ubudget[i] IS NOT NULL)
               AND (NOT a_priced[i] OR p_prompt[i] < -1 OR p_max_tokens[i] < 0) THEN
-            a_decision[i] := CASE WHEN NOT a_priced[i] THEN 'unpriced_model' WHEN p_prompt[i] < -1 THEN 'unbounded_call'
+            a_decision[i] := CASE WHEN p_prompt[i] < -1 THEN 'unbounded_call' WHEN NOT a_priced[i] THEN 'unpriced_model'
                                   ELSE 'max_tokens_required' END;
             CONTINUE;
         END IF;

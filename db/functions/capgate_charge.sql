@@ -131,8 +131,8 @@ BEGIN
     r.hold := capgate_hold(v_price, p_prompt, p_max_tokens, p_cache, p_window);
     v_hold := coalesce(r.hold, 0);
     IF r.cc_limit IS NOT NULL OR r.uc_limit IS NOT NULL THEN
-        r.decision := CASE WHEN v_price.model IS NULL THEN 'unpriced_model'
-                           WHEN p_prompt < -1 THEN 'unbounded_call'
+        r.decision := CASE WHEN p_prompt < -1 THEN 'unbounded_call'
+                           WHEN v_price.model IS NULL THEN 'unpriced_model'
                            WHEN p_max_tokens < 0 THEN 'max_tokens_required' END;
         IF r.decision IS NOT NULL THEN
             RETURN r;
