@@ -335,7 +335,8 @@ struct FeatureAdmissionTests {
                     SELECT string_agg(decision, ',' ORDER BY item) FROM capgate_admit_batch(
                         ARRAY[''::bytea, ''], ARRAY['\(c)', '\(c)']::uuid[], ARRAY['\(u)', '\(u)']::uuid[], ARRAY[1, 1],
                         ARRAY['POST', 'POST'], ARRAY['/v1/messages', '/v1/messages'], ARRAY['', ''], ARRAY['analysis', 'analysis'],
-                        ARRAY['b1', 'b2'], ARRAY[-1, -1]::bigint[], ARRAY['\(at)'::timestamptz, '\(at)'::timestamptz], false)
+                        ARRAY['b1', 'b2'], ARRAY[-1, -1]::bigint[], ARRAY['\(at)'::timestamptz, '\(at)'::timestamptz], false,
+                        ARRAY[-2, -2]::bigint[], ARRAY[-1, -1]::bigint[], ARRAY[0, 0]::smallint[], ARRAY[0, 0]::bigint[])
                     """)
             }
             // March 14, 2027 in New York runs from 05:00Z to 04:00Z the next day: 23 hours.

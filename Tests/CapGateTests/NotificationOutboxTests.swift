@@ -88,7 +88,8 @@ struct NotificationOutboxTests {
                     array_fill(''::bytea, ARRAY[4]), array_fill('\(c)'::uuid, ARRAY[4]), array_fill('\(u)'::uuid, ARRAY[4]),
                     array_fill(1, ARRAY[4]), array_fill('POST'::text, ARRAY[4]), array_fill('/v1/messages'::text, ARRAY[4]),
                     array_fill(''::text, ARRAY[4]), array_fill('analysis'::text, ARRAY[4]), ARRAY['a', 'b', 'c', 'd'],
-                    array_fill(-1::bigint, ARRAY[4]), array_fill(now(), ARRAY[4]), false)
+                    array_fill(-1::bigint, ARRAY[4]), array_fill(now(), ARRAY[4]), false, array_fill(-2::bigint, ARRAY[4]),
+                    array_fill(-1::bigint, ARRAY[4]), array_fill(0::smallint, ARRAY[4]), array_fill(0::bigint, ARRAY[4]))
                 """)
             #expect(decisions == "charged,charged,charged,charged")
             #expect(try await Self.count(h, "feature_id = 'analysis' AND scope = 'user' AND span = 'period' AND threshold = 50") == 1)

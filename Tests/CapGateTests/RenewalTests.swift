@@ -82,7 +82,8 @@ struct RenewalTests {
                     ARRAY['\(a[0].id.text)', '\(a[0].id.text)', '\(b[0].id.text)', '\(b[0].id.text)']::uuid[], ARRAY[1, 1, 1, 1],
                     ARRAY['POST', 'POST', 'POST', 'POST'], ARRAY['/v1/m', '/v1/m', '/v1/m', '/v1/m'], ARRAY['', '', '', ''],
                     ARRAY['', '', '', ''], ARRAY['r1', 'r2', 'r3', 'r4'], ARRAY[-1, -1, -1, -1]::bigint[],
-                    ARRAY[\(at), \(at), \(at), \(at)], false)
+                    ARRAY[\(at), \(at), \(at), \(at)], false, array_fill(-2::bigint, ARRAY[4]), array_fill(-1::bigint, ARRAY[4]),
+                    array_fill(0::smallint, ARRAY[4]), array_fill(0::bigint, ARRAY[4]))
                 """)
             #expect(decisions == "charged,charged,charged,charged")
             // Anchored on Jan 31 10:00 and clamped to the month's last day: Apr 30 12:00 is in
