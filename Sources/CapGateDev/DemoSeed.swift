@@ -46,11 +46,14 @@ public struct DemoSeed: Sendable {
         companyBudget: Micros?, userBudget: Micros?
     )
 
-    /// The demo plans, as in the seed figures (company / user caps); budgets small enough on
-    /// `free` and `low` that a few long calls reach them, none on `high`.
+    /// The demo plans, as in the seed figures (company / user caps); budgets on `free` (small
+    /// enough that a few long calls reach them) and `medium`. None on `low`, the demo company's
+    /// plan: where a budget applies, an unpriced model or a call without `max_tokens` is 400 and
+    /// the history seeded through `capgate_charge` (no bound) would be refused, so the demo
+    /// company's calls stay as they were until the operator moves it or gives `low` a budget.
     static let plans: [Plan] = [
         ("free", "Free", 20, 5, 0, true, 0, dollars(5), dollars(1)),
-        ("low", "Low Use", 100, 25, 49, false, 10, dollars(25), dollars(5)),
+        ("low", "Low Use", 100, 25, 49, false, 10, nil, nil),
         ("medium", "Medium Use", 500, 100, 199, false, 20, dollars(100), dollars(20)),
         ("high", "High Use", 2000, nil, 499, false, 30, nil, nil),
     ]
