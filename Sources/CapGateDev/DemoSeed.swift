@@ -39,13 +39,27 @@ public struct DemoSeed: Sendable {
         try await !client.query("SELECT 1 FROM companies WHERE id = \(company)", logger: logger).collect().isEmpty
     }
 
-    /// The demo plans, as in the seed figures (company / user caps).
-    static let plans: [(id: String, name: String, company: Int64?, user: Int64?, price: Decimal, isDefault: Bool, sort: Int32)] = [
-        ("free", "Free", 20, 5, 0, true, 0),
-        ("low", "Low Use", 100, 25, 49, false, 10),
-        ("medium", "Medium Use", 500, 100, 199, false, 20),
-        ("high", "High Use", 2000, nil, 499, false, 30),
+    /// A demo plan: company / user caps (units) and cost budgets (SPEC §11, USD per period; nil:
+    /// unlimited).
+    typealias Plan = (
+        id: String, name: String, company: Int64?, user: Int64?, price: Decimal, isDefault: Bool, sort: Int32,
+        companyBudget: Micros?, userBudget: Micros?
+    )
+
+    /// The demo plans, as in the seed figures (company / user caps); budgets on `free` (small
+    /// enough that a few long calls reach them) and `medium`. None on `low`, the demo company's
+    /// plan: where a budget applies, an unpriced model or a call without `max_tokens` is 400 and
+    /// the history seeded through `capgate_charge` (no bound) would be refused, so the demo
+    /// company's calls stay as they were until the operator moves it or gives `low` a budget.
+    static let plans: [Plan] = [
+        ("free", "Free", 20, 5, 0, true, 0, dollars(5), dollars(1)),
+        ("low", "Low Use", 100, 25, 49, false, 10, nil, nil),
+        ("medium", "Medium Use", 500, 100, 199, false, 20, dollars(100), dollars(20)),
+        ("high", "High Use", 2000, nil, 499, false, 30, nil, nil),
     ]
+
+    /// Whole US dollars as micro-dollars.
+    static func dollars(_ whole: Int64) -> Micros { Micros(whole * 1_000_000) }
 
     static func seed(client: PostgresClient, operatorToken: String, logger: Logger) async throws -> DemoSeed {
         let company = UUID()
@@ -58,8 +72,10 @@ public struct DemoSeed: Sendable {
             for p in plans {
                 try await connection.query(
                     """
-                    INSERT INTO plans (id, name, monthly_company_cap, monthly_user_cap, price, is_default, sort_order)
-                    VALUES (\(p.id), \(p.name), \(p.company), \(p.user), \(p.price)::numeric, \(p.isDefault), \(p.sort))
+                    INSERT INTO plans (id, name, monthly_company_cap, monthly_user_cap, price, is_default, sort_order,
+                                       monthly_company_budget, monthly_user_budget)
+                    VALUES (\(p.id), \(p.name), \(p.company), \(p.user), \(p.price)::numeric, \(p.isDefault), \(p.sort),
+                            \(p.companyBudget?.value), \(p.userBudget?.value))
                     ON CONFLICT (id) DO NOTHING
                     """,
                     logger: logger

@@ -18,7 +18,7 @@ struct UnsettledTests {
             return try await h.scalar(
                 """
                 SELECT ledger_id FROM capgate_admit_idempotent(NULL, '\(company.text)', '\(user.text)', 1, 'POST', '/v1/messages',
-                       NULL, NULL, 'req_\(idempotencyKey)', '\(idempotencyKey)', '\\x01'::bytea, NULL, \(at), false)
+                       NULL, NULL, 'req_\(idempotencyKey)', '\(idempotencyKey)', '\\x01'::bytea, NULL, \(at), false, -2, -1, 0::smallint, 0)
                 """)
         }
         return try await h.scalar(

@@ -22,8 +22,9 @@ struct UsageModelTests {
             isDefault: false, isActive: true, sortOrder: -3)
         #expect(
             try Self.text(plan)
-                == #"{"currency":"USD","id":"p","is_active":true,"is_default":false,"monthly_company_cap":null,"monthly_user_cap":5,"#
-                + #""name":"P/1","price":19.99,"sort_order":-3}"#)
+                == #"{"currency":"USD","id":"p","is_active":true,"is_default":false,"monthly_company_budget":null,"#
+                + #""monthly_company_cap":null,"monthly_user_budget":null,"monthly_user_cap":5,"name":"P/1","price":19.99,"sort_order":-3}"#
+        )
         for (stored, shown) in [("49.00", "49"), ("49.50", "49.5"), ("0.00", "0"), ("9999999999.99", "9999999999.99")] {
             plan.price = try #require(PlanRecord.decimal(stored))
             #expect(try Self.text(plan).contains(#""price":\#(shown),"#))
@@ -79,7 +80,7 @@ struct UsageModelTests {
         #expect(
             try Self.text(user)
                 == #"{"company_id":"9f2c1d7e-0000-4000-8000-00000000000a","created_at":"2026-11-01T00:00:00Z","disabled":true,"#
-                + #""email":null,"id":"9f2c1d7e-0000-4000-8000-00000000000a","monthly_cap":null,"role":"admin"}"#)
+                + #""email":null,"id":"9f2c1d7e-0000-4000-8000-00000000000a","monthly_budget":null,"monthly_cap":null,"role":"admin"}"#)
         var key = ApiKeyRecord(
             id: Self.id, userID: Self.id, prefix: "cg_ab", createdAt: Self.start, revokedAt: nil, features: nil, key: nil)
         #expect(

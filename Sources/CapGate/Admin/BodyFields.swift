@@ -88,6 +88,35 @@ struct BodyFields {
         }
     }
 
+    /// A cost budget (SPEC §11): a decimal string of US dollars or `null`; `.absent` when the key
+    /// is missing.
+    enum Budget: Equatable { case absent, null, value(Micros) }
+
+    /// A budget field: a decimal string of US dollars with at most 6 decimals from `"0"` to
+    /// ``Micros/max`` (``Micros/init(decimal:)``: no sign, exponent, spaces or leading zeros), or
+    /// `null` for unlimited. A JSON number is refused too: money crosses the wire as text, so a
+    /// binary floating point never decides a budget. Anything else is 400 naming the field.
+    func budget(_ key: String) throws -> Budget {
+        guard let value = fields[key] else { return .absent }
+        if value.isNull { return .null }
+        guard let text = value.stringValue, let amount = Micros(decimal: text) else {
+            throw GatewayError.invalidRequest(
+                "'\(key)' must be a decimal string of US dollars from \"0\" to \"\(Micros.max.decimal)\" with at most 6 decimals, "
+                    + "such as \"50\" or \"12.345678\", or null for unlimited.")
+        }
+        return .value(amount)
+    }
+
+    /// A budget for a create or an update: the body's value (`null` = unlimited), or when the body
+    /// leaves it out, `current` (nil: unlimited).
+    func budget(_ key: String, keeping current: Micros?) throws -> Micros? {
+        switch try budget(key) {
+        case .absent: return current
+        case .null: return nil
+        case .value(let amount): return amount
+        }
+    }
+
     /// The id of the resource a body creates or changes: for a change, the id in the path (an
     /// `id` in the body must equal it); for a create, the body's `id` (`generated` when the body
     /// has none and one may be made), which `isValid` must accept.

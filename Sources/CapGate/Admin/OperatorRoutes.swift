@@ -133,11 +133,13 @@ struct OperatorRoutes {
             guard role == "member" || role == "admin" else { throw GatewayError.invalidRequest("'role' must be 'member' or 'admin'.") }
             var cap: Int64? = nil
             if case .value(let v) = try fields.cap("monthly_cap") { cap = v }
+            let budget = try fields.budget("monthly_budget", keeping: nil)
             let disabled = try fields.bool("disabled") ?? false
             guard try await tenants.companyExists(company) else { throw GatewayError.notFound("No company with that id.") }
             return try jsonResponse(
                 encoding: try await tenants.createUser(
-                    company: company, id: id, email: email, role: role, monthlyCap: cap, disabled: disabled),
+                    company: company, id: id, email: email, role: role, monthlyCap: cap, disabled: disabled,
+                    monthlyBudget: budget),
                 status: .created
             )
         }
@@ -154,6 +156,12 @@ struct OperatorRoutes {
             case .null: cap = .some(nil)
             case .value(let v): cap = .some(v)
             }
+            var budget: Micros?? = nil
+            switch try fields.budget("monthly_budget") {
+            case .absent: budget = nil
+            case .null: budget = .some(nil)
+            case .value(let v): budget = .some(v)
+            }
             var email: String?? = nil
             if fields.has("email") { email = .some(try fields.string("email", maxLength: 320)) }
             let disabled = try fields.bool("disabled")
@@ -162,7 +170,8 @@ struct OperatorRoutes {
             }
             return try jsonResponse(
                 encoding: try await tenants.updateUser(
-                    company: company, id: user, email: email, role: role, monthlyCap: cap, disabled: disabled)
+                    company: company, id: user, email: email, role: role, monthlyCap: cap, disabled: disabled,
+                    monthlyBudget: budget)
             )
         }
     }
@@ -259,7 +268,9 @@ struct OperatorRoutes {
             currency: currency,
             isDefault: try f.bool("is_default") ?? existing?.isDefault ?? false,
             isActive: try f.bool("is_active") ?? existing?.isActive ?? true,
-            sortOrder: try f.int("sort_order", range: -1_000_000...1_000_000).map { Int32($0) } ?? existing?.sortOrder ?? 0
+            sortOrder: try f.int("sort_order", range: -1_000_000...1_000_000).map { Int32($0) } ?? existing?.sortOrder ?? 0,
+            companyBudget: try f.budget("monthly_company_budget", keeping: existing?.monthlyCompanyBudget),
+            userBudget: try f.budget("monthly_user_budget", keeping: existing?.monthlyUserBudget)
         )
     }
 }

@@ -97,47 +97,81 @@ extension BillingStore {
         public var companyID: UUID
         public var periodID: Int64
         public var userID: UUID?
+        /// In the unit of ``measure``: units, or micro-dollars for a cost.
         public var counter: Int64
         public var ledger: Int64
         /// For a feature counter (SPEC §8): its feature and window, e.g. `day 2026-11-24T05:00:00Z`.
         public var feature: String? = nil
         public var window: String? = nil
+        /// Which column of the counter disagrees.
+        public var measure: Measure = .units
+
+        /// A counter's column that `verify` recomputes.
+        public enum Measure: String, Sendable {
+            /// `used`: the charged rows' units.
+            case units
+            /// `cost_used` (SPEC §11): the charged rows' `cost_micros` that have a `cost_source`.
+            case costUsed = "cost_used"
+            /// `cost_held` (SPEC §11): the charged rows' `hold_micros` without a `cost_source` (open holds).
+            case costHeld = "cost_held"
+        }
 
         public var description: String {
             let who = userID.map { "user \($0.uuidString.lowercased())" } ?? "company"
             let what = feature.map { " feature \($0) \(window ?? "")" } ?? ""
             let company = companyID.uuidString.lowercased()
-            return "mismatch: company \(company) period \(periodID) \(who)\(what): counter \(counter), ledger \(ledger)"
+            let values =
+                measure == .units
+                ? "counter \(counter), ledger \(ledger)"
+                : "\(measure.rawValue): counter \(Micros(counter).decimal) USD, ledger \(Micros(ledger).decimal) USD"
+            return "mismatch: company \(company) period \(periodID) \(who)\(what): \(values)"
         }
     }
 
-    /// Recomputes every counter from the ledger (charged rows) and returns the disagreements.
+    /// Recomputes every counter from the ledger (charged rows) and returns the disagreements:
+    /// units, and the cost counters of SPEC §11 (`cost_used`: the costs of rows with a
+    /// `cost_source`, `cost_held`: the holds of rows without one), in one scan of the ledger.
     public func verify() async throws -> [Mismatch] {
         try await database.run { client in
             let rows = try await client.query(
                 """
                 WITH ledger_company AS (
-                    SELECT company_id, period_id, SUM(units)::bigint AS units FROM usage_ledger
-                     WHERE outcome = 'charged' GROUP BY company_id, period_id),
+                    SELECT company_id, period_id, SUM(units)::bigint AS units,
+                           COALESCE(SUM(cost_micros) FILTER (WHERE cost_source IS NOT NULL), 0)::bigint AS cost_used,
+                           COALESCE(SUM(hold_micros) FILTER (WHERE cost_source IS NULL), 0)::bigint AS cost_held
+                      FROM usage_ledger WHERE outcome = 'charged' GROUP BY company_id, period_id),
                 ledger_user AS (
-                    SELECT company_id, period_id, user_id, SUM(units)::bigint AS units FROM usage_ledger
-                     WHERE outcome = 'charged' GROUP BY company_id, period_id, user_id)
-                SELECT COALESCE(c.company_id, l.company_id), COALESCE(c.period_id, l.period_id), NULL::uuid,
-                       COALESCE(c.used, 0), COALESCE(l.units, 0)
-                  FROM company_usage c FULL JOIN ledger_company l ON l.company_id = c.company_id AND l.period_id = c.period_id
-                 WHERE COALESCE(c.used, 0) <> COALESCE(l.units, 0)
-                UNION ALL
-                SELECT COALESCE(u.company_id, l.company_id), COALESCE(u.period_id, l.period_id), COALESCE(u.user_id, l.user_id),
-                       COALESCE(u.used, 0), COALESCE(l.units, 0)
-                  FROM user_usage u FULL JOIN ledger_user l
-                    ON l.company_id = u.company_id AND l.period_id = u.period_id AND l.user_id = u.user_id
-                 WHERE COALESCE(u.used, 0) <> COALESCE(l.units, 0)
+                    SELECT company_id, period_id, user_id, SUM(units)::bigint AS units,
+                           COALESCE(SUM(cost_micros) FILTER (WHERE cost_source IS NOT NULL), 0)::bigint AS cost_used,
+                           COALESCE(SUM(hold_micros) FILTER (WHERE cost_source IS NULL), 0)::bigint AS cost_held
+                      FROM usage_ledger WHERE outcome = 'charged' GROUP BY company_id, period_id, user_id),
+                compared AS (
+                    SELECT COALESCE(c.company_id, l.company_id) AS company_id, COALESCE(c.period_id, l.period_id) AS period_id,
+                           NULL::uuid AS user_id, COALESCE(c.used, 0) AS used, COALESCE(l.units, 0) AS units,
+                           COALESCE(c.cost_used, 0) AS cost_used, COALESCE(l.cost_used, 0) AS ledger_cost_used,
+                           COALESCE(c.cost_held, 0) AS cost_held, COALESCE(l.cost_held, 0) AS ledger_cost_held
+                      FROM company_usage c FULL JOIN ledger_company l ON l.company_id = c.company_id AND l.period_id = c.period_id
+                    UNION ALL
+                    SELECT COALESCE(u.company_id, l.company_id), COALESCE(u.period_id, l.period_id), COALESCE(u.user_id, l.user_id),
+                           COALESCE(u.used, 0), COALESCE(l.units, 0), COALESCE(u.cost_used, 0), COALESCE(l.cost_used, 0),
+                           COALESCE(u.cost_held, 0), COALESCE(l.cost_held, 0)
+                      FROM user_usage u FULL JOIN ledger_user l
+                        ON l.company_id = u.company_id AND l.period_id = u.period_id AND l.user_id = u.user_id)
+                SELECT company_id, period_id, user_id, m.measure, m.counter, m.ledger
+                  FROM compared CROSS JOIN LATERAL (VALUES ('units', used, units), ('cost_used', cost_used, ledger_cost_used),
+                                                           ('cost_held', cost_held, ledger_cost_held)) AS m (measure, counter, ledger)
+                 WHERE m.counter <> m.ledger
+                 ORDER BY user_id NULLS FIRST, company_id, period_id, m.measure
                 """,
                 logger: logger
             )
             var out: [Mismatch] = []
-            for try await (company, period, user, counter, ledger) in rows.decode((UUID, Int64, UUID?, Int64, Int64).self) {
-                out.append(Mismatch(companyID: company, periodID: period, userID: user, counter: counter, ledger: ledger))
+            for try await (company, period, user, measure, counter, ledger) in rows.decode((UUID, Int64, UUID?, String, Int64, Int64).self)
+            {
+                out.append(
+                    Mismatch(
+                        companyID: company, periodID: period, userID: user, counter: counter, ledger: ledger,
+                        measure: Mismatch.Measure(rawValue: measure) ?? .units))
             }
             return out + (try await featureMismatches(client))
         }

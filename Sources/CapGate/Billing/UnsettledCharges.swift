@@ -11,6 +11,10 @@ import PostgresNIO
 /// - keep: the charge stands; `settled_at` is set and `upstream_status` stays NULL, which no
 ///   other path writes on a charged row (a provider settlement always records a status). The
 ///   export shows such a row as `kept`. A real settlement arriving later still overwrites it.
+///   A cost hold still open on the row (SPEC §11: `hold_micros` set, `cost_source` NULL) is
+///   charged as its cost (`cost_micros` = the hold, `cost_source` `hold`, as for an answer whose
+///   usage cannot be known), and the company's and the user's counters move it from `cost_held`
+///   to `cost_used` in the same transaction.
 /// - refund: `capgate_refund(company, id, NULL, NULL)` gives the units back to both counters,
 ///   marks the row refunded, and marks its Idempotency-Key failed so a retry is a new attempt.
 ///
@@ -57,10 +61,12 @@ public struct UnsettledCharges: Sendable {
         public var units: Int64
         public var oldestID: Int64
         public var oldestAt: Date
+        /// The cost holds still open on these charges (SPEC §11).
+        public var held: Micros = .zero
 
         public var description: String {
             "unsettled: company \(companyID.uuidString.lowercased()): \(count) charges, \(units) units, "
-                + "oldest \(oldestID) at \(Timestamp.format(oldestAt))"
+                + "oldest \(oldestID) at \(Timestamp.format(oldestAt))" + (held > .zero ? ", \(held.decimal) USD held" : "")
         }
     }
 
@@ -75,11 +81,13 @@ public struct UnsettledCharges: Sendable {
         public var route: String
         public var requestID: String
         public var idempotencyKey: String?
+        /// Its cost hold, while open (SPEC §11); nil when nothing is held.
+        public var hold: Micros? = nil
 
         public var description: String {
             "\(id) company \(companyID.uuidString.lowercased()) user \(userID.uuidString.lowercased()) units \(units) "
                 + "created \(Timestamp.format(createdAt)) \(method) \(route) request \(requestID)"
-                + (idempotencyKey.map { " idempotency_key \($0)" } ?? "")
+                + (idempotencyKey.map { " idempotency_key \($0)" } ?? "") + (hold.map { " hold \($0.decimal) USD" } ?? "")
         }
     }
 
@@ -95,6 +103,8 @@ public struct UnsettledCharges: Sendable {
         public var id: Int64
         public var companyID: UUID?
         public var outcome: Outcome
+        /// For a kept charge whose cost hold was open: the hold, now charged as its cost.
+        public var charged: Micros? = nil
 
         /// False when the id was skipped.
         public var done: Bool {
@@ -105,7 +115,8 @@ public struct UnsettledCharges: Sendable {
         public var description: String {
             let company = companyID.map { " (company \($0.uuidString.lowercased()))" } ?? ""
             switch outcome {
-            case .kept: return "kept \(id)\(company): the charge stands"
+            case .kept:
+                return "kept \(id)\(company): the charge stands" + (charged.map { ", its hold of \($0.decimal) USD charged" } ?? "")
             case .refunded: return "refunded \(id)\(company): the units are given back"
             case .already(let what): return "\(id)\(company): \(what) already, nothing changed"
             case .skipped(let why): return "skipped \(id)\(company): \(why)"
@@ -119,7 +130,8 @@ public struct UnsettledCharges: Sendable {
             let rows = try await client.query(
                 """
                 SELECT company_id, count(*)::bigint, sum(units)::bigint,
-                       (array_agg(id ORDER BY created_at, id))[1], min(created_at)
+                       (array_agg(id ORDER BY created_at, id))[1], min(created_at),
+                       COALESCE(sum(hold_micros) FILTER (WHERE cost_source IS NULL), 0)::bigint
                   FROM usage_ledger
                  WHERE outcome = 'charged' AND settled_at IS NULL
                    AND created_at <= clock_timestamp() - \(olderThan) * interval '1 second'
@@ -129,8 +141,9 @@ public struct UnsettledCharges: Sendable {
                 logger: logger
             )
             var out: [CompanySummary] = []
-            for try await (company, count, units, oldest, at) in rows.decode((UUID, Int64, Int64, Int64, Date).self) {
-                out.append(CompanySummary(companyID: company, count: count, units: units, oldestID: oldest, oldestAt: at))
+            for try await (company, count, units, oldest, at, held) in rows.decode((UUID, Int64, Int64, Int64, Date, Int64).self) {
+                out.append(
+                    CompanySummary(companyID: company, count: count, units: units, oldestID: oldest, oldestAt: at, held: Micros(held)))
             }
             return out
         }
@@ -142,7 +155,8 @@ public struct UnsettledCharges: Sendable {
         return try await database.run { client in
             let rows = try await client.query(
                 """
-                SELECT id, company_id, user_id, units, created_at, method, route, request_id, idempotency_key
+                SELECT id, company_id, user_id, units, created_at, method, route, request_id, idempotency_key,
+                       CASE WHEN cost_source IS NULL THEN hold_micros END
                   FROM usage_ledger
                  WHERE outcome = 'charged' AND settled_at IS NULL
                    AND created_at <= clock_timestamp() - \(olderThan) * interval '1 second'
@@ -153,31 +167,68 @@ public struct UnsettledCharges: Sendable {
                 logger: logger
             )
             var out: [Charge] = []
-            for try await r in rows.decode((Int64, UUID, UUID, Int32, Date, String, String, String, String?).self) {
+            for try await r in rows.decode((Int64, UUID, UUID, Int32, Date, String, String, String, String?, Int64?).self) {
                 out.append(
                     Charge(
                         id: r.0, companyID: r.1, userID: r.2, units: r.3, createdAt: r.4, method: r.5, route: r.6, requestID: r.7,
-                        idempotencyKey: r.8))
+                        idempotencyKey: r.8, hold: r.9.map(Micros.init)))
             }
             return out
         }
     }
 
     /// Keeps each charge (it stands, marked settled without a provider status) if it is
-    /// unsettled for `olderThan` seconds; `company` narrows the look-up to one company.
+    /// unsettled for `olderThan` seconds; `company` narrows the look-up to one company. An open
+    /// cost hold is charged as the call's cost (``keep(_:on:olderThan:)``).
     public func keep(_ ids: [Int64], company: UUID? = nil, olderThan: TimeInterval = defaultGrace) async throws -> [Resolution] {
         try await resolve(ids, company: company, olderThan: olderThan, action: .keep) { connection, row in
-            let rows = try await connection.query(
-                """
-                UPDATE usage_ledger SET settled_at = clock_timestamp()
-                 WHERE company_id = \(row.company) AND id = \(row.id) AND outcome = 'charged' AND settled_at IS NULL
-                   AND created_at <= clock_timestamp() - \(olderThan) * interval '1 second'
-                RETURNING id
-                """,
-                logger: logger
-            ).collect()
-            return rows.isEmpty ? nil : .kept
+            try await keep(row, on: connection, olderThan: olderThan)
         }
+    }
+
+    /// Keeps one charge inside the caller's transaction; nil when it no longer qualifies. Lock
+    /// order as admission, settlement and `capgate_refund`: the company counter, the ledger row,
+    /// the user counter. An open hold (`hold_micros` set, `cost_source` NULL) becomes the cost
+    /// (`cost_source` `hold`) and moves from `cost_held` to `cost_used` in both counters.
+    func keep(_ row: Row, on connection: PostgresConnection, olderThan: TimeInterval) async throws -> Acted? {
+        let found = try await connection.query(
+            "SELECT period_id, user_id FROM usage_ledger WHERE company_id = \(row.company) AND id = \(row.id)", logger: logger
+        ).decode((Int64, UUID).self).collect()
+        guard let (period, user) = found.first else { return nil }
+        try await connection.query(
+            "SELECT 1 FROM company_usage WHERE company_id = \(row.company) AND period_id = \(period) FOR UPDATE", logger: logger)
+        let open = try await connection.query(
+            """
+            SELECT CASE WHEN cost_source IS NULL THEN hold_micros END FROM usage_ledger
+             WHERE company_id = \(row.company) AND id = \(row.id) AND outcome = 'charged' AND settled_at IS NULL
+               AND created_at <= clock_timestamp() - \(olderThan) * interval '1 second'
+               FOR UPDATE
+            """,
+            logger: logger
+        ).decode(Int64?.self).collect()
+        guard let held = open.first else { return nil }
+        try await connection.query(
+            """
+            UPDATE usage_ledger SET settled_at = clock_timestamp(), cost_micros = COALESCE(\(held), cost_micros),
+                   cost_source = CASE WHEN \(held)::bigint IS NULL THEN cost_source ELSE 'hold' END
+             WHERE company_id = \(row.company) AND id = \(row.id)
+            """,
+            logger: logger)
+        if let held, held > 0 {
+            try await connection.query(
+                """
+                UPDATE company_usage SET cost_held = cost_held - \(held), cost_used = cost_used + \(held)
+                 WHERE company_id = \(row.company) AND period_id = \(period)
+                """,
+                logger: logger)
+            try await connection.query(
+                """
+                UPDATE user_usage SET cost_held = cost_held - \(held), cost_used = cost_used + \(held)
+                 WHERE company_id = \(row.company) AND period_id = \(period) AND user_id = \(user)
+                """,
+                logger: logger)
+        }
+        return (.kept, held.map(Micros.init))
     }
 
     /// Gives each charge back through `capgate_refund` if it is unsettled for `olderThan`
@@ -193,7 +244,7 @@ public struct UnsettledCharges: Sendable {
                 logger: logger
             ).decode(Bool.self).collect()
             guard let refunded = rows.first else { return nil }
-            return refunded ? .refunded : .skipped("a replayed attempt of this charge succeeded or is in flight: the charge stands")
+            return (refunded ? .refunded : .skipped("a replayed attempt of this charge succeeded or is in flight: the charge stands"), nil)
         }
     }
 
@@ -202,12 +253,15 @@ public struct UnsettledCharges: Sendable {
 
     typealias Row = (id: Int64, company: UUID, outcome: String, settledAt: Date?, status: Int32?, createdAt: Date)
 
+    /// What an action did with a row: its outcome, and for a kept charge the open hold it charged.
+    typealias Acted = (outcome: Resolution.Outcome, charged: Micros?)
+
     /// Looks every id up at once (without `company`, one scan of the ledger: its key leads with
     /// the company), then acts on each in its own transaction. `act` returns nil when the row no
     /// longer qualifies; the row is then read again to say why.
     func resolve(
         _ ids: [Int64], company: UUID?, olderThan: TimeInterval, action: Action,
-        act: @escaping @Sendable (PostgresConnection, Row) async throws -> Resolution.Outcome?
+        act: @escaping @Sendable (PostgresConnection, Row) async throws -> Acted?
     ) async throws -> [Resolution] {
         var found: [Int64: Row] = [:]
         for row in try await rows(ids, company: company) { found[row.id] = row }
@@ -219,7 +273,7 @@ public struct UnsettledCharges: Sendable {
             }
             let acted = try await database.transaction { connection in try await act(connection, row) }
             if let acted {
-                out.append(Resolution(id: id, companyID: row.company, outcome: acted))
+                out.append(Resolution(id: id, companyID: row.company, outcome: acted.outcome, charged: acted.charged))
             } else {
                 let now = try await rows([id], company: row.company).first
                 out.append(Resolution(id: id, companyID: row.company, outcome: Self.why(now, action: action, olderThan: olderThan)))

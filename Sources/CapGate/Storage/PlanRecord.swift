@@ -14,18 +14,22 @@ public struct PlanRecord: Sendable, Equatable {
     public var isDefault: Bool
     public var isActive: Bool
     public var sortOrder: Int32
+    /// What the whole company may spend per period (SPEC §11); `nil`: unlimited.
+    public var monthlyCompanyBudget: Micros?
+    /// What each user may spend per period, unless the user has an override; `nil`: unlimited.
+    public var monthlyUserBudget: Micros?
 
     /// A row of ``TenantStore/planColumns`` (the price read as `price::text`, so exactly).
     init(_ r: TenantStore.PlanRow) throws {
         guard let price = Self.decimal(r.4) else { throw DatabaseError.other("plan \(r.0): price '\(r.4)' is not a decimal") }
         self.init(
             id: r.0, name: r.1, monthlyCompanyCap: r.2, monthlyUserCap: r.3, price: price, currency: r.5, isDefault: r.6,
-            isActive: r.7, sortOrder: r.8)
+            isActive: r.7, sortOrder: r.8, monthlyCompanyBudget: r.9.map(Micros.init), monthlyUserBudget: r.10.map(Micros.init))
     }
 
     public init(
         id: String, name: String, monthlyCompanyCap: Int64?, monthlyUserCap: Int64?, price: Decimal, currency: String,
-        isDefault: Bool, isActive: Bool, sortOrder: Int32
+        isDefault: Bool, isActive: Bool, sortOrder: Int32, monthlyCompanyBudget: Micros? = nil, monthlyUserBudget: Micros? = nil
     ) {
         self.id = id
         self.name = name
@@ -36,6 +40,8 @@ public struct PlanRecord: Sendable, Equatable {
         self.isDefault = isDefault
         self.isActive = isActive
         self.sortOrder = sortOrder
+        self.monthlyCompanyBudget = monthlyCompanyBudget
+        self.monthlyUserBudget = monthlyUserBudget
     }
 
     /// The value of a plain decimal text (`19.99`, `49.00`, `0`): digits with at most one `.`,
@@ -59,11 +65,13 @@ extension PlanRecord: Encodable {
     enum CodingKeys: String, CodingKey {
         case id, name, monthlyCompanyCap = "monthly_company_cap", monthlyUserCap = "monthly_user_cap", price, currency
         case isDefault = "is_default", isActive = "is_active", sortOrder = "sort_order"
+        case monthlyCompanyBudget = "monthly_company_budget", monthlyUserBudget = "monthly_user_budget"
     }
 
-    /// Every field always present: an unlimited cap is `null`, not left out (synthesised
+    /// Every field always present: an unlimited cap or budget is `null`, not left out (synthesised
     /// conformance would leave it out). The price is a JSON number of the same value (`49`,
-    /// `49.5`, `19.99`), as the `Double` it replaces was written.
+    /// `49.5`, `19.99`), as the `Double` it replaces was written; a budget is a decimal string of
+    /// US dollars in its shortest form (`"50"`, `"12.5"`, `"0.000001"`).
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
         try c.encode(id, forKey: .id)
@@ -75,5 +83,7 @@ extension PlanRecord: Encodable {
         try c.encode(isDefault, forKey: .isDefault)
         try c.encode(isActive, forKey: .isActive)
         try c.encode(Int64(sortOrder), forKey: .sortOrder)
+        try c.encode(monthlyCompanyBudget, forKey: .monthlyCompanyBudget)
+        try c.encode(monthlyUserBudget, forKey: .monthlyUserBudget)
     }
 }

@@ -30,20 +30,28 @@ public struct UserRecord: Sendable, Equatable {
     public var role: String
     /// The user's own cap, overriding the plan's per-user cap; nil: the plan's.
     public var monthlyCap: Int64?
+    /// The user's own budget (SPEC §11), overriding the plan's per-user budget; nil: the plan's.
+    public var monthlyBudget: Micros?
     public var disabled: Bool
     public var createdAt: Date
 
     /// A row of ``TenantStore/UserRow``.
     init(_ r: TenantStore.UserRow) {
-        self.init(id: r.0, companyID: r.1, email: r.2, role: r.3, monthlyCap: r.4, disabled: r.5, createdAt: r.6)
+        self.init(
+            id: r.0, companyID: r.1, email: r.2, role: r.3, monthlyCap: r.4, disabled: r.5, createdAt: r.6,
+            monthlyBudget: r.7.map(Micros.init))
     }
 
-    public init(id: UUID, companyID: UUID, email: String?, role: String, monthlyCap: Int64?, disabled: Bool, createdAt: Date) {
+    public init(
+        id: UUID, companyID: UUID, email: String?, role: String, monthlyCap: Int64?, disabled: Bool, createdAt: Date,
+        monthlyBudget: Micros? = nil
+    ) {
         self.id = id
         self.companyID = companyID
         self.email = email
         self.role = role
         self.monthlyCap = monthlyCap
+        self.monthlyBudget = monthlyBudget
         self.disabled = disabled
         self.createdAt = createdAt
     }
@@ -51,10 +59,12 @@ public struct UserRecord: Sendable, Equatable {
 
 extension UserRecord: Encodable {
     enum CodingKeys: String, CodingKey {
-        case id, companyID = "company_id", email, role, monthlyCap = "monthly_cap", disabled, createdAt = "created_at"
+        case id, companyID = "company_id", email, role, monthlyCap = "monthly_cap", monthlyBudget = "monthly_budget", disabled
+        case createdAt = "created_at"
     }
 
-    /// Every key present (`null` for no email or no override); ids in lower case.
+    /// Every key present (`null` for no email or no override); ids in lower case; the budget a
+    /// decimal string of US dollars in its shortest form.
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
         try c.encode(id.uuidString.lowercased(), forKey: .id)
@@ -62,6 +72,7 @@ extension UserRecord: Encodable {
         try c.encode(email, forKey: .email)
         try c.encode(role, forKey: .role)
         try c.encode(monthlyCap, forKey: .monthlyCap)
+        try c.encode(monthlyBudget, forKey: .monthlyBudget)
         try c.encode(disabled, forKey: .disabled)
         try c.encode(Timestamp.format(createdAt), forKey: .createdAt)
     }

@@ -14,10 +14,13 @@ public struct TenantStore: Sendable {
 
     // MARK: plans
 
-    static let planColumns = "id, name, monthly_company_cap, monthly_user_cap, price::text, currency, is_default, is_active, sort_order"
+    static let planColumns = """
+        id, name, monthly_company_cap, monthly_user_cap, price::text, currency, is_default, is_active, sort_order,
+        monthly_company_budget, monthly_user_budget
+        """
 
-    /// A row of ``planColumns``.
-    typealias PlanRow = (String, String, Int64?, Int64?, String, String, Bool, Bool, Int32)
+    /// A row of ``planColumns`` (budgets in micro-dollars).
+    typealias PlanRow = (String, String, Int64?, Int64?, String, String, Bool, Bool, Int32, Int64?, Int64?)
 
     public func plans() async throws -> [PlanRecord] {
         try await database.run { client in
@@ -34,8 +37,7 @@ public struct TenantStore: Sendable {
     public func plan(_ id: String) async throws -> PlanRecord? {
         try await database.run { client in
             let rows = try await client.query(
-                "SELECT id, name, monthly_company_cap, monthly_user_cap, price::text, currency, is_default, is_active, sort_order FROM plans WHERE id = \(id)",
-                logger: logger
+                "SELECT \(unescaped: Self.planColumns) FROM plans WHERE id = \(id)", logger: logger
             )
             for try await r in rows.decode(PlanRow.self) {
                 return try PlanRecord(r)
@@ -57,6 +59,9 @@ public struct TenantStore: Sendable {
         public var isDefault: Bool
         public var isActive: Bool
         public var sortOrder: Int32
+        /// SPEC §11's budgets; nil: unlimited.
+        public var companyBudget: Micros? = nil
+        public var userBudget: Micros? = nil
     }
 
     /// Creates a plan. `is_default: true` makes it the default: the plan that was the default stops
@@ -67,8 +72,10 @@ public struct TenantStore: Sendable {
                 if p.isDefault { try await Self.clearDefault(except: p.id, on: connection, logger: self.logger) }
                 try await connection.query(
                     """
-                    INSERT INTO plans (id, name, monthly_company_cap, monthly_user_cap, price, currency, is_default, is_active, sort_order)
-                    VALUES (\(p.id), \(p.name), \(p.companyCap), \(p.userCap), \(PlanRecord.text(p.price))::numeric, \(p.currency), \(p.isDefault), \(p.isActive), \(p.sortOrder))
+                    INSERT INTO plans (id, name, monthly_company_cap, monthly_user_cap, price, currency, is_default, is_active, sort_order,
+                                       monthly_company_budget, monthly_user_budget)
+                    VALUES (\(p.id), \(p.name), \(p.companyCap), \(p.userCap), \(PlanRecord.text(p.price))::numeric, \(p.currency), \(p.isDefault), \(p.isActive), \(p.sortOrder),
+                            \(p.companyBudget?.value), \(p.userBudget?.value))
                     """,
                     logger: self.logger
                 )
@@ -88,7 +95,8 @@ public struct TenantStore: Sendable {
                 """
                 UPDATE plans SET name = \(p.name), monthly_company_cap = \(p.companyCap), monthly_user_cap = \(p.userCap),
                        price = \(PlanRecord.text(p.price))::numeric, currency = \(p.currency), is_default = \(p.isDefault),
-                       is_active = \(p.isActive), sort_order = \(p.sortOrder), updated_at = now()
+                       is_active = \(p.isActive), sort_order = \(p.sortOrder), monthly_company_budget = \(p.companyBudget?.value),
+                       monthly_user_budget = \(p.userBudget?.value), updated_at = now()
                  WHERE id = \(p.id)
                 """,
                 logger: self.logger
@@ -211,13 +219,15 @@ public struct TenantStore: Sendable {
 
     // MARK: users
 
-    /// A row of `SELECT id, company_id, email, role, monthly_cap, disabled, created_at FROM users`.
-    typealias UserRow = (UUID, UUID, String?, String, Int64?, Bool, Date)
+    static let userColumns = "id, company_id, email, role, monthly_cap, disabled, created_at, monthly_budget"
+
+    /// A row of ``userColumns`` (the budget in micro-dollars).
+    typealias UserRow = (UUID, UUID, String?, String, Int64?, Bool, Date, Int64?)
 
     public func user(company: UUID, id: UUID) async throws -> UserRecord? {
         try await database.run { client in
             let rows = try await client.query(
-                "SELECT id, company_id, email, role, monthly_cap, disabled, created_at FROM users WHERE company_id = \(company) AND id = \(id)",
+                "SELECT \(unescaped: Self.userColumns) FROM users WHERE company_id = \(company) AND id = \(id)",
                 logger: logger
             )
             for try await r in rows.decode(UserRow.self) { return UserRecord(r) }
@@ -229,7 +239,7 @@ public struct TenantStore: Sendable {
         try await database.run { client in
             var out: [UserRecord] = []
             let rows = try await client.query(
-                "SELECT id, company_id, email, role, monthly_cap, disabled, created_at FROM users WHERE company_id = \(company) ORDER BY created_at, id",
+                "SELECT \(unescaped: Self.userColumns) FROM users WHERE company_id = \(company) ORDER BY created_at, id",
                 logger: logger
             )
             for try await r in rows.decode(UserRow.self) { out.append(UserRecord(r)) }
@@ -238,14 +248,14 @@ public struct TenantStore: Sendable {
     }
 
     public func createUser(
-        company: UUID, id: UUID, email: String?, role: String, monthlyCap: Int64?, disabled: Bool
+        company: UUID, id: UUID, email: String?, role: String, monthlyCap: Int64?, disabled: Bool, monthlyBudget: Micros? = nil
     ) async throws -> UserRecord? {
         do {
             try await database.run { client in
                 try await client.query(
                     """
-                    INSERT INTO users (company_id, id, email, role, monthly_cap, disabled)
-                    VALUES (\(company), \(id), \(email), \(role), \(monthlyCap), \(disabled))
+                    INSERT INTO users (company_id, id, email, role, monthly_cap, disabled, monthly_budget)
+                    VALUES (\(company), \(id), \(email), \(role), \(monthlyCap), \(disabled), \(monthlyBudget?.value))
                     """,
                     logger: logger
                 )
@@ -258,17 +268,21 @@ public struct TenantStore: Sendable {
     }
 
     public func updateUser(
-        company: UUID, id: UUID, email: String??, role: String?, monthlyCap: Int64??, disabled: Bool?
+        company: UUID, id: UUID, email: String??, role: String?, monthlyCap: Int64??, disabled: Bool?,
+        monthlyBudget: Micros?? = nil
     ) async throws -> UserRecord? {
         try await database.run { client in
             let setEmail = email != nil
             let setCap = monthlyCap != nil
+            let setBudget = monthlyBudget != nil
+            let budget = (monthlyBudget ?? nil)?.value
             try await client.query(
                 """
                 UPDATE users SET
                     email = CASE WHEN \(setEmail) THEN \(email ?? nil) ELSE email END,
                     role = COALESCE(\(role), role),
                     monthly_cap = CASE WHEN \(setCap) THEN \(monthlyCap ?? nil) ELSE monthly_cap END,
+                    monthly_budget = CASE WHEN \(setBudget) THEN \(budget) ELSE monthly_budget END,
                     disabled = COALESCE(\(disabled), disabled)
                  WHERE company_id = \(company) AND id = \(id)
                 """,

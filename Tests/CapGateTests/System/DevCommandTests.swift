@@ -109,6 +109,21 @@ struct DevCommandTests {
         #expect(sonnet?["input"]?.stringValue == "3" && sonnet?["cache_write_5m"]?.stringValue == "3.75", "\(book)")
         #expect(sonnet?["long_prompt"]?["threshold_tokens"]?.intValue == 200_000, "\(book)")
 
+        // The demo plans carry cost budgets (SPEC §11), so budgets can be tried; `low` (the demo
+        // company's, whose calls above use an unpriced model) and `high` have none.
+        var plansRead = HTTPClientRequest(url: base + "/admin/v1/plans")
+        plansRead.headers.add(name: "authorization", value: "Bearer \(demo["operator_token"]!.stringValue!)")
+        let plansAnswer = try await Harness.http.execute(plansRead, timeout: .seconds(10))
+        let plans = try JSON.parse(Array(String(buffer: try await plansAnswer.body.collect(upTo: 1 << 20)).utf8))["data"]?.arrayValue ?? []
+        let budgets = Dictionary(
+            plans.map {
+                (
+                    $0["id"]?.stringValue ?? "",
+                    "\($0["monthly_company_budget"]?.stringValue ?? "null")/\($0["monthly_user_budget"]?.stringValue ?? "null")"
+                )
+            }, uniquingKeysWith: { a, _ in a })
+        #expect(budgets == ["free": "5/1", "low": "null/null", "medium": "100/20", "high": "null/null"], "\(plans)")
+
         kill(process.processIdentifier, SIGINT)
         for _ in 0..<60 where process.isRunning { try await Task.sleep(for: .milliseconds(250)) }
         #expect(!process.isRunning, "dev did not stop on SIGINT")
