@@ -51,9 +51,14 @@ async function api(path, accept = "application/json") {
 const number = (n) => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US"));
 const limitText = (n) => (n === null || n === undefined ? "unlimited" : number(n));
 const day = (iso) => (iso ? iso.slice(0, 10) : "—");
-// Money comes as exact decimal strings of US dollars (SPEC §11) and is shown as given.
-const money = (s) => (s === null || s === undefined ? "—" : "$" + s);
-const budgetText = (s) => (s === null || s === undefined ? "unlimited" : "$" + s);
+// Money comes as exact decimal strings of US dollars (SPEC §11): shown with every digit it has,
+// and at least cents ("$1.50", "$12.345678"), never through a floating-point number.
+function dollars(s) {
+  const [whole, fraction = ""] = String(s).split(".");
+  return "$" + whole + "." + fraction.padEnd(2, "0");
+}
+const money = (s) => (s === null || s === undefined ? "—" : dollars(s));
+const budgetText = (s) => (s === null || s === undefined ? "unlimited" : dollars(s));
 // A decimal string as whole micro-dollars, exact (for comparisons and a meter's share).
 function micros(s) {
   const [whole, fraction = ""] = String(s).split(".");
@@ -404,7 +409,8 @@ function renderHistory(periods) {
   box.replaceChildren();
   if (!periods.length) { box.append(el("p", { class: "empty", text: "No past period yet." })); return; }
   const entries = periods.slice().reverse().map((p) => ({
-    label: day(p.period.start) + " to " + day(p.period.end) + " (" + (p.plan ? p.plan.name : "no plan") + ", cap " + limitText(p.limit) + ")",
+    label: day(p.period.start) + " to " + day(p.period.end) + " (" + (p.plan ? p.plan.name : "no plan") + ", cap " + limitText(p.limit) +
+      (p.cost ? ", spent " + money(p.cost.company.used) + " of " + budgetText(p.cost.company.limit) : "") + ")",
     short: day(p.period.start).slice(0, 7), total: p.used, parts: { used: p.used },
   }));
   box.append(barChart(entries, ["used"], "Units used per past period"));

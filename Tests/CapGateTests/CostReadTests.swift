@@ -146,7 +146,7 @@ struct CostReadTests {
             let csv = try await h.request(.GET, "/admin/v1/companies/\(company.text)/events", headers: admin + [("accept", "text/csv")])
             let lines = csv.body.split(separator: "\n", omittingEmptySubsequences: false)
             #expect(
-                lines.first
+                lines.first.map(String.init)
                     == "id,time,user_id,units,input_tokens,output_tokens,method,route,model,outcome,upstream_status,request_id,"
                     + "company_id,period_start,period_end,feature,idempotency_key,settlement,"
                     + "cache_write_tokens,cache_read_tokens,hold_usd,cost_usd,cost_source")
