@@ -29,10 +29,14 @@ struct AdmissionEquivalenceTests {
         let upgrade = row.upgrade.map {
             "\($0.upgrade.plan) \($0.upgrade.companyLimit ?? -1)/\($0.upgrade.userLimit ?? -1)/\($0.featureLimit ?? -1)"
         }
+        func counter(_ c: CostState.Counter?) -> String { c.map { "\($0.used)+\($0.held)/\($0.limit.map(String.init) ?? "∞")" } ?? "-" }
+        let cost = row.cost.map {
+            "hold=\($0.hold.map(String.init) ?? "-") cost=\(counter($0.company)) \(counter($0.user)) \(row.budgetScope ?? "-")"
+        }
         return [
             row.auth, row.decision ?? "-", row.ledgerID == nil ? "no ledger" : "ledger",
             "company=\(row.companyUsed ?? -1)/\(row.companyCap ?? -1)",
-            "user=\(row.userUsed ?? -1)/\(row.userCap ?? -1)", feature ?? "no feature", upgrade ?? "no upgrade",
+            "user=\(row.userUsed ?? -1)/\(row.userCap ?? -1)", feature ?? "no feature", upgrade ?? "no upgrade", cost ?? "no cost",
         ].joined(separator: " ")
     }
 
@@ -42,24 +46,35 @@ struct AdmissionEquivalenceTests {
     /// the single call only those it charges.
     static let state = """
         SELECT concat_ws(E'\\n',
-          (SELECT string_agg(concat_ws(' ', company_id, period_id, used), E'\\n' ORDER BY company_id, period_id) FROM company_usage WHERE used <> 0),
-          (SELECT string_agg(concat_ws(' ', company_id, period_id, user_id, used), E'\\n' ORDER BY company_id, user_id) FROM user_usage WHERE used <> 0),
+          (SELECT string_agg(concat_ws(' ', company_id, period_id, used, cost_held), E'\\n' ORDER BY company_id, period_id)
+             FROM company_usage WHERE used <> 0 OR cost_held <> 0),
+          (SELECT string_agg(concat_ws(' ', company_id, period_id, user_id, used, cost_held), E'\\n' ORDER BY company_id, user_id)
+             FROM user_usage WHERE used <> 0 OR cost_held <> 0),
           (SELECT string_agg(concat_ws(' ', company_id, feature_id, span, starts_at, used), E'\\n'
                              ORDER BY company_id, feature_id, span, starts_at) FROM company_feature_usage WHERE used <> 0),
           (SELECT string_agg(concat_ws(' ', company_id, user_id, feature_id, span, starts_at, used), E'\\n'
                              ORDER BY company_id, user_id, feature_id, span, starts_at) FROM user_feature_usage WHERE used <> 0),
           (SELECT string_agg(concat_ws(' ', company_id, period_id, user_id, units, route, model, feature, feature_day, request_id,
-                                       outcome), E'\\n' ORDER BY request_id) FROM usage_ledger),
+                                       outcome, hold_micros), E'\\n' ORDER BY request_id) FROM usage_ledger),
           (SELECT count(*)::text FROM notifications))
         """
 
-    @Test("one random sequence of 400 calls: the same decision, counters and usage for each call, the same rows after")
+    @Test("one random sequence of 500 calls: the same decision, counters and usage for each call, the same rows after")
     func agree() async throws {
         let seed = UInt64.random(in: 1...UInt64.max)
         try await Harness.with { h in
             var random = SeededGenerator(state: seed)
             try await h.createPlan("p", company: 40, user: 15, sort: 1)
             try await h.createPlan("big", company: 500, user: nil, sort: 2)
+            // Cost budgets (SPEC §11) on 'big' only, so the caps of 'p' are still reached; 'm0'
+            // priced exactly, 'm1' by a prefix, 'm2' not at all.
+            try await h.exec(
+                """
+                UPDATE plans SET monthly_company_budget = 2000000, monthly_user_budget = 1000000 WHERE id = 'big';
+                INSERT INTO prices (model, effective_from, context_window, input, output, cache_write_5m, cache_write_1h, cache_read)
+                VALUES ('m0', '2020-01-01Z', 200000, 3000000, 15000000, 3750000, 6000000, 300000),
+                       ('m1*', '2020-01-01Z', 100000, 1000000, 5000000, 1250000, 2000000, 100000)
+                """)
             try await h.exec(
                 """
                 INSERT INTO features (id, name, sort_order, is_active) VALUES ('analysis', 'Analysis', 1, true),
@@ -71,17 +86,19 @@ struct AdmissionEquivalenceTests {
             let a = try await h.createCompany(plan: "p", users: 3)
             let b = try await h.createCompany(plan: "p", users: 2)
             let c = try await h.createCompany(plan: nil, users: 1)
+            let d = try await h.createCompany(plan: "big", users: 2)
+            try await h.exec("UPDATE users SET monthly_budget = 50000 WHERE id = '\(d.users[1].id.text)'")
             let revoked = try await h.createUser(company: a.company)
             try await h.exec("UPDATE api_keys SET revoked_at = now() WHERE user_id = '\(revoked.id.uuidString.lowercased())'")
             let at = Date()
-            for company in [a.company, b.company, c.company] {
+            for company in [a.company, b.company, c.company, d.company] {
                 try await h.exec("SELECT capgate_roll_company('\(company.uuidString.lowercased())', now())")
             }
 
             // Who calls: keys (also a revoked and an unknown one) and verified tokens (also a user
             // the company does not have).
             var callers: [(key: String?, company: UUID, user: UUID)] = []
-            for (company, users) in [a, b, c] {
+            for (company, users) in [a, b, c, d] {
                 for user in users {
                     callers.append((user.key, company, user.id))
                     callers.append((nil, company, user.id))
@@ -91,13 +108,28 @@ struct AdmissionEquivalenceTests {
             callers.append(("cg_unknown_\(seed)", a.company, UUID()))
             callers.append((nil, b.company, UUID()))
             let features: [String?] = [nil, nil, "analysis", "analysis", "analysis", "chat", "vision", "gone", "missing"]
-            let items = (0..<400).map { i -> AdmissionItem in
+            var items = (0..<500).map { i -> AdmissionItem in
                 let caller = callers.randomElement(using: &random)!
                 let request = AdmissionRequest(
                     companyID: caller.company, userID: caller.user, units: [0, 1, 1, 1, 2, 3].randomElement(using: &random)!,
                     method: "POST", route: "/v1/messages", model: "m\(i % 3)", feature: features.randomElement(using: &random)!,
-                    requestID: String(format: "req_%05d", i), at: at)
+                    requestID: String(format: "req_%05d", i), at: at,
+                    bound: CostBound(
+                        promptTokens: [-2, -1, 100, 500, 1_000, 3_000, 5_000, 20_000].randomElement(using: &random)!,
+                        maxTokens: [-1, 16, 1_000, 8_000].randomElement(using: &random)!,
+                        cache: [.none, .fiveMinutes, .oneHour].randomElement(using: &random)!,
+                        window: [0, 0, 0, 1_000_000].randomElement(using: &random)!))
                 return AdmissionItem(keyHash: caller.key.map(ApiKeyGenerator.hash), request: request)
+            }
+            // Two calls that each budget refuses whatever came before: a hold over the 50,000 of d's
+            // second user (the company's 2,000,000 still has room: its users can hold at most
+            // 1,050,000), and a whole 1M window at $3 (3,000,000) over the company's.
+            for (i, (user, prompt, window)) in [(d.users[1].id, 20_000, 0), (d.users[0].id, -1, 1_000_000)].enumerated() {
+                let request = AdmissionRequest(
+                    companyID: d.company, userID: user, units: 1, method: "POST", route: "/v1/messages", model: "m0",
+                    requestID: "req_tail\(i)", at: at,
+                    bound: CostBound(promptTokens: Int64(prompt), maxTokens: 8_000, cache: .none, window: Int64(window)))
+                items.append(AdmissionItem(keyHash: nil, request: request))
             }
 
             var sizes: [Int] = []
@@ -130,11 +162,15 @@ struct AdmissionEquivalenceTests {
             let decisions = Set(single.compactMap(\.decision))
             for expected in [
                 "charged", "company_cap", "user_cap", "no_active_plan", "unknown_user", "unknown_feature",
-                "feature_not_in_plan", "feature_limit_exceeded",
+                "feature_not_in_plan", "feature_limit_exceeded", "budget_exceeded", "unpriced_model", "max_tokens_required",
+                "unbounded_call",
             ] {
                 #expect(decisions.contains(expected), "seed \(seed): no \(expected) in \(decisions.sorted())")
             }
             #expect(single.contains { $0.upgrade?.featureLimit != nil }, "seed \(seed): no feature upgrade offer")
+            for scope in ["company", "user"] {
+                #expect(single.contains { $0.budgetScope == scope }, "seed \(seed): no \(scope) budget refusal")
+            }
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0, "the runs were rolled back")
         }
     }

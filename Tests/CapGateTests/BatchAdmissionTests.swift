@@ -213,7 +213,8 @@ struct BatchAdmissionTests {
                 // 3 ms apart, longer than one settlement transaction takes here: without the
                 // 50 ms gathering each would find the queue idle and go alone.
                 for (i, ledger) in ledgerIDs.enumerated() {
-                    metering.settle(companyID: company, ledgerID: ledger, upstreamStatus: 200, inputTokens: Int64(i), outputTokens: nil)
+                    metering.settle(
+                        companyID: company, ledgerID: ledger, upstreamStatus: 200, usage: ProviderUsage(inputTokens: Int64(i)))
                     try await Task.sleep(for: .milliseconds(3))
                 }
                 await metering.flush()

@@ -19,7 +19,7 @@ struct FoundationTests {
                 "would apply 0007_admission_fast_path", "would apply 0008_admission_batch_one_function",
                 "would apply 0009_replay_attempts", "would apply 0010_idempotency_and_renewal",
                 "would apply 0011_features_and_routes", "would apply 0012_notifications", "would apply 0013_feature_binding",
-                "would apply 0014_prices", "would apply db/functions",
+                "would apply 0014_prices", "would apply 0015_budgets", "would apply db/functions",
             ])
         // The dry run changed nothing, not even the bookkeeping table.
         let tables = try await CapGateRunner.withClient(url: url, logger: logger) { client in
@@ -33,7 +33,7 @@ struct FoundationTests {
                 "applied 0005_period_locks", "applied 0006_settle_plans", "applied 0007_admission_fast_path",
                 "applied 0008_admission_batch_one_function", "applied 0009_replay_attempts",
                 "applied 0010_idempotency_and_renewal", "applied 0011_features_and_routes", "applied 0012_notifications",
-                "applied 0013_feature_binding", "applied 0014_prices", "applied db/functions",
+                "applied 0013_feature_binding", "applied 0014_prices", "applied 0015_budgets", "applied db/functions",
             ])
         #expect(try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) == ["nothing to apply"])
         #expect(try await CapGateRunner.migrate(url: url, dryRun: true, logger: logger) == ["nothing to apply"])
@@ -95,14 +95,16 @@ struct FoundationTests {
         #expect(try await scalar("SELECT capgate_probe()") == "two")
         #expect(
             try await scalar(
-                "SELECT to_regprocedure('capgate_charge(uuid,uuid,integer,text,text,text,text,text,bigint,timestamptz,text[])')::text")
+                "SELECT to_regprocedure('capgate_charge(uuid,uuid,integer,text,text,text,text,text,bigint,timestamptz,text[],bigint,bigint,smallint,bigint)')::text"
+            )
                 != nil)
         try FileManager.default.removeItem(atPath: probe)
         #expect(try await migrate() == [FunctionSet.name])
         #expect(try await scalar("SELECT to_regprocedure('capgate_probe()')::text") == nil)
         #expect(
             try await scalar(
-                "SELECT to_regprocedure('capgate_charge(uuid,uuid,integer,text,text,text,text,text,bigint,timestamptz,text[])')::text")
+                "SELECT to_regprocedure('capgate_charge(uuid,uuid,integer,text,text,text,text,text,bigint,timestamptz,text[],bigint,bigint,smallint,bigint)')::text"
+            )
                 != nil)
     }
 

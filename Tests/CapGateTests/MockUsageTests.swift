@@ -46,9 +46,10 @@ struct MockUsageTests {
                     let body = ByteBuffer(string: Self.body(text: text, images: images, cache: cache))
                     let usage = MockUsage(body: body, headers: [:])
                     let reading = try CallBody.read(body, contentType: "application/json", maxDepth: 128)
-                    let bound = PromptBound.tokens(
-                        bodyBytes: body.readableBytes, shape: try reading.promptShape(), overheadTokens: 1_000, imageTokens: 5_000,
-                        contextWindow: 1_000_000)
+                    let bound = CostBound(
+                        bodyBytes: body.readableBytes, shape: try reading.promptShape(), maxTokens: 64, overheadTokens: 1_000,
+                        imageTokens: 5_000, largeWindow: false
+                    ).promptTokens
                     let billed = usage.input + usage.cacheWrite5m + usage.cacheWrite1h
                     #expect(bound >= billed, "text \(text), images \(images), cache \(cache ?? "none"): bound \(bound) < \(billed)")
                     #expect(try reading.promptShape().cachedLong == (cache == "1h"))

@@ -25,13 +25,18 @@ struct SpoolTests {
         let company = UUID()
         try spool.put(.refund(company: company, ledger: 1, requestID: "r1", status: 500))
         try other.put(.refund(company: company, ledger: 2, requestID: "r2", status: nil))
-        try spool.put(.settle(company: company, ledger: 3, status: 200, inputTokens: 5, outputTokens: nil))
+        try spool.put(
+            .settle(
+                company: company, ledger: 3, status: 200, inputTokens: 5, outputTokens: nil, cacheWrite5m: nil, cacheWrite1h: nil,
+                cacheRead: nil, known: false))
         FileManager.default.createFile(atPath: directory + "/0000-broken.json", contents: Data("{".utf8))
         let pending = spool.pending()
         #expect(
             pending.map(\.write) == [
                 .refund(company: company, ledger: 1, requestID: "r1", status: 500),
-                .settle(company: company, ledger: 3, status: 200, inputTokens: 5, outputTokens: nil),
+                .settle(
+                    company: company, ledger: 3, status: 200, inputTokens: 5, outputTokens: nil, cacheWrite5m: nil, cacheWrite1h: nil,
+                    cacheRead: nil, known: false),
             ])
         #expect(FileManager.default.fileExists(atPath: directory + "/0000-broken.json.bad"))
         for entry in pending { spool.remove(entry.name) }

@@ -53,15 +53,36 @@ struct PromptBoundTests {
         }
     }
 
-    @Test("the bound: bytes + overhead + images, the context window with a document, never above the window")
-    func bound() {
-        func tokens(_ bytes: Int, _ shape: PromptShape, window: Int = 200_000) -> Int {
-            PromptBound.tokens(bodyBytes: bytes, shape: shape, overheadTokens: 1_000, imageTokens: 5_000, contextWindow: window)
+    @Test("the bound: bytes + overhead + images, the whole window with a document, none with server tools or a batch")
+    func bound() throws {
+        func tokens(_ bytes: Int, _ shape: PromptShape) -> Int64 {
+            CostBound(
+                bodyBytes: bytes, shape: shape, maxTokens: 64, overheadTokens: 1_000, imageTokens: 5_000, largeWindow: false
+            ).promptTokens
         }
         #expect(tokens(500, PromptShape()) == 1_500)
         #expect(tokens(500, PromptShape(images: 3)) == 16_500)
-        #expect(tokens(500, PromptShape(documents: 1)) == 200_000)
-        #expect(tokens(900_000, PromptShape()) == 200_000)
-        #expect(tokens(1, PromptShape(images: Int.max / 2)) == 200_000)
+        #expect(tokens(500, PromptShape(documents: 1)) == CostBound.wholeWindow)
+        #expect(tokens(1, PromptShape(images: Int.max / 2)) == CostBound.wholeWindow)
+        #expect(tokens(500, PromptShape(serverTools: true)) == CostBound.cannotBound)
+        #expect(tokens(500, PromptShape(batch: true)) == CostBound.cannotBound)
+        let cached = CostBound(
+            bodyBytes: 10, shape: PromptShape(cached: true, cachedLong: true), maxTokens: nil, overheadTokens: 0,
+            imageTokens: 0, largeWindow: true)
+        #expect(cached.cache == .oneHour && cached.maxTokens == CostBound.absent && cached.window == 1_000_000)
+    }
+
+    @Test("server tools: any top-level tool of a type the client does not run, and mcp_servers; a batch's requests")
+    func serverTools() throws {
+        #expect(try Self.shape(#"{"tools":[{"name":"f","input_schema":{}},{"type":"custom","name":"g"}]}"#).bounded)
+        #expect(try Self.shape(#"{"tools":[{"type":"bash_20250124","name":"bash"},{"type":"text_editor_20250728"}]}"#).bounded)
+        #expect(!(try Self.shape(#"{"tools":[{"type":"web_search_20250305","name":"web_search"}]}"#)).bounded)
+        #expect(!(try Self.shape(#"{"tools":[{"typ\u0065":"code_execution_20250825"}]}"#)).bounded)
+        #expect(!(try Self.shape(#"{"mcp_servers":[]}"#)).bounded)
+        #expect(!(try Self.shape(#"{"requests":[{"custom_id":"a","params":{}}]}"#)).bounded)
+        // Only the top-level tools list names tools: a tool_use block in a message is content.
+        #expect(try Self.shape(#"{"messages":[{"content":[{"type":"server_tool_use","name":"web_search"}]}]}"#).bounded)
+        #expect(CostBound.enablesLargeWindow(["x-y", "token-efficient, context-1m-2025-08-07"]))
+        #expect(!CostBound.enablesLargeWindow(["context-management-2025"]))
     }
 }

@@ -4,11 +4,18 @@
 --   feature_not_bound (a key bound to other features) | feature_not_in_plan |
 --   feature_limit_exceeded | stale_routes (the call was matched against an
 --   older route table: nothing changed, match again) | idempotency_replay | idempotency_in_flight
---   | idempotency_not_kept | idempotency_mismatch.
+--   | idempotency_not_kept | idempotency_mismatch | budget_exceeded (SPEC §11, after every cap and
+--   feature counter) | unpriced_model | max_tokens_required | unbounded_call (a budget applies and
+--   the call cannot be held: no price for its model, no max_tokens, or a body the price book cannot
+--   bound; all three 400, nothing changed).
 -- auth: ok | unknown_key | revoked_key | disabled_user (everything after role is NULL unless ok).
 -- feature_refused: the limit that refused, company.period | company.day | user.period | user.day.
 -- fc_*: the company's feature counters, fu_*: the user's (used after the call, and the limit).
 -- upgrade_*: a refusal's upgrade offer (capgate_upgrade_offer), so a 402 needs no second round trip.
+-- hold: the call's worst-case cost in micro-dollars (capgate_hold; NULL: nothing held), held in
+--   cc_held / uc_held when it was charged. budget_scope: company | user, on budget_exceeded.
+-- cc_*: the company's cost counters (used, held) and budget, uc_*: the user's (NULL budget:
+--   unlimited), as they stand after the decision.
 CREATE TYPE capgate_admitted AS (
     item integer, auth text, company_id uuid, user_id uuid, role text,
     decision text, ledger_id bigint, period_id bigint, plan_id text, plan_name text,
@@ -19,5 +26,7 @@ CREATE TYPE capgate_admitted AS (
     fc_period_used bigint, fc_period_limit bigint, fc_day_used bigint, fc_day_limit bigint,
     fu_period_used bigint, fu_period_limit bigint, fu_day_used bigint, fu_day_limit bigint,
     answer_status integer, answer_type text, answer_body bytea,
-    upgrade_plan text, upgrade_company_cap bigint, upgrade_user_cap bigint, upgrade_feature_limit bigint
+    upgrade_plan text, upgrade_company_cap bigint, upgrade_user_cap bigint, upgrade_feature_limit bigint,
+    hold bigint, budget_scope text, cc_used bigint, cc_held bigint, cc_limit bigint,
+    uc_used bigint, uc_held bigint, uc_limit bigint
 );

@@ -1,11 +1,13 @@
 -- One call without an Idempotency-Key, in one transaction and one round trip: the API key
 -- (p_key_hash, its SHA-256) is looked up and its user admitted, or, with p_key_hash NULL, the
 -- verified token's p_company and p_user are. p_relaxed: commit with synchronous_commit = off
--- (database.durability = relaxed). The admission itself is capgate_charge; a key bound to
+-- (database.durability = relaxed). p_prompt, p_max_tokens, p_cache, p_window: the call's cost
+-- bound (capgate_hold). The admission itself is capgate_charge; a key bound to
 -- features (api_keys.features) is charged only to those (feature_not_bound for another).
 CREATE FUNCTION capgate_admit(
     p_key_hash bytea, p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
-    p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz, p_relaxed boolean
+    p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz, p_relaxed boolean,
+    p_prompt bigint, p_max_tokens bigint, p_cache smallint, p_window bigint
 ) RETURNS SETOF capgate_admitted
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -32,7 +34,8 @@ BEGIN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
     r := capgate_with_offer(capgate_charge(p_company, p_user, p_units, p_method, p_route, p_model, p_feature,
-                                           p_request_id, p_routes_version, p_at, v_bound));
+                                           p_request_id, p_routes_version, p_at, v_bound, p_prompt, p_max_tokens,
+                                           p_cache, p_window));
     r.role := v_role;
     RETURN NEXT r;
 END;

@@ -13,10 +13,14 @@
 -- 3. Decide in arrival order against the locked values (a charge that brings a bounded counter
 --    to a notification threshold writes its notification row: capgate_notify); 4. write what
 --    moved and the ledger.
+-- Cost (SPEC §11) as capgate_charge: each call's hold (capgate_hold of its bound p_prompt,
+-- p_max_tokens, p_cache, p_window; -2, -1, 0, 0 when it has none) is read with the call in step 1,
+-- the cost counters are locked with the unit counters, and a call that cannot be held where a
+-- budget applies is refused before the counters, one whose hold does not fit after them.
 CREATE FUNCTION capgate_admit_batch(
     p_key_hash bytea[], p_company uuid[], p_user uuid[], p_units integer[], p_method text[], p_route text[],
     p_model text[], p_feature text[], p_request_id text[], p_routes_version bigint[], p_at timestamptz[],
-    p_relaxed boolean
+    p_relaxed boolean, p_prompt bigint[], p_max_tokens bigint[], p_cache smallint[], p_window bigint[]
 ) RETURNS SETOF capgate_admitted
 LANGUAGE plpgsql
 -- Planned once per session: re-planning for every call (custom plans for the array arguments)
@@ -40,15 +44,18 @@ DECLARE
     a_fps integer[]; a_fds integer[]; a_ups integer[]; a_uds integer[];
     a_decision text[]; a_ledger bigint[]; a_cused bigint[]; a_uused bigint[]; a_refused text[]; a_fday timestamptz[];
     a_fpu bigint[]; a_fdu bigint[]; a_upu bigint[]; a_udu bigint[];
+    a_cbudget bigint[]; a_ubudget bigint[]; a_priced boolean[]; a_hold bigint[]; a_scope text[];
+    a_ccu bigint[]; a_cch bigint[]; a_ucu bigint[]; a_uch bigint[];
     -- per locked counter (slot)
-    c_company uuid[]; c_period bigint[]; c_used bigint[];
-    u_company uuid[]; u_period bigint[]; u_user uuid[]; u_used bigint[];
+    c_company uuid[]; c_period bigint[]; c_used bigint[]; c_cost bigint[]; c_held bigint[];
+    u_company uuid[]; u_period bigint[]; u_user uuid[]; u_used bigint[]; u_cost bigint[]; u_held bigint[];
     fp_company uuid[]; fp_feature text[]; fp_start timestamptz[]; fp_used bigint[];
     fd_company uuid[]; fd_feature text[]; fd_start timestamptz[]; fd_used bigint[];
     up_company uuid[]; up_user uuid[]; up_feature text[]; up_start timestamptz[]; up_used bigint[];
     ud_company uuid[]; ud_user uuid[]; ud_feature text[]; ud_start timestamptz[]; ud_used bigint[];
     cs integer; us integer; fps integer; fds integer; ups integer; uds integer;
     u integer;
+    h bigint;
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -77,10 +84,13 @@ BEGIN
                array_agg(CASE WHEN r.fe THEN r.fps END ORDER BY r.ord),
                array_agg(CASE WHEN r.fe THEN r.fds END ORDER BY r.ord),
                array_agg(CASE WHEN r.fe THEN r.ups END ORDER BY r.ord),
-               array_agg(CASE WHEN r.fe THEN r.uds END ORDER BY r.ord)
+               array_agg(CASE WHEN r.fe THEN r.uds END ORDER BY r.ord),
+               array_agg(r.cbudget ORDER BY r.ord), array_agg(r.ubudget ORDER BY r.ord),
+               array_agg(r.priced ORDER BY r.ord), array_agg(r.hold ORDER BY r.ord)
           INTO a_auth, a_company, a_user, a_role, a_user_ok, a_stale, a_period, a_plan, a_plan_name, a_start, a_end,
                a_ccap, a_ucap, a_cslot, a_uslot, a_feature, a_fname, a_factive, a_fenabled, a_fmsg, a_bound,
-               a_lp, a_ld, a_lup, a_lud, a_dstart, a_dend, a_fps, a_fds, a_ups, a_uds
+               a_lp, a_ld, a_lup, a_lud, a_dstart, a_dend, a_fps, a_fds, a_ups, a_uds,
+               a_cbudget, a_ubudget, a_priced, a_hold
           FROM (
             SELECT y.*,
                    dense_rank() OVER (PARTITION BY y.eligible ORDER BY y.company, y.period)::integer AS cslot,
@@ -117,21 +127,29 @@ BEGIN
                            f.name AS fname, f.is_active AS factive, e.enabled AS fenabled, e.message AS fmsg,
                            -- A key bound to features (api_keys.features) is charged only to those.
                            (i.feature IS NULL OR k.features IS NULL OR i.feature = ANY (k.features)) AS bound,
-                           e.period_limit AS lp, e.daily_limit AS ld, e.user_period_limit AS lup, e.user_daily_limit AS lud
-                      FROM unnest(p_key_hash, p_company, p_user, p_at, p_units, p_feature, p_routes_version)
-                           WITH ORDINALITY AS i0(kh, co, us, at, units, feature, version, ord)
+                           e.period_limit AS lp, e.daily_limit AS ld, e.user_period_limit AS lup, e.user_daily_limit AS lud,
+                           p.monthly_company_budget AS cbudget,
+                           CASE WHEN p.id IS NULL THEN NULL ELSE coalesce(u.monthly_budget, p.monthly_user_budget) END
+                               AS ubudget,
+                           pr.model IS NOT NULL AS priced,
+                           capgate_hold(pr, i.prompt, i.max_tokens, i.cache, i.window) AS hold
+                      FROM unnest(p_key_hash, p_company, p_user, p_at, p_units, p_feature, p_routes_version, p_model,
+                                  p_prompt, p_max_tokens, p_cache, p_window)
+                           WITH ORDINALITY AS i0(kh, co, us, at, units, feature, version, model, prompt, max_tokens, cache,
+                                                 window_, ord)
                      CROSS JOIN LATERAL (
                         SELECT nullif(i0.kh, ''::bytea) AS kh,
                                nullif(i0.co, '00000000-0000-0000-0000-000000000000'::uuid) AS co,
                                nullif(i0.us, '00000000-0000-0000-0000-000000000000'::uuid) AS us,
                                i0.at, i0.units, nullif(i0.feature, '') AS feature,
-                               (i0.version >= 0 AND i0.version <> v_routes) AS stale, i0.ord::integer AS ord
+                               (i0.version >= 0 AND i0.version <> v_routes) AS stale, i0.ord::integer AS ord,
+                               nullif(i0.model, '') AS model, i0.prompt, i0.max_tokens, i0.cache, i0.window_ AS window
                      ) i
                       LEFT JOIN api_keys k ON k.key_hash = i.kh
                       LEFT JOIN users u ON u.company_id = coalesce(k.company_id, i.co) AND u.id = coalesce(k.user_id, i.us)
                       LEFT JOIN LATERAL (
                         SELECT pp.id, pp.plan_id, pl.name, pp.started_at, pp.ends_at, pl.monthly_company_cap,
-                               pl.monthly_user_cap, c.time_zone
+                               pl.monthly_user_cap, c.time_zone, pl.monthly_company_budget, pl.monthly_user_budget
                           FROM plan_periods pp
                           JOIN plans pl ON pl.id = pp.plan_id
                           JOIN companies c ON c.id = pp.company_id
@@ -140,6 +158,7 @@ BEGIN
                       ) p ON true
                       LEFT JOIN features f ON f.id = i.feature
                       LEFT JOIN plan_features e ON e.plan_id = p.plan_id AND e.feature_id = i.feature
+                      LEFT JOIN LATERAL capgate_price(i.model, i.at) pr ON i.units > 0
                   ) x
               ) y
           ) r;
@@ -164,11 +183,12 @@ BEGIN
         INSERT INTO company_usage AS cu (company_id, period_id, used)
         SELECT slot.c, slot.p, 0 FROM slot ORDER BY slot.c, slot.p
         ON CONFLICT (company_id, period_id) DO UPDATE SET used = cu.used
-        RETURNING cu.company_id, cu.period_id, cu.used
+        RETURNING cu.company_id, cu.period_id, cu.used, cu.cost_used, cu.cost_held
     )
     SELECT array_agg(l.company_id ORDER BY slot.slot), array_agg(l.period_id ORDER BY slot.slot),
-           array_agg(l.used ORDER BY slot.slot)
-      INTO c_company, c_period, c_used
+           array_agg(l.used ORDER BY slot.slot), array_agg(l.cost_used ORDER BY slot.slot),
+           array_agg(l.cost_held ORDER BY slot.slot)
+      INTO c_company, c_period, c_used, c_cost, c_held
       FROM slot JOIN locked l ON l.company_id = slot.c AND l.period_id = slot.p;
 
     WITH slot AS (
@@ -178,11 +198,12 @@ BEGIN
         INSERT INTO user_usage AS uu (company_id, period_id, user_id, used)
         SELECT slot.c, slot.p, slot.u, 0 FROM slot ORDER BY slot.c, slot.p, slot.u
         ON CONFLICT (company_id, period_id, user_id) DO UPDATE SET used = uu.used
-        RETURNING uu.company_id, uu.period_id, uu.user_id, uu.used
+        RETURNING uu.company_id, uu.period_id, uu.user_id, uu.used, uu.cost_used, uu.cost_held
     )
     SELECT array_agg(l.company_id ORDER BY slot.slot), array_agg(l.period_id ORDER BY slot.slot),
-           array_agg(l.user_id ORDER BY slot.slot), array_agg(l.used ORDER BY slot.slot)
-      INTO u_company, u_period, u_user, u_used
+           array_agg(l.user_id ORDER BY slot.slot), array_agg(l.used ORDER BY slot.slot),
+           array_agg(l.cost_used ORDER BY slot.slot), array_agg(l.cost_held ORDER BY slot.slot)
+      INTO u_company, u_period, u_user, u_used, u_cost, u_held
       FROM slot JOIN locked l ON l.company_id = slot.c AND l.period_id = slot.p AND l.user_id = slot.u;
 
     IF EXISTS (SELECT 1 FROM unnest(a_fps) s WHERE s IS NOT NULL) THEN
@@ -260,6 +281,11 @@ BEGIN
     a_fdu := array_fill(NULL::bigint, ARRAY[n]);
     a_upu := array_fill(NULL::bigint, ARRAY[n]);
     a_udu := array_fill(NULL::bigint, ARRAY[n]);
+    a_scope := array_fill(NULL::text, ARRAY[n]);
+    a_ccu := array_fill(NULL::bigint, ARRAY[n]);
+    a_cch := array_fill(NULL::bigint, ARRAY[n]);
+    a_ucu := array_fill(NULL::bigint, ARRAY[n]);
+    a_uch := array_fill(NULL::bigint, ARRAY[n]);
     FOR i IN 1..n LOOP
         CONTINUE WHEN a_auth[i] <> 'ok';
         IF a_stale[i] THEN
@@ -280,10 +306,16 @@ BEGIN
         ELSIF a_feature[i] IS NOT NULL AND NOT coalesce(a_fenabled[i], false) THEN
             a_decision[i] := 'feature_not_in_plan';
             CONTINUE;
+        ELSIF p_units[i] > 0 AND (a_cbudget[i] IS NOT NULL OR a_ubudget[i] IS NOT NULL)
+              AND (NOT a_priced[i] OR p_prompt[i] < -1 OR p_max_tokens[i] < 0) THEN
+            a_decision[i] := CASE WHEN p_prompt[i] < -1 THEN 'unbounded_call' WHEN NOT a_priced[i] THEN 'unpriced_model'
+                                  ELSE 'max_tokens_required' END;
+            CONTINUE;
         END IF;
         cs := a_cslot[i]; us := a_uslot[i];
         fps := a_fps[i]; fds := a_fds[i]; ups := a_ups[i]; uds := a_uds[i];
         u := p_units[i];
+        h := CASE WHEN u > 0 THEN coalesce(a_hold[i], 0) ELSE 0 END;
         IF u > 0 AND a_ccap[i] IS NOT NULL AND c_used[cs] + u > a_ccap[i] THEN
             a_decision[i] := 'company_cap';
         ELSIF u > 0 AND a_ucap[i] IS NOT NULL AND u_used[us] + u > a_ucap[i] THEN
@@ -300,9 +332,17 @@ BEGIN
         ELSIF uds IS NOT NULL AND a_lud[i] IS NOT NULL AND ud_used[uds] + u > a_lud[i] THEN
             a_decision[i] := 'feature_limit_exceeded';
             a_refused[i] := 'user.day';
+        ELSIF u > 0 AND a_cbudget[i] IS NOT NULL AND c_cost[cs] + c_held[cs] + h > a_cbudget[i] THEN
+            a_decision[i] := 'budget_exceeded';
+            a_scope[i] := 'company';
+        ELSIF u > 0 AND a_ubudget[i] IS NOT NULL AND u_cost[us] + u_held[us] + h > a_ubudget[i] THEN
+            a_decision[i] := 'budget_exceeded';
+            a_scope[i] := 'user';
         ELSE
             c_used[cs] := c_used[cs] + u;
             u_used[us] := u_used[us] + u;
+            c_held[cs] := c_held[cs] + h;
+            u_held[us] := u_held[us] + h;
             IF fps IS NOT NULL THEN
                 fp_used[fps] := fp_used[fps] + u;
                 fd_used[fds] := fd_used[fds] + u;
@@ -344,18 +384,21 @@ BEGIN
         END IF;
         a_cused[i] := c_used[cs];
         a_uused[i] := u_used[us];
+        a_ccu[i] := c_cost[cs]; a_cch[i] := c_held[cs];
+        a_ucu[i] := u_cost[us]; a_uch[i] := u_held[us];
         IF fps IS NOT NULL THEN
             a_fpu[i] := fp_used[fps]; a_fdu[i] := fd_used[fds]; a_upu[i] := up_used[ups]; a_udu[i] := ud_used[uds];
         END IF;
     END LOOP;
 
     -- 4. Write the counters that moved and the ledger rows of the charged calls.
-    UPDATE company_usage cu SET used = s.used
-      FROM unnest(c_company, c_period, c_used) AS s(c, p, used)
-     WHERE cu.company_id = s.c AND cu.period_id = s.p AND cu.used <> s.used;
-    UPDATE user_usage uu SET used = s.used
-      FROM unnest(u_company, u_period, u_user, u_used) AS s(c, p, u, used)
-     WHERE uu.company_id = s.c AND uu.period_id = s.p AND uu.user_id = s.u AND uu.used <> s.used;
+    UPDATE company_usage cu SET used = s.used, cost_held = s.held
+      FROM unnest(c_company, c_period, c_used, c_held) AS s(c, p, used, held)
+     WHERE cu.company_id = s.c AND cu.period_id = s.p AND (cu.used <> s.used OR cu.cost_held <> s.held);
+    UPDATE user_usage uu SET used = s.used, cost_held = s.held
+      FROM unnest(u_company, u_period, u_user, u_used, u_held) AS s(c, p, u, used, held)
+     WHERE uu.company_id = s.c AND uu.period_id = s.p AND uu.user_id = s.u
+       AND (uu.used <> s.used OR uu.cost_held <> s.held);
     IF fp_company IS NOT NULL THEN
         UPDATE company_feature_usage fu SET used = s.used
           FROM unnest(fp_company, fp_feature, fp_start, fp_used) AS s(c, f, st, used)
@@ -375,13 +418,13 @@ BEGIN
            AND fu.starts_at = s.st AND fu.used <> s.used;
     END IF;
     INSERT INTO usage_ledger (id, company_id, period_id, user_id, units, method, route, model, feature, feature_day,
-                              request_id, outcome, created_at)
+                              request_id, outcome, created_at, hold_micros)
     OVERRIDING SYSTEM VALUE
     SELECT s.id, s.c, s.p, s.u, s.units, s.method, s.route, nullif(s.model, ''), nullif(s.feature, ''), s.fday,
-           s.request_id, 'charged', s.at
+           s.request_id, 'charged', s.at, CASE WHEN s.units > 0 THEN s.hold END
       FROM unnest(a_ledger, a_company, a_period, a_user, p_units, p_method, p_route, p_model, p_feature, a_fday,
-                  p_request_id, p_at, a_decision)
-           AS s(id, c, p, u, units, method, route, model, feature, fday, request_id, at, decision)
+                  p_request_id, p_at, a_decision, a_hold)
+           AS s(id, c, p, u, units, method, route, model, feature, fday, request_id, at, decision, hold)
      WHERE s.decision = 'charged';
 
     -- 5. One row per call, in the order given.
@@ -391,14 +434,19 @@ BEGIN
                s.started, s.ends, s.cused, s.ccap, s.uused, s.ucap,
                s.feature, s.fname, s.refused, s.fmsg, s.dstart, s.dend,
                s.fpu, s.lp, s.fdu, s.ld, s.upu, s.lup, s.udu, s.lud,
-               NULL::integer, NULL::text, NULL::bytea, o.plan_id, o.company_cap, o.user_cap, o.feature_limit
+               NULL::integer, NULL::text, NULL::bytea, o.plan_id, o.company_cap, o.user_cap, o.feature_limit,
+               CASE WHEN s.decision IN ('charged', 'company_cap', 'user_cap', 'feature_limit_exceeded', 'budget_exceeded')
+                    THEN s.hold END,
+               s.scope, s.ccu, s.cch, s.cbudget, s.ucu, s.uch, s.ubudget
           FROM unnest(a_auth, a_company, a_user, a_role, a_decision, a_ledger, a_period, a_plan, a_plan_name,
                       a_start, a_end, a_cused, a_ccap, a_uused, a_ucap,
                       a_feature, a_fname, a_refused, a_fmsg, a_dstart, a_dend,
-                      a_fpu, a_lp, a_fdu, a_ld, a_upu, a_lup, a_udu, a_lud)
+                      a_fpu, a_lp, a_fdu, a_ld, a_upu, a_lup, a_udu, a_lud,
+                      a_hold, a_scope, a_ccu, a_cch, a_cbudget, a_ucu, a_uch, a_ubudget)
                WITH ORDINALITY AS s(auth, c, u, role, decision, ledger, period, plan, plan_name, started, ends,
                                     cused, ccap, uused, ucap, feature, fname, refused, fmsg, dstart, dend,
-                                    fpu, lp, fdu, ld, upu, lup, udu, lud, ord)
+                                    fpu, lp, fdu, ld, upu, lup, udu, lud,
+                                    hold, scope, ccu, cch, cbudget, ucu, uch, ubudget, ord)
           -- A refusal's upgrade offer (the one-time filter skips the lookup for every other call).
           LEFT JOIN LATERAL (
               SELECT * FROM capgate_upgrade_offer(s.decision, s.plan, s.feature, s.refused,

@@ -6,7 +6,8 @@
 CREATE FUNCTION capgate_admit_idempotent(
     p_key_hash bytea, p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
     p_feature text, p_request_id text, p_idempotency_key text, p_fingerprint bytea, p_routes_version bigint,
-    p_at timestamptz, p_relaxed boolean
+    p_at timestamptz, p_relaxed boolean,
+    p_prompt bigint, p_max_tokens bigint, p_cache smallint, p_window bigint
 ) RETURNS SETOF capgate_admitted
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -97,7 +98,8 @@ BEGIN
     END IF;
 
     r := capgate_with_offer(capgate_charge(v_company, v_user, p_units, p_method, p_route, p_model, p_feature,
-                                           p_request_id, p_routes_version, p_at, v_bound));
+                                           p_request_id, p_routes_version, p_at, v_bound, p_prompt, p_max_tokens,
+                                           p_cache, p_window));
     r.role := v_role;
     IF r.decision = 'charged' THEN
         UPDATE usage_ledger l SET idempotency_key = p_idempotency_key

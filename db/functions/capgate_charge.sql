@@ -13,9 +13,18 @@
 --    a refusal gives back what this call already added (its rows stay locked until commit).
 -- 5. A charge that brings a bounded counter to a notification threshold (config_versions.
 --    thresholds, percent) writes its notification row here too (capgate_notify).
+-- 6. Cost (SPEC §11): a metered call (p_units > 0) is held its worst case (capgate_hold of the
+--    price of p_model at p_at and the bound p_prompt, p_max_tokens, p_cache, p_window, whose
+--    meaning capgate_hold gives; the defaults are "cannot be bounded"). Where a budget applies
+--    (the plan's company budget, or the user's), a call that cannot be held is refused before any
+--    counter (unpriced_model, unbounded_call, max_tokens_required). The hold goes into the same
+--    company and user counter updates as the units (cost_held), conditional on used + held + hold
+--    within the budget; after the caps and the feature counters, a budget it does not fit refuses
+--    the call (budget_exceeded, company before user) and everything this call added is given back.
 CREATE FUNCTION capgate_charge(
     p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
-    p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz, p_bound text[] DEFAULT NULL
+    p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz, p_bound text[] DEFAULT NULL,
+    p_prompt bigint DEFAULT -2, p_max_tokens bigint DEFAULT -1, p_cache smallint DEFAULT 0, p_window bigint DEFAULT 0
 ) RETURNS capgate_admitted
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -28,6 +37,10 @@ DECLARE
     v_routes bigint;
     v_thresholds integer[];
     v_low integer;         -- the lowest notification threshold, percent
+    v_price prices%ROWTYPE;
+    v_hold bigint := 0;    -- the hold as the counters take it (0: nothing held)
+    v_c_short boolean := false;  -- the company budget cannot take the hold (decided after the caps and features)
+    v_u_short boolean := false;
 BEGIN
     r.item := 1;
     r.auth := 'ok';
@@ -42,9 +55,10 @@ BEGIN
 
     FOR pass IN 1..2 LOOP
         SELECT pp.id, pp.plan_id, pl.name, pp.started_at, pp.ends_at, pl.monthly_company_cap,
-               coalesce(u.monthly_cap, pl.monthly_user_cap), u.id IS NOT NULL, c.time_zone
+               coalesce(u.monthly_cap, pl.monthly_user_cap), u.id IS NOT NULL, c.time_zone,
+               pl.monthly_company_budget, coalesce(u.monthly_budget, pl.monthly_user_budget)
           INTO r.period_id, r.plan_id, r.plan_name, r.period_start, r.period_end, r.company_cap, r.user_cap,
-               v_user_found, v_zone
+               v_user_found, v_zone, r.cc_limit, r.uc_limit
           FROM plan_periods pp
           JOIN plans pl ON pl.id = pp.plan_id
           JOIN companies c ON c.id = pp.company_id
@@ -60,6 +74,7 @@ BEGIN
     END IF;
     IF NOT v_user_found THEN
         r.user_cap := NULL;
+        r.uc_limit := NULL;
         r.decision := 'unknown_user';
         RETURN r;
     END IF;
@@ -90,12 +105,17 @@ BEGIN
     END IF;
 
     IF p_units = 0 THEN
-        -- A free route: in the ledger, counted against nothing.
-        SELECT used INTO r.company_used FROM company_usage WHERE company_id = p_company AND period_id = r.period_id;
-        SELECT used INTO r.user_used FROM user_usage
+        -- A free route: in the ledger, counted against nothing, held nothing.
+        SELECT used, cost_used, cost_held INTO r.company_used, r.cc_used, r.cc_held
+          FROM company_usage WHERE company_id = p_company AND period_id = r.period_id;
+        SELECT used, cost_used, cost_held INTO r.user_used, r.uc_used, r.uc_held FROM user_usage
          WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user;
         r.company_used := coalesce(r.company_used, 0);
         r.user_used := coalesce(r.user_used, 0);
+        r.cc_used := coalesce(r.cc_used, 0);
+        r.cc_held := coalesce(r.cc_held, 0);
+        r.uc_used := coalesce(r.uc_used, 0);
+        r.uc_held := coalesce(r.uc_held, 0);
         INSERT INTO usage_ledger (company_id, period_id, user_id, units, method, route, model, feature,
                                   request_id, outcome, created_at)
         VALUES (p_company, r.period_id, p_user, 0, p_method, p_route, p_model, p_feature, p_request_id, 'charged', p_at)
@@ -104,19 +124,37 @@ BEGIN
         RETURN r;
     END IF;
 
+    -- 0. The hold, and whether the call can be held where a budget applies.
+    IF p_model IS NOT NULL THEN
+        SELECT * INTO v_price FROM capgate_price(p_model, p_at);
+    END IF;
+    r.hold := capgate_hold(v_price, p_prompt, p_max_tokens, p_cache, p_window);
+    v_hold := coalesce(r.hold, 0);
+    IF r.cc_limit IS NOT NULL OR r.uc_limit IS NOT NULL THEN
+        r.decision := CASE WHEN p_prompt < -1 THEN 'unbounded_call'
+                           WHEN v_price.model IS NULL THEN 'unpriced_model'
+                           WHEN p_max_tokens < 0 THEN 'max_tokens_required' END;
+        IF r.decision IS NOT NULL THEN
+            RETURN r;
+        END IF;
+    END IF;
+
     -- 1. company counter (created at zero by the period's first call)
-    UPDATE company_usage SET used = used + p_units
+    UPDATE company_usage SET used = used + p_units, cost_held = cost_held + v_hold
      WHERE company_id = p_company AND period_id = r.period_id
        AND (r.company_cap IS NULL OR used + p_units <= r.company_cap)
-    RETURNING used INTO r.company_used;
+       AND (r.cc_limit IS NULL OR cost_used + cost_held + v_hold <= r.cc_limit)
+    RETURNING used, cost_used, cost_held INTO r.company_used, r.cc_used, r.cc_held;
     IF NOT FOUND THEN
         INSERT INTO company_usage (company_id, period_id, used) VALUES (p_company, r.period_id, 0) ON CONFLICT DO NOTHING;
-        SELECT used INTO r.company_used FROM company_usage
+        SELECT used, cost_used, cost_held INTO r.company_used, r.cc_used, r.cc_held FROM company_usage
          WHERE company_id = p_company AND period_id = r.period_id FOR UPDATE;
         IF r.company_cap IS NOT NULL AND r.company_used + p_units > r.company_cap THEN
-            SELECT used INTO r.user_used FROM user_usage
+            SELECT used, cost_used, cost_held INTO r.user_used, r.uc_used, r.uc_held FROM user_usage
              WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user;
             r.user_used := coalesce(r.user_used, 0);
+            r.uc_used := coalesce(r.uc_used, 0);
+            r.uc_held := coalesce(r.uc_held, 0);
             IF p_feature IS NOT NULL THEN
                 -- The feature's windows as they stand, for the refusal's RateLimit fields.
                 SELECT * INTO r.fc_period_used, r.fc_day_used, r.fu_period_used, r.fu_day_used
@@ -125,23 +163,28 @@ BEGIN
             r.decision := 'company_cap';
             RETURN r;
         END IF;
-        UPDATE company_usage SET used = used + p_units WHERE company_id = p_company AND period_id = r.period_id
-        RETURNING used INTO r.company_used;
+        v_c_short := r.cc_limit IS NOT NULL AND r.cc_used + r.cc_held + v_hold > r.cc_limit;
+        UPDATE company_usage SET used = used + p_units, cost_held = cost_held + CASE WHEN v_c_short THEN 0 ELSE v_hold END
+         WHERE company_id = p_company AND period_id = r.period_id
+        RETURNING used, cost_used, cost_held INTO r.company_used, r.cc_used, r.cc_held;
     END IF;
 
     -- 2. user counter
-    UPDATE user_usage SET used = used + p_units
+    UPDATE user_usage SET used = used + p_units, cost_held = cost_held + v_hold
      WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user
        AND (r.user_cap IS NULL OR used + p_units <= r.user_cap)
-    RETURNING used INTO r.user_used;
+       AND (r.uc_limit IS NULL OR cost_used + cost_held + v_hold <= r.uc_limit)
+    RETURNING used, cost_used, cost_held INTO r.user_used, r.uc_used, r.uc_held;
     IF NOT FOUND THEN
         INSERT INTO user_usage (company_id, period_id, user_id, used) VALUES (p_company, r.period_id, p_user, 0)
             ON CONFLICT DO NOTHING;
-        SELECT used INTO r.user_used FROM user_usage
+        SELECT used, cost_used, cost_held INTO r.user_used, r.uc_used, r.uc_held FROM user_usage
          WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user FOR UPDATE;
         IF r.user_cap IS NOT NULL AND r.user_used + p_units > r.user_cap THEN
-            UPDATE company_usage SET used = used - p_units WHERE company_id = p_company AND period_id = r.period_id
-            RETURNING used INTO r.company_used;
+            UPDATE company_usage
+               SET used = used - p_units, cost_held = cost_held - CASE WHEN v_c_short THEN 0 ELSE v_hold END
+             WHERE company_id = p_company AND period_id = r.period_id
+            RETURNING used, cost_used, cost_held INTO r.company_used, r.cc_used, r.cc_held;
             IF p_feature IS NOT NULL THEN
                 SELECT * INTO r.fc_period_used, r.fc_day_used, r.fu_period_used, r.fu_day_used
                   FROM capgate_feature_used(p_company, p_user, p_feature, r.period_start, r.day_start);
@@ -149,9 +192,10 @@ BEGIN
             r.decision := 'user_cap';
             RETURN r;
         END IF;
-        UPDATE user_usage SET used = used + p_units
+        v_u_short := r.uc_limit IS NOT NULL AND r.uc_used + r.uc_held + v_hold > r.uc_limit;
+        UPDATE user_usage SET used = used + p_units, cost_held = cost_held + CASE WHEN v_u_short THEN 0 ELSE v_hold END
          WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user
-        RETURNING used INTO r.user_used;
+        RETURNING used, cost_used, cost_held INTO r.user_used, r.uc_used, r.uc_held;
     END IF;
 
     -- 3. the feature's counters, each created on its window's first call
@@ -194,30 +238,20 @@ BEGIN
         END IF;
         IF v_step < 4 THEN
             r.feature_refused := (ARRAY['company.period', 'company.day', 'user.period', 'user.day'])[v_step + 1];
-            -- Give back what this call added, newest first; report every window as it stands.
-            IF v_step >= 3 THEN
-                UPDATE user_feature_usage SET used = used - p_units
-                 WHERE company_id = p_company AND user_id = p_user AND feature_id = p_feature AND span = 'period'
-                   AND starts_at = r.period_start;
-            END IF;
-            IF v_step >= 2 THEN
-                UPDATE company_feature_usage SET used = used - p_units
-                 WHERE company_id = p_company AND feature_id = p_feature AND span = 'day' AND starts_at = r.day_start;
-            END IF;
-            IF v_step >= 1 THEN
-                UPDATE company_feature_usage SET used = used - p_units
-                 WHERE company_id = p_company AND feature_id = p_feature AND span = 'period' AND starts_at = r.period_start;
-            END IF;
-            UPDATE user_usage SET used = used - p_units
-             WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user
-            RETURNING used INTO r.user_used;
-            UPDATE company_usage SET used = used - p_units WHERE company_id = p_company AND period_id = r.period_id
-            RETURNING used INTO r.company_used;
-            SELECT * INTO r.fc_period_used, r.fc_day_used, r.fu_period_used, r.fu_day_used
-              FROM capgate_feature_used(p_company, p_user, p_feature, r.period_start, r.day_start);
+            r := capgate_give_back(r, p_units, v_step, CASE WHEN v_c_short THEN 0 ELSE v_hold END,
+                                   CASE WHEN v_u_short THEN 0 ELSE v_hold END);
             r.decision := 'feature_limit_exceeded';
             RETURN r;
         END IF;
+    END IF;
+
+    -- 3b. the budgets: company, then user (SPEC §11)
+    IF v_c_short OR v_u_short THEN
+        r := capgate_give_back(r, p_units, CASE WHEN p_feature IS NULL THEN 0 ELSE 4 END,
+                               CASE WHEN v_c_short THEN 0 ELSE v_hold END, CASE WHEN v_u_short THEN 0 ELSE v_hold END);
+        r.budget_scope := CASE WHEN v_c_short THEN 'company' ELSE 'user' END;
+        r.decision := 'budget_exceeded';
+        RETURN r;
     END IF;
 
     -- 4. Threshold notifications (SPEC §9), only for a counter at or past the lowest threshold.
@@ -251,9 +285,9 @@ BEGIN
     END IF;
 
     INSERT INTO usage_ledger (company_id, period_id, user_id, units, method, route, model, feature, feature_day,
-                              request_id, outcome, created_at)
+                              request_id, outcome, created_at, hold_micros)
     VALUES (p_company, r.period_id, p_user, p_units, p_method, p_route, p_model, p_feature, r.day_start,
-            p_request_id, 'charged', p_at)
+            p_request_id, 'charged', p_at, r.hold)
     RETURNING id INTO r.ledger_id;
     r.decision := 'charged';
     RETURN r;

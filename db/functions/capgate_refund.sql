@@ -1,5 +1,5 @@
 -- Gives back one attempt's charge: the counters it added (company, user, and the feature's
--- period and day counters it charged) are decremented and the ledger row marked refunded, in
+-- period and day counters it charged; its open hold or its settled cost) are decremented and the ledger row marked refunded, in
 -- one transaction. Idempotent: a refund retried after a lost answer changes nothing.
 --
 -- Lock order: the attempt's Idempotency-Key row (marked failed, so a retry is a new attempt),
@@ -13,6 +13,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     l usage_ledger%ROWTYPE;
     v_period_start timestamptz;
+    v_held bigint;
+    v_cost bigint;
 BEGIN
     SELECT * INTO l FROM usage_ledger WHERE company_id = p_company AND id = p_ledger_id;
     IF NOT FOUND THEN
@@ -39,10 +41,16 @@ BEGIN
             RETURN false;  -- an attempt is still in flight, or has succeeded: the charge stands
         END IF;
     END IF;
-    IF l.units > 0 THEN
-        UPDATE company_usage SET used = used - l.units WHERE company_id = p_company AND period_id = l.period_id;
-        UPDATE user_usage SET used = used - l.units
+    -- What the call holds or cost (SPEC §11): an open hold, or a settled cost, is given back too.
+    v_held := CASE WHEN l.cost_source IS NULL THEN coalesce(l.hold_micros, 0) ELSE 0 END;
+    v_cost := CASE WHEN l.cost_source IS NOT NULL THEN coalesce(l.cost_micros, 0) ELSE 0 END;
+    IF l.units > 0 OR v_held > 0 OR v_cost > 0 THEN
+        UPDATE company_usage SET used = used - l.units, cost_held = cost_held - v_held, cost_used = cost_used - v_cost
+         WHERE company_id = p_company AND period_id = l.period_id;
+        UPDATE user_usage SET used = used - l.units, cost_held = cost_held - v_held, cost_used = cost_used - v_cost
          WHERE company_id = p_company AND period_id = l.period_id AND user_id = l.user_id;
+    END IF;
+    IF l.units > 0 THEN
         IF l.feature IS NOT NULL AND l.feature_day IS NOT NULL THEN
             SELECT started_at INTO v_period_start FROM plan_periods WHERE company_id = p_company AND id = l.period_id;
             UPDATE company_feature_usage SET used = used - l.units

@@ -1,21 +1,84 @@
--- Records the provider's status and token counts on charges that stand, many at once (the
--- gateway queues them and writes one batch while the previous is in flight). Informational:
--- committed without waiting for the WAL flush, as capgate_settle. Planned for each call (custom
--- plan): a generic plan made while the ledger was empty scanned the whole ledger per batch
--- until the first ANALYZE (measured: 41.7 million rows read in the benchmark's first minute).
+-- Records the provider's status and usage on charges that stand, many at once (the gateway
+-- queues them and writes one batch while the previous is in flight), and settles their cost
+-- (SPEC §11): a call whose hold is still open (cost_source NULL) gets its cost, from its usage
+-- at the price in force at the call's time (capgate_cost; cost_source 'usage') or, when the
+-- usage is not known (p_known false, or its price is gone from the book), its hold (cost_source 'hold'); in the same transaction
+-- the company's and the user's counters trade the hold (cost_held) for the cost (cost_used).
+-- Usage arrays hold -1 for a count the answer did not give.
+--
+-- Lock order, as capgate_refund: the company counters (key order), the ledger rows, the user
+-- counters (each user is one company's, so two batches meet at the company counter first).
+-- Committed without waiting for the WAL flush: a settlement lost in a crash leaves the hold open,
+-- which is never less than the call may cost (`capgate unsettled` decides it). Planned for each
+-- call (custom plan): a generic plan made while the ledger was empty scanned the whole ledger per
+-- batch until the first ANALYZE (measured: 41.7 million rows read in the benchmark's first minute).
+--
+-- Returns the settled calls that cost more than their hold (the provider billed past the bound).
 CREATE FUNCTION capgate_settle_batch(
-    p_company uuid[], p_ledger bigint[], p_upstream_status integer[], p_input_tokens bigint[], p_output_tokens bigint[]
-) RETURNS void
+    p_company uuid[], p_ledger bigint[], p_upstream_status integer[], p_input_tokens bigint[], p_output_tokens bigint[],
+    p_cache_write_5m bigint[], p_cache_write_1h bigint[], p_cache_read bigint[], p_known boolean[]
+) RETURNS TABLE (company_id uuid, ledger_id bigint, hold bigint, cost bigint)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan
 AS $$
+#variable_conflict use_column
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
-    UPDATE usage_ledger l
-       SET upstream_status = s.status, input_tokens = nullif(s.input, -1), output_tokens = nullif(s.output, -1),
-           settled_at = clock_timestamp()
-      FROM unnest(p_company, p_ledger, p_upstream_status, p_input_tokens, p_output_tokens)
-           AS s(c, id, status, input, output)
-     WHERE l.company_id = s.c AND l.id = s.id AND l.outcome = 'charged';
+    PERFORM 1 FROM company_usage cu
+     WHERE (cu.company_id, cu.period_id) IN (
+             SELECT l.company_id, l.period_id
+               FROM unnest(p_company, p_ledger) AS s(c, id)
+               JOIN usage_ledger l ON l.company_id = s.c AND l.id = s.id
+              WHERE l.outcome = 'charged' AND l.cost_source IS NULL AND l.units > 0
+                AND (l.hold_micros IS NOT NULL OR l.model IS NOT NULL))
+     ORDER BY cu.company_id, cu.period_id
+       FOR UPDATE;
+    RETURN QUERY
+    WITH settled AS (
+        UPDATE usage_ledger l
+           SET upstream_status = o.status, input_tokens = nullif(o.input, -1), output_tokens = nullif(o.output, -1),
+               cache_write_5m_tokens = nullif(o.w5, -1), cache_write_1h_tokens = nullif(o.w1, -1),
+               cache_read_tokens = nullif(o.rd, -1), settled_at = clock_timestamp(),
+               cost_micros = CASE WHEN o.open THEN o.cost ELSE l.cost_micros END,
+               cost_source = CASE WHEN NOT o.open OR o.cost IS NULL THEN l.cost_source
+                                  WHEN o.usage_cost IS NOT NULL THEN 'usage' ELSE 'hold' END
+          FROM (
+            SELECT x.*, CASE WHEN x.open THEN coalesce(x.usage_cost, x.hold) END AS cost
+              FROM (
+                SELECT l2.company_id, l2.id, l2.hold_micros AS hold, s.status, s.input, s.output, s.w5, s.w1, s.rd,
+                       (l2.cost_source IS NULL AND l2.units > 0) AS open,
+                       CASE WHEN l2.cost_source IS NULL AND l2.units > 0 AND s.known
+                            THEN (SELECT capgate_cost(pr, greatest(s.input, 0), greatest(s.w5, 0), greatest(s.w1, 0),
+                                                      greatest(s.rd, 0), greatest(s.output, 0))
+                                    FROM capgate_price(l2.model, l2.created_at) pr) END AS usage_cost
+                  FROM unnest(p_company, p_ledger, p_upstream_status, p_input_tokens, p_output_tokens, p_cache_write_5m,
+                              p_cache_write_1h, p_cache_read, p_known)
+                       AS s(c, id, status, input, output, w5, w1, rd, known)
+                  JOIN usage_ledger l2 ON l2.company_id = s.c AND l2.id = s.id
+                 WHERE l2.outcome = 'charged'
+                 ORDER BY l2.company_id, l2.id
+                   FOR UPDATE OF l2
+              ) x
+          ) o
+         WHERE l.company_id = o.company_id AND l.id = o.id
+        RETURNING l.company_id, l.id, l.period_id, l.user_id, o.open, o.hold, o.cost
+    ), moved AS (
+        SELECT m.company_id, m.period_id, m.user_id, sum(coalesce(m.hold, 0))::bigint AS hold,
+               sum(coalesce(m.cost, 0))::bigint AS cost
+          FROM settled m
+         WHERE m.open AND (m.hold IS NOT NULL OR m.cost IS NOT NULL)
+         GROUP BY m.company_id, m.period_id, m.user_id
+    ), companies AS (
+        UPDATE company_usage cu SET cost_held = cu.cost_held - c.hold, cost_used = cu.cost_used + c.cost
+          FROM (SELECT m.company_id, m.period_id, sum(m.hold)::bigint AS hold, sum(m.cost)::bigint AS cost
+                  FROM moved m GROUP BY m.company_id, m.period_id) c
+         WHERE cu.company_id = c.company_id AND cu.period_id = c.period_id
+    ), users AS (
+        UPDATE user_usage uu SET cost_held = uu.cost_held - m.hold, cost_used = uu.cost_used + m.cost
+          FROM moved m
+         WHERE uu.company_id = m.company_id AND uu.period_id = m.period_id AND uu.user_id = m.user_id
+    )
+    SELECT s.company_id, s.id, s.hold, s.cost FROM settled s
+     WHERE s.open AND s.hold IS NOT NULL AND s.cost > s.hold;
 END;
 $$;

@@ -67,7 +67,7 @@ struct GatewayParts {
             routes: RouteTable(database: database), maxBodyBytes: configuration.proxyMaxBodyBytes,
             bodyBudget: BodyBudget(limit: configuration.proxyBodyBudgetBytes),
             idempotencyMaxBytes: configuration.proxyIdempotencyMaxBytes, maxJSONDepth: configuration.proxyMaxJSONDepth,
-            companySharePercent: configuration.proxyCompanyShare
+            companySharePercent: configuration.proxyCompanyShare, costs: configuration.costs
         )
         self.router = buildRouter(
             GatewayServices(

@@ -114,6 +114,8 @@ public struct CapGateConfiguration: Sendable {
     public var logLevel: String
     /// `notifications.*`: threshold webhooks (SPEC §9; see ``NotificationSettings``).
     public var notifications: NotificationSettings
+    /// `costs.*`: how a call's cost is held and settled (SPEC §11; see ``CostSettings``).
+    public var costs: CostSettings
 
     /// Every key CapGate reads, with its environment variable (used by docs and `--help`).
     public static let keys: [String] = [
@@ -127,6 +129,7 @@ public struct CapGateConfiguration: Sendable {
         "spool.directory", "log.level", "notifications.webhookUrl", "notifications.webhookSecret", "notifications.thresholds",
         "notifications.timeout", "notifications.retryFor", "notifications.retryDelay", "notifications.maxRetryDelay",
         "notifications.pollInterval", "notifications.maxPerSecond", "notifications.caFile",
+        "costs.promptOverheadTokens", "costs.imageTokens", "costs.drainSeconds",
     ]
     static let secretKeys: Set<String> = [
         "database.url", "upstream.apiKey", "operator.token", "jwt.secret", "notifications.webhookSecret", "metrics.token",
@@ -195,6 +198,10 @@ public struct CapGateConfiguration: Sendable {
         }
         billingRolloverInterval = try Self.int(reader, "billing.rolloverInterval", default: 0, range: 0...(86400 * 366))
         spoolDirectory = reader.string(forKey: "spool.directory", default: ".capgate/spool")
+        costs = CostSettings(
+            promptOverheadTokens: try Self.int(reader, "costs.promptOverheadTokens", default: 1_000, range: 0...1_000_000),
+            imageTokens: try Self.int(reader, "costs.imageTokens", default: 5_000, range: 0...1_000_000),
+            drainSeconds: try Self.int(reader, "costs.drainSeconds", default: 60, range: 0...3600))
         logLevel = reader.string(forKey: "log.level", default: "info")
         notifications = NotificationSettings(
             webhookURL: Self.nonEmpty(reader.string(forKey: "notifications.webhookUrl")),

@@ -100,6 +100,15 @@ public enum GatewayMetrics {
         cached(\.refunds, reason) { Metrics.Counter(label: "capgate_refunds_total", dimensions: [("reason", reason)]) }.increment()
     }
 
+    private static let costOverHoldCounter: Metrics.Counter = registered {
+        Metrics.Counter(label: "capgate_cost_over_hold_total")
+    }
+
+    /// A settled call cost more than its hold (SPEC §11).
+    static func costOverHold() {
+        costOverHoldCounter.increment()
+    }
+
     /// A handle made after the factory is bootstrapped (the registry first).
     private static func registered<Handle>(_ make: () -> Handle) -> Handle {
         _ = registry

@@ -224,4 +224,5 @@ extension HTTPField.Name {
     static let requestID = Self("request-id")!
     static let rateLimit = Self("RateLimit")!
     static let rateLimitPolicy = Self("RateLimit-Policy")!
+    static let anthropicBeta = Self("anthropic-beta")!
 }

@@ -18,13 +18,16 @@ public struct AdmissionRequest: Sendable {
     /// The route table version the call's units and feature were matched with (``RouteTable``);
     /// nil: not checked. An older one than the database's is answered ``Admission/Decision/staleRoutes``.
     public var routesVersion: Int64?
+    /// What bounds the call's cost (SPEC §11): its hold is priced from it and `model`.
+    public var bound: CostBound
 
     public init(
         companyID: UUID, userID: UUID, units: Int = 1, method: String, route: String, model: String? = nil,
         feature: String? = nil, requestID: String, idempotencyKey: String? = nil, fingerprint: ByteBuffer? = nil,
-        at: Date = Date(), routesVersion: Int64? = nil
+        at: Date = Date(), routesVersion: Int64? = nil, bound: CostBound = .unbounded
     ) {
         self.routesVersion = routesVersion
+        self.bound = bound
         self.companyID = companyID
         self.userID = userID
         self.units = units
@@ -67,6 +70,15 @@ public struct Admission: Sendable {
         case idempotencyNotKept = "idempotency_not_kept"
         /// The `Idempotency-Key` was used for another request (422).
         case idempotencyMismatch = "idempotency_mismatch"
+        /// The call's hold does not fit the company's or the user's cost budget (402; SPEC §11).
+        case budgetExceeded = "budget_exceeded"
+        /// A budget applies and the call's model has no price (400, nothing changed).
+        case unpricedModel = "unpriced_model"
+        /// A budget applies and the call has no `max_tokens` (400, nothing changed).
+        case maxTokensRequired = "max_tokens_required"
+        /// A budget applies and the body lets the provider add tokens the price book cannot bound
+        /// (server tools, a message batch, a body that is not JSON) (400, nothing changed).
+        case unboundedCall = "unbounded_call"
 
         /// Charged: the call may be forwarded.
         public var admitted: Bool { self == .charged }
@@ -76,6 +88,8 @@ public struct Admission: Sendable {
     public var ledgerID: Int64?
     public var periodID: Int64?
     public var state: UsageState
+    /// Whose budget refused a ``Decision/budgetExceeded``: company | user.
+    public var budgetScope: String? = nil
     /// The stored answer of an ``Decision/idempotencyReplay``.
     public var answer: StoredAnswer?
 }
@@ -120,6 +134,10 @@ public struct AdmissionRow: Sendable {
     var answer: StoredAnswer? = nil
     /// A refusal's upgrade offer (`capgate_upgrade_offer`), answered in the same row.
     var upgrade: UpgradeOffer? = nil
+    /// The cost counters and the call's hold (nil before the counters were reached).
+    var cost: CostState? = nil
+    /// Whose budget refused a `budget_exceeded`: company | user.
+    var budgetScope: String? = nil
 }
 
 /// The plan a refused company could move to (SPEC §3 `upgrade`), with the refused feature
@@ -129,13 +147,13 @@ struct UpgradeOffer: Sendable {
     var featureLimit: Int64?
 }
 
-/// The provider's status and token counts for a charge that stands, queued for writing.
+/// The provider's status and usage for a charge that stands, queued for writing: its cost is
+/// settled from `usage` (or its hold, when the usage is not known).
 struct Settlement: Sendable {
     var companyID: UUID
     var ledgerID: Int64
     var status: Int32
-    var inputTokens: Int64?
-    var outputTokens: Int64?
+    var usage: ProviderUsage
 }
 
 extension UUID {

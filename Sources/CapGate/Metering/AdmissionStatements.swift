@@ -12,7 +12,7 @@ let admittedColumns = """
     company_used, company_cap, user_used, user_cap, feature_id, feature_name, feature_refused, feature_message,
     day_start, day_end, fc_period_used, fc_period_limit, fc_day_used, fc_day_limit, fu_period_used, fu_period_limit,
     fu_day_used, fu_day_limit, answer_status, answer_type, answer_body, upgrade_plan, upgrade_company_cap, upgrade_user_cap,
-    upgrade_feature_limit
+    upgrade_feature_limit, hold, budget_scope, cc_used, cc_held, cc_limit, uc_used, uc_held, uc_limit
     """
 
 extension AdmissionRow {
@@ -23,7 +23,8 @@ extension AdmissionRow {
                 Int32, String, UUID?, UUID?, String?, String?, Int64?, Int64?, String?, String?, Date?, Date?,
                 Int64?, Int64?, Int64?, Int64?, String?, String?, String?, String?,
                 Date?, Date?, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?,
-                Int64?, Int64?, Int32?, String?, ByteBuffer?, String?, Int64?, Int64?, Int64?
+                Int64?, Int64?, Int32?, String?, ByteBuffer?, String?, Int64?, Int64?, Int64?,
+                Int64?, String?, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?
             ).self)
         self.init(
             auth: c.1, companyID: c.2, userID: c.3, role: c.4, decision: c.5, ledgerID: c.6, periodID: c.7, plan: c.8,
@@ -37,20 +38,28 @@ extension AdmissionRow {
         if let plan = c.33 {
             upgrade = UpgradeOffer(upgrade: .init(plan: plan, companyLimit: c.34, userLimit: c.35), featureLimit: c.36)
         }
+        budgetScope = c.38
+        if c.39 != nil || c.42 != nil {
+            cost = CostState(
+                company: c.39.map { CostState.Counter(used: $0, held: c.40 ?? 0, limit: c.41) },
+                user: c.42.map { CostState.Counter(used: $0, held: c.43 ?? 0, limit: c.44) }, hold: c.37)
+        }
     }
 }
 
 /// `capgate_admit`: one call without an Idempotency-Key: the API key's hash (looked up in the
 /// same transaction) or a verified token's company and user.
 struct AdmitStatement: PostgresPreparedStatement {
-    static let sql = "SELECT \(admittedColumns) FROM capgate_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+    static let sql = """
+        SELECT \(admittedColumns) FROM capgate_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+        """
     typealias Row = AdmissionRow
 
     var item: AdmissionItem
     var relaxed: Bool
 
     func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 12)
+        var bindings = PostgresBindings(capacity: 16)
         let request = item.request
         bindings.append(item.keyHash)
         bindings.append(item.keyHash == nil ? request.companyID : nil)
@@ -64,6 +73,7 @@ struct AdmitStatement: PostgresPreparedStatement {
         bindings.append(request.routesVersion)
         bindings.append(request.at)
         bindings.append(relaxed)
+        request.bound.append(to: &bindings)
         return bindings
     }
 
@@ -72,11 +82,22 @@ struct AdmitStatement: PostgresPreparedStatement {
     }
 }
 
+extension CostBound {
+    /// `p_prompt, p_max_tokens, p_cache, p_window` of the admission functions.
+    func append(to bindings: inout PostgresBindings) {
+        bindings.append(promptTokens)
+        bindings.append(maxTokens)
+        bindings.append(cache.rawValue)
+        bindings.append(window)
+    }
+}
+
 /// `capgate_admit_idempotent`: a call with an `Idempotency-Key` (never batched): the API key
 /// (or a verified token's company and user), the key's claim and the admission, one call.
 struct AdmitIdempotentStatement: PostgresPreparedStatement {
     static let sql = """
-        SELECT \(admittedColumns) FROM capgate_admit_idempotent($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+        SELECT \(admittedColumns)
+          FROM capgate_admit_idempotent($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
         """
     typealias Row = AdmissionRow
 
@@ -85,7 +106,7 @@ struct AdmitIdempotentStatement: PostgresPreparedStatement {
     var relaxed: Bool
 
     func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 14)
+        var bindings = PostgresBindings(capacity: 18)
         bindings.append(keyHash)
         bindings.append(keyHash == nil ? request.companyID : nil)
         bindings.append(keyHash == nil ? request.userID : nil)
@@ -100,6 +121,7 @@ struct AdmitIdempotentStatement: PostgresPreparedStatement {
         bindings.append(request.routesVersion)
         bindings.append(request.at)
         bindings.append(relaxed)
+        request.bound.append(to: &bindings)
         return bindings
     }
 
@@ -113,7 +135,8 @@ struct AdmitIdempotentStatement: PostgresPreparedStatement {
 /// UUID, -1 for the routes version).
 struct AdmitBatchStatement: PostgresPreparedStatement {
     static let sql = """
-        SELECT \(admittedColumns) FROM capgate_admit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ORDER BY item
+        SELECT \(admittedColumns)
+          FROM capgate_admit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) ORDER BY item
         """
     typealias Row = AdmissionRow
 
@@ -121,7 +144,7 @@ struct AdmitBatchStatement: PostgresPreparedStatement {
     var relaxed: Bool
 
     func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 12)
+        var bindings = PostgresBindings(capacity: 16)
         bindings.append(items.map { $0.keyHash ?? ByteBuffer() })
         bindings.append(items.map { $0.keyHash == nil ? $0.request.companyID : .zero })
         bindings.append(items.map { $0.keyHash == nil ? $0.request.userID : .zero })
@@ -134,6 +157,10 @@ struct AdmitBatchStatement: PostgresPreparedStatement {
         bindings.append(items.map { $0.request.routesVersion ?? -1 })
         bindings.append(items.map(\.request.at))
         bindings.append(relaxed)
+        bindings.append(items.map(\.request.bound.promptTokens))
+        bindings.append(items.map(\.request.bound.maxTokens))
+        bindings.append(items.map(\.request.bound.cache.rawValue))
+        bindings.append(items.map(\.request.bound.window))
         return bindings
     }
 
@@ -142,22 +169,38 @@ struct AdmitBatchStatement: PostgresPreparedStatement {
     }
 }
 
-/// `capgate_settle_batch`: token counts and upstream status of many charges (-1 = unknown).
+/// `capgate_settle_batch`: upstream status and usage of many charges (-1 = a count not given);
+/// answers the calls that cost more than their hold.
 struct SettleBatchStatement: PostgresPreparedStatement {
-    static let sql = "SELECT capgate_settle_batch($1, $2, $3, $4, $5)"
-    typealias Row = Void
+    static let sql = "SELECT company_id, ledger_id, hold, cost FROM capgate_settle_batch($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+    typealias Row = OverHold
 
     var items: [Settlement]
 
     func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 5)
+        var bindings = PostgresBindings(capacity: 9)
         bindings.append(items.map(\.companyID))
         bindings.append(items.map(\.ledgerID))
         bindings.append(items.map(\.status))
-        bindings.append(items.map { $0.inputTokens ?? -1 })
-        bindings.append(items.map { $0.outputTokens ?? -1 })
+        bindings.append(items.map { $0.usage.inputTokens ?? -1 })
+        bindings.append(items.map { $0.usage.outputTokens ?? -1 })
+        bindings.append(items.map { $0.usage.cacheWrite5m ?? -1 })
+        bindings.append(items.map { $0.usage.cacheWrite1h ?? -1 })
+        bindings.append(items.map { $0.usage.cacheRead ?? -1 })
+        bindings.append(items.map(\.usage.known))
         return bindings
     }
 
-    func decodeRow(_ row: PostgresRow) throws {}
+    func decodeRow(_ row: PostgresRow) throws -> OverHold {
+        let (company, ledger, hold, cost) = try row.decode((UUID, Int64, Int64, Int64).self)
+        return OverHold(companyID: company, ledgerID: ledger, hold: hold, cost: cost)
+    }
+}
+
+/// A settled call that cost more than its hold: the provider billed past the bound (SPEC §11).
+struct OverHold: Sendable {
+    var companyID: UUID
+    var ledgerID: Int64
+    var hold: Int64
+    var cost: Int64
 }

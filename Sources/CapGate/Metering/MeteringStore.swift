@@ -165,6 +165,7 @@ public struct MeteringStore: Sendable {
             companyUsed: row.companyUsed ?? 0, companyLimit: row.companyCap, userUsed: row.userUsed ?? 0, userLimit: row.userCap
         )
         state.feature = row.feature
+        state.cost = row.cost
         state.upgrade = row.upgrade?.upgrade
         if decision == .featureNotInPlan || decision == .featureLimitExceeded {
             state.feature?.upgradeLimit = row.upgrade?.featureLimit
@@ -173,7 +174,9 @@ public struct MeteringStore: Sendable {
             state.companyUsed = 0
             state.userUsed = 0
         }
-        return Admission(decision: decision, ledgerID: row.ledgerID, periodID: row.periodID, state: state, answer: row.answer)
+        return Admission(
+            decision: decision, ledgerID: row.ledgerID, periodID: row.periodID, state: state, budgetScope: row.budgetScope,
+            answer: row.answer)
     }
 
     /// Reports that the attempt `requestID` at a charge failed (`capgate_refund`): the charge is
@@ -198,14 +201,28 @@ public struct MeteringStore: Sendable {
         }
     }
 
-    /// Records the upstream status and token counts on a charge that stands. Queued, not
-    /// awaited: the charge itself was committed by the admission; these informational columns
-    /// are written in batches (`capgate_settle_batch`) while the caller moves on.
-    public func settle(companyID: UUID, ledgerID: Int64, upstreamStatus: Int, inputTokens: Int64?, outputTokens: Int64?) {
-        let settlement = Settlement(
-            companyID: companyID, ledgerID: ledgerID, status: Int32(clamping: upstreamStatus), inputTokens: inputTokens,
-            outputTokens: outputTokens)
-        settlements.enqueue(settlement)
+    /// Records the upstream status and usage on a charge that stands and settles its cost (its
+    /// hold traded for what the usage cost, or kept as its cost when the usage is not known).
+    /// Queued, not awaited: the charge and its hold were committed by the admission, and an open
+    /// hold is never less than the call may cost; settlements are written in batches
+    /// (`capgate_settle_batch`) while the caller moves on.
+    public func settle(companyID: UUID, ledgerID: Int64, upstreamStatus: Int, usage: ProviderUsage) {
+        settlements.enqueue(
+            Settlement(companyID: companyID, ledgerID: ledgerID, status: Int32(clamping: upstreamStatus), usage: usage))
+    }
+
+    /// Logs and counts the settled calls that cost more than their hold: the provider billed past
+    /// the bound (more prompt overhead than `costs.promptOverheadTokens`, a price raised since).
+    static func report(_ overHolds: [OverHold], logger: Logger) {
+        for over in overHolds {
+            GatewayMetrics.costOverHold()
+            logger.warning(
+                "a call cost more than its hold",
+                metadata: [
+                    "company_id": "\(over.companyID.uuidString.lowercased())", "ledger_id": "\(over.ledgerID)",
+                    "hold_usd": "\(Micros(over.hold).decimal)", "cost_usd": "\(Micros(over.cost).decimal)",
+                ])
+        }
     }
 
     /// Returns once every settlement queued so far is written: a ledger read after it sees the
@@ -221,18 +238,21 @@ public struct MeteringStore: Sendable {
 
     static func settleBatch(_ items: [Settlement], database: Database, spool: Spool? = nil) async -> [Result<Void, any Error>] {
         do {
-            _ = try await database.run { client in
+            let over = try await database.run { client in
                 try await client.execute(SettleBatchStatement(items: items), logger: database.logger).collect()
             }
+            report(over, logger: database.logger)
             return items.map { _ in .success(()) }
         } catch DatabaseError.unavailable where spool != nil {
             // The charges stand; their token counts wait in the spool until the database is back.
             let writes = PendingWrites(database: database, spool: spool)
             for item in items {
+                let usage = item.usage
                 writes.later(
                     .settle(
-                        company: item.companyID, ledger: item.ledgerID, status: item.status, inputTokens: item.inputTokens,
-                        outputTokens: item.outputTokens))
+                        company: item.companyID, ledger: item.ledgerID, status: item.status, inputTokens: usage.inputTokens,
+                        outputTokens: usage.outputTokens, cacheWrite5m: usage.cacheWrite5m, cacheWrite1h: usage.cacheWrite1h,
+                        cacheRead: usage.cacheRead, known: usage.known))
             }
             return items.map { _ in .failure(DatabaseError.unavailable) }
         } catch {

@@ -40,11 +40,15 @@ struct PendingWrites: Sendable {
             {
                 GatewayMetrics.refund(reason: "spooled")
             }
-        case .settle(let company, let ledger, let status, let input, let output):
-            let settlement = Settlement(companyID: company, ledgerID: ledger, status: status, inputTokens: input, outputTokens: output)
-            _ = try await database.run { client in
+        case .settle(let company, let ledger, let status, let input, let output, let write5m, let write1h, let read, let known):
+            let usage = ProviderUsage(
+                inputTokens: input, outputTokens: output, cacheWrite5m: write5m, cacheWrite1h: write1h, cacheRead: read,
+                known: known ?? (input != nil && output != nil))
+            let settlement = Settlement(companyID: company, ledgerID: ledger, status: status, usage: usage)
+            let over = try await database.run { client in
                 try await client.execute(SettleBatchStatement(items: [settlement]), logger: database.logger).collect()
             }
+            MeteringStore.report(over, logger: database.logger)
         case .answer(let company, let user, let key, let requestID, let status, let contentType, let body):
             try await MeteringStore.keepAnswer(
                 companyID: company, userID: user, key: key, requestID: requestID, status: status, contentType: contentType,

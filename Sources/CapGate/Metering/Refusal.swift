@@ -27,6 +27,14 @@ public enum Refusal: Sendable, Equatable {
     case unknownUser
     /// The `Idempotency-Key` refused it: in flight or not kept (409), used for another request (422).
     case idempotency(Admission.Decision, maxKeptBytes: Int)
+    /// The call's hold does not fit the company's or the user's cost budget (402 `budget_exceeded`).
+    case budget(Scope)
+    /// A budget applies and the call's model (nil: it names none) has no price (400).
+    case unpricedModel(String?)
+    /// A budget applies and the call has no `max_tokens` (400).
+    case maxTokensRequired
+    /// A budget applies and the price book cannot bound the call's body (400).
+    case unboundedCall
 
     /// The SPEC's `error.type` of the answer (`/v1/usage/check`'s `reason`).
     public var errorType: String {
@@ -39,6 +47,8 @@ public enum Refusal: Sendable, Equatable {
         case .notBound: "permission_error"
         case .unknownUser: "authentication_error"
         case .idempotency(let decision, _): decision == .idempotencyMismatch ? "idempotency_key_reused" : "idempotency_conflict"
+        case .budget: "budget_exceeded"
+        case .unpricedModel, .maxTokensRequired, .unboundedCall: "invalid_request_error"
         }
     }
 }

@@ -11,8 +11,12 @@ import Synchronization
 enum PendingWrite: Codable, Sendable, Equatable {
     /// A failed attempt's charge to give back (`capgate_refund`).
     case refund(company: UUID, ledger: Int64, requestID: String, status: Int?)
-    /// Token counts and status of a charge that stands (`capgate_settle_batch`).
-    case settle(company: UUID, ledger: Int64, status: Int32, inputTokens: Int64?, outputTokens: Int64?)
+    /// Usage and status of a charge that stands (`capgate_settle_batch`). The cache counts and
+    /// `known` are nil in entries written before cost budgets (their usage is known when both
+    /// token counts are).
+    case settle(
+        company: UUID, ledger: Int64, status: Int32, inputTokens: Int64?, outputTokens: Int64?, cacheWrite5m: Int64?,
+        cacheWrite1h: Int64?, cacheRead: Int64?, known: Bool?)
     /// The answer of an `Idempotency-Key`'s successful attempt (`capgate_idempotency_answer`).
     case answer(company: UUID, user: UUID, key: String, requestID: String, status: Int, contentType: String?, body: Data?)
     /// An admission whose outcome is unknown: its charges are looked up by request id and given back.

@@ -24,6 +24,8 @@ public struct UsageState: Sendable {
     public var upgrade: Upgrade?
     /// The call's feature and its windows (SPEC §8), for the RateLimit fields and a refusal.
     public var feature: FeatureState?
+    /// The cost counters and the call's hold (SPEC §11); nil before the counters were read.
+    public var cost: CostState?
 
     public init(
         plan: PlanRef?, periodStart: Date?, periodEnd: Date?, companyUsed: Int64, companyLimit: Int64?,
@@ -50,7 +52,10 @@ public struct UsageState: Sendable {
     /// The SPEC §3 `usage` object; for a refusal by a feature (SPEC §8) with its `feature`
     /// object and the upgrade's `feature_limit`; for a usage read with the plan's `features`
     /// (SPEC §8, see ``FeatureUsage``).
-    public func json(scope: String, includeUser: Bool = true, featureRefusal: Bool = false, features: JSON? = nil) -> JSON {
+    public func json(
+        scope: String, includeUser: Bool = true, featureRefusal: Bool = false, features: JSON? = nil,
+        budgetRefusal: Refusal.Scope? = nil
+    ) -> JSON {
         var fields: [JSON.Field] = [.init("scope", .string(scope))]
         fields.append(.init("plan", plan.map { .obj(["id": .string($0.id), "name": .string($0.name)]) } ?? .null))
         if let periodStart, let periodEnd {
@@ -86,6 +91,9 @@ public struct UsageState: Sendable {
             offer?.append(.init("feature_limit", JSON(feature?.upgradeLimit)))
         }
         fields.append(.init("upgrade", offer.map { .object($0) } ?? .null))
+        if let budgetRefusal, let cost {
+            fields.append(.init("cost", cost.refusalJSON(scope: budgetRefusal)))
+        }
         return .object(fields)
     }
 
@@ -117,6 +125,11 @@ public struct UsageState: Sendable {
                 policies.append("\"\(name)\";q=\(limit);w=\(w)")
                 states.append("\"\(name)\";r=\(max(0, limit - counter.used));t=\(t)")
             }
+        }
+        if let cost {
+            let entries = cost.rateLimitEntries(window: window, reset: reset)
+            policies += entries.policies
+            states += entries.states
         }
         if !policies.isEmpty {
             fields[.rateLimitPolicy] = policies.joined(separator: ", ")
@@ -153,6 +166,7 @@ extension UsageState {
             }
             s.feature = feature
         }
+        s.cost = s.cost?.refunded()
         return s
     }
 }

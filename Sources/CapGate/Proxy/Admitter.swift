@@ -10,6 +10,8 @@ struct Admitter: Sendable {
     let routes: RouteTable
     /// `proxy.idempotencyMaxBytes`: the largest answer kept for `Idempotency-Key` retries.
     let idempotencyMaxBytes: Int
+    /// `costs.*`: how a call's cost is bounded.
+    let costs: CostSettings
 
     enum Outcome: Sendable {
         /// Charged: forward it.
@@ -38,7 +40,7 @@ struct Admitter: Sendable {
                 table = try await rematch(after: &attempts)
                 continue
             }
-            let request = admissionRequest(call, cost: cost, routesVersion: table.version)
+            let request = try admissionRequest(call, cost: cost, routesVersion: table.version)
             let user: UserIdentity
             let admission: Admission
             switch call.credential {
@@ -83,7 +85,10 @@ struct Admitter: Sendable {
             record.update { $0.decision = "replayed" }
             return .replayed(answer)
         }
-        if let refusal = Self.refusal(admission.decision, cost: cost, credential: user.credential, maxKeptBytes: idempotencyMaxBytes) {
+        if let refusal = Self.refusal(
+            admission.decision, cost: cost, credential: user.credential, maxKeptBytes: idempotencyMaxBytes,
+            scope: admission.budgetScope, model: request.model)
+        {
             return .refused(refusal, admission.state)
         }
         let charge = admission.ledgerID.map {
@@ -95,7 +100,8 @@ struct Admitter: Sendable {
 
     /// The refusal an admission decided, nil for a charge (or a replay).
     static func refusal(
-        _ decision: Admission.Decision, cost: CallCost, credential: UserIdentity.Credential, maxKeptBytes: Int
+        _ decision: Admission.Decision, cost: CallCost, credential: UserIdentity.Credential, maxKeptBytes: Int,
+        scope: String? = nil, model: String? = nil
     ) -> Refusal? {
         let feature = cost.feature ?? "this feature"
         switch decision {
@@ -110,16 +116,32 @@ struct Admitter: Sendable {
         case .featureLimitExceeded: return .featureLimit(feature: feature)
         case .featureNotBound: return .notBound(feature: feature, bound: nil, credential: credential)
         case .idempotencyInFlight, .idempotencyNotKept, .idempotencyMismatch: return .idempotency(decision, maxKeptBytes: maxKeptBytes)
+        case .budgetExceeded: return .budget(scope == "user" ? .user : .company)
+        case .unpricedModel: return .unpricedModel(model)
+        case .maxTokensRequired: return .maxTokensRequired
+        case .unboundedCall: return .unboundedCall
         }
     }
 
-    func admissionRequest(_ call: Call, cost: CallCost, routesVersion: Int64) -> AdmissionRequest {
+    func admissionRequest(_ call: Call, cost: CallCost, routesVersion: Int64) throws -> AdmissionRequest {
         // A free call buys nothing a retry could buy twice: its key is ignored, nothing kept.
         let keyed = cost.units > 0
         return AdmissionRequest(
             companyID: .zero, userID: .zero, units: cost.units, method: call.method.rawValue,
             route: Call.ledgerText(call.path, limit: 500), model: call.reading.model, feature: cost.feature, requestID: call.requestID,
-            idempotencyKey: keyed ? call.idempotencyKey : nil, fingerprint: keyed ? call.fingerprint : nil, routesVersion: routesVersion)
+            idempotencyKey: keyed ? call.idempotencyKey : nil, fingerprint: keyed ? call.fingerprint : nil, routesVersion: routesVersion,
+            bound: keyed ? try bound(of: call) : .unbounded)
+    }
+
+    /// What bounds a metered call's cost (SPEC §11): read from a JSON body that names a model
+    /// (the body parsed whole already, so its second reading cannot fail); anything else cannot
+    /// be bounded, which only matters where a budget applies (400 there).
+    func bound(of call: Call) throws -> CostBound {
+        guard call.reading.json != nil, call.reading.model != nil else { return .unbounded }
+        let large = CostBound.enablesLargeWindow(call.headers[values: .anthropicBeta])
+        return CostBound(
+            bodyBytes: call.body.readableBytes, shape: try call.reading.promptShape(), maxTokens: call.reading.maxTokens,
+            overheadTokens: costs.promptOverheadTokens, imageTokens: costs.imageTokens, largeWindow: large)
     }
 
     /// The route table again, for a call matched with an older one (at most 3 attempts, then 503).

@@ -84,17 +84,68 @@ struct CallBody: Sendable {
     }
 }
 
-/// The most prompt tokens a call can be billed for (SPEC §11 "Hold"): a text token is at least
-/// one byte, so the body's bytes, plus what the provider adds for tools and system text
-/// (`costs.promptOverheadTokens`), plus `costs.imageTokens` for each image block; any document
-/// block makes it the model's context window, and it is never more than that window (the
-/// provider refuses longer prompts).
-enum PromptBound {
-    static func tokens(bodyBytes: Int, shape: PromptShape, overheadTokens: Int, imageTokens: Int, contextWindow: Int) -> Int {
-        guard shape.documents == 0 else { return contextWindow }
-        let (images, overflowA) = imageTokens.multipliedReportingOverflow(by: shape.images)
-        let (sum, overflowB) = (bodyBytes + overheadTokens).addingReportingOverflow(images)
-        guard !overflowA, !overflowB else { return contextWindow }
-        return min(sum, contextWindow)
+/// What the admission needs to hold a call's worst case (SPEC §11 "Hold"), in the terms of
+/// `capgate_hold` (db/functions/capgate_hold.sql), which caps it at the model's context window
+/// and prices it.
+public struct CostBound: Sendable, Equatable {
+    /// Which cache writes the body can cause (the rate the prompt is held at).
+    public enum Cache: Int16, Sendable {
+        case none = 0
+        /// Some `cache_control`: five-minute writes.
+        case fiveMinutes = 1
+        /// Some `cache_control` asking for longer: one-hour writes.
+        case oneHour = 2
+    }
+
+    /// The most prompt tokens the call can be billed for before the window caps them;
+    /// ``wholeWindow`` with a document block, ``cannotBound`` for a body the price book cannot bound.
+    public var promptTokens: Int64
+    /// The body's `max_tokens`, or ``absent``.
+    public var maxTokens: Int64
+    public var cache: Cache
+    /// The larger context window the request enables (``largeWindow`` with the provider's 1M
+    /// context beta), else 0: the price book's.
+    public var window: Int64
+
+    public static let wholeWindow: Int64 = -1
+    public static let cannotBound: Int64 = -2
+    public static let absent: Int64 = -1
+    /// The context window the provider's `context-1m-…` beta enables.
+    public static let largeWindow: Int64 = 1_000_000
+
+    /// A call nothing is known of: held nowhere, refused where a budget applies.
+    public static let unbounded = CostBound(promptTokens: cannotBound, maxTokens: absent, cache: .none, window: 0)
+
+    public init(promptTokens: Int64, maxTokens: Int64, cache: Cache, window: Int64) {
+        self.promptTokens = promptTokens
+        self.maxTokens = maxTokens
+        self.cache = cache
+        self.window = window
+    }
+
+    /// The bound of a body of `bodyBytes` bytes and `shape`: a text token is at least one byte,
+    /// plus what the provider adds for tools and system text (`costs.promptOverheadTokens`),
+    /// plus `costs.imageTokens` for each image block; any document block makes it the whole
+    /// window; a body with server tools or a batch cannot be bounded.
+    init(bodyBytes: Int, shape: PromptShape, maxTokens: Int64?, overheadTokens: Int, imageTokens: Int, largeWindow: Bool) {
+        self.maxTokens = maxTokens ?? Self.absent
+        cache = shape.cachedLong ? .oneHour : shape.cached ? .fiveMinutes : .none
+        window = largeWindow ? Self.largeWindow : 0
+        if !shape.bounded {
+            promptTokens = Self.cannotBound
+        } else if shape.documents > 0 {
+            promptTokens = Self.wholeWindow
+        } else {
+            let (images, overflowA) = Int64(imageTokens).multipliedReportingOverflow(by: Int64(shape.images))
+            let (sum, overflowB) = Int64(bodyBytes + overheadTokens).addingReportingOverflow(images)
+            promptTokens = overflowA || overflowB ? Self.wholeWindow : sum
+        }
+    }
+
+    /// Whether `anthropic-beta` (a comma-separated list, possibly repeated) enables the 1M context window.
+    static func enablesLargeWindow(_ betas: [String]) -> Bool {
+        betas.contains {
+            $0.split(separator: ",").contains { $0.trimmingCharacters(in: .whitespaces).lowercased().hasPrefix("context-1m") }
+        }
     }
 }

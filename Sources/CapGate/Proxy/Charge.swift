@@ -12,9 +12,7 @@ struct Charge: Sendable {
 
     /// The charge stands: records the provider's status and token counts (queued, not awaited).
     func settle(status: Int, usage: UsageCapture) {
-        metering.settle(
-            companyID: companyID, ledgerID: ledgerID, upstreamStatus: status, inputTokens: usage.inputTokens,
-            outputTokens: usage.outputTokens)
+        metering.settle(companyID: companyID, ledgerID: ledgerID, upstreamStatus: status, usage: usage.usage)
     }
 
     /// Reports this attempt's failure before the caller is answered: the charge is given back

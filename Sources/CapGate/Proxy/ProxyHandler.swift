@@ -19,15 +19,17 @@ public struct ProxyHandler: Sendable {
 
     public init(
         authenticator: Authenticator, metering: MeteringStore, upstream: UpstreamClient, knownKeys: KnownKeys, routes: RouteTable,
-        maxBodyBytes: Int, bodyBudget: BodyBudget, idempotencyMaxBytes: Int, maxJSONDepth: Int = 128, companySharePercent: Int = 25
+        maxBodyBytes: Int, bodyBudget: BodyBudget, idempotencyMaxBytes: Int, maxJSONDepth: Int = 128, companySharePercent: Int = 25,
+        costs: CostSettings = CostSettings()
     ) {
         reader = CallReader(
             authenticator: authenticator, knownKeys: knownKeys, maxBodyBytes: maxBodyBytes, bodyBudget: bodyBudget,
             bodyShare: CompanyShare(total: bodyBudget.limit, percent: companySharePercent), maxJSONDepth: maxJSONDepth)
-        admitter = Admitter(metering: metering, routes: routes, idempotencyMaxBytes: idempotencyMaxBytes)
+        admitter = Admitter(metering: metering, routes: routes, idempotencyMaxBytes: idempotencyMaxBytes, costs: costs)
         forwarder = Forwarder(
             upstream: upstream, share: CompanyShare(total: upstream.limiter.maxConnections, percent: companySharePercent))
-        responder = Responder(metering: metering, idempotencyMaxBytes: idempotencyMaxBytes)
+        responder = Responder(
+            metering: metering, idempotencyMaxBytes: idempotencyMaxBytes, drain: .seconds(costs.drainSeconds))
     }
 
     public func handle(_ request: Request, context: GatewayContext) async throws -> Response {

@@ -51,7 +51,37 @@ extension Responder {
         case .idempotency(let decision, let maxKeptBytes):
             return IdempotencyKey.refusal(decision, maxKeptBytes: maxKeptBytes)
                 ?? GatewayError.conflict("This Idempotency-Key cannot be used for this request.")
+        case .budget(let scope):
+            var headers = state.rateLimitHeaders(now: now)
+            headers[.retryAfter] = retryAfter(until: state.periodEnd, now: now)
+            return GatewayError(
+                .init(code: 402), refusal.errorType, budgetMessage(scope: scope, state: state), usage: usage(for: refusal, state: state),
+                headers: headers)
+        case .unpricedModel(let model):
+            let which = model.map { "The model \"\($0)\" has no price" } ?? "The call names no model, so it has no price"
+            return GatewayError.invalidRequest(
+                "\(which) in this gateway's price book, and a cost budget applies to it, so its cost cannot be held. "
+                    + "Nothing was charged. Ask your administrator to price the model.")
+        case .maxTokensRequired:
+            return GatewayError.invalidRequest(
+                "A cost budget applies to this call: max_tokens (a whole number) is required to bound its cost. Nothing was charged.")
+        case .unboundedCall:
+            return GatewayError.invalidRequest(
+                "A cost budget applies to this call, and its body lets the provider bill tokens the price book cannot bound "
+                    + "(server tools such as web search or code execution, MCP servers, a message batch, or a body that is not "
+                    + "a JSON call naming its model). Nothing was charged.")
         }
+    }
+
+    static func budgetMessage(scope: Refusal.Scope, state: UsageState) -> String {
+        let counter = scope == .company ? state.cost?.company : state.cost?.user
+        let limit = counter?.limit.map { "$" + Micros($0).decimal } ?? "its"
+        let spent =
+            counter.map { " $\(Micros($0.used).decimal) is spent and $\(Micros($0.held).decimal) held for calls in progress;" } ?? ""
+        let hold = state.cost?.hold.map { " this call could cost up to $\(Micros($0).decimal)." } ?? ""
+        let end = state.periodEnd.map { " The budget renews on \(Timestamp.format($0))." } ?? ""
+        let whose = scope == .company ? "Your company's" : "Your"
+        return "\(whose) \(limit) budget for this period does not cover this call:\(spent)\(hold)\(end)"
     }
 
     /// The `usage` object of a refusal (nil: the refusal is not about usage) or of an allowed dry
@@ -61,6 +91,7 @@ extension Responder {
         case .noActivePlan, .featureNotInPlan: state.json(scope: "company", featureRefusal: refusal != .noActivePlan)
         case .cap(let scope): state.json(scope: scope.rawValue)
         case .featureLimit: state.json(scope: state.feature?.refused?.scope.rawValue ?? "company", featureRefusal: true)
+        case .budget(let scope): state.json(scope: scope.rawValue, budgetRefusal: scope)
         default: state.json(scope: "user")
         }
     }

@@ -14,6 +14,8 @@ struct Responder: Sendable {
     let metering: MeteringStore
     /// `proxy.idempotencyMaxBytes`: the largest answer kept for `Idempotency-Key` retries.
     let idempotencyMaxBytes: Int
+    /// `costs.drainSeconds`: how long a stream is read on after its client left, for its usage.
+    var drain: Duration = .seconds(60)
 
     func respond(
         _ answer: Forwarder.Answer, to call: Call, _ admitted: AdmittedCall, logger: Logger, record: RequestRecord
@@ -53,7 +55,7 @@ struct Responder: Sendable {
         case .stream(let stream):
             let body = StreamedAnswer(
                 stream: stream, status: answer.status, contentType: contentType, charge: admitted.charge, keeper: keeper,
-                maxKept: idempotencyMaxBytes, ticket: answer.ticket)
+                maxKept: idempotencyMaxBytes, ticket: answer.ticket, drain: drain)
             return Response(status: .init(code: answer.status), headers: headers, body: body.responseBody(contentLength: contentLength))
         }
     }

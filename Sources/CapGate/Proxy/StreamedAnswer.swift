@@ -5,7 +5,10 @@ import NIOCore
 /// A 2xx answer streamed to the client as it arrives. Its token counts are captured on the way
 /// and settled, and its bytes kept for `Idempotency-Key` retries, inside the body writer: it runs
 /// after the handler returned. The charge stands once the provider answered 2xx, even if the
-/// client leaves; the provider's stream is read on after that only while the answer is being kept.
+/// client leaves; the provider's stream is then read on for up to `drain` (`costs.drainSeconds`)
+/// to learn the call's usage (SPEC §11; a stream that ends later is charged its hold), and for as
+/// long as the answer is being kept for retries. The drain is measured as chunks arrive: a
+/// provider that goes silent is bounded by `upstream.idleTimeout` instead.
 struct StreamedAnswer: Sendable {
     let stream: UpstreamStream
     let status: Int
@@ -14,6 +17,7 @@ struct StreamedAnswer: Sendable {
     let keeper: AnswerKeeper?
     let maxKept: Int
     let ticket: ShareTicket
+    var drain: Duration = .seconds(60)
 
     func responseBody(contentLength: Int?) -> ResponseBody {
         ResponseBody(contentLength: contentLength) { writer in
@@ -22,20 +26,26 @@ struct StreamedAnswer: Sendable {
             var upstreamBroke = false
             var capture = UsageCapture(contentType: contentType)
             var recorder = keeper.map { _ in AnswerRecorder(limit: maxKept) }
+            var drainUntil: ContinuousClock.Instant?
+            /// After the client left: read on while the usage is wanted and the drain lasts, or
+            /// while the answer is being kept for a retry.
+            func readsOn() -> Bool {
+                recorder?.bytes != nil || (charge != nil && drainUntil.map { ContinuousClock.now < $0 } ?? false)
+            }
             do {
                 for try await chunk in stream {
                     capture.feed(chunk)
                     recorder?.record(chunk)
                     guard failure == nil else {
-                        // The client left: read on only while the answer is being kept for a retry.
-                        if recorder?.bytes == nil { break }
+                        if !readsOn() { break }
                         continue
                     }
                     do {
                         try await writer.write(chunk)
                     } catch {
                         failure = error
-                        if recorder?.bytes == nil { break }
+                        drainUntil = ContinuousClock.now + drain
+                        if !readsOn() { break }
                     }
                 }
             } catch {

@@ -1,5 +1,31 @@
 import NIOCore
 
+/// A call's usage as the provider reported it (SPEC §11 "Settle"): what its cost is settled from.
+public struct ProviderUsage: Sendable, Equatable {
+    public var inputTokens: Int64?
+    public var outputTokens: Int64?
+    /// `cache_creation_input_tokens`, split by `cache_creation.ephemeral_1h_input_tokens` where
+    /// given (the rest are five-minute writes).
+    public var cacheWrite5m: Int64?
+    public var cacheWrite1h: Int64?
+    public var cacheRead: Int64?
+    /// Whether the answer reported its whole usage (a stream: its last `message_delta` came);
+    /// when not, the call is charged its hold.
+    public var known: Bool
+
+    public init(
+        inputTokens: Int64? = nil, outputTokens: Int64? = nil, cacheWrite5m: Int64? = nil, cacheWrite1h: Int64? = nil,
+        cacheRead: Int64? = nil, known: Bool = false
+    ) {
+        self.inputTokens = inputTokens
+        self.outputTokens = outputTokens
+        self.cacheWrite5m = cacheWrite5m
+        self.cacheWrite1h = cacheWrite1h
+        self.cacheRead = cacheRead
+        self.known = known
+    }
+}
+
 /// Reads the provider's token counts out of a response body as it streams past, without
 /// holding the body: from the JSON `usage` object of a plain answer, or from the SSE
 /// `message_start` / `message_delta` events of a streamed one.
@@ -11,6 +37,12 @@ public struct UsageCapture: Sendable {
     var overflow = false
     public private(set) var inputTokens: Int64?
     public private(set) var outputTokens: Int64?
+    var cacheCreation: Int64?
+    var cache5m: Int64?
+    var cache1h: Int64?
+    var cacheRead: Int64?
+    /// A stream's `message_delta` with its final output count came.
+    var sawDelta = false
     static let jsonLimit = 4 << 20
     static let lineLimit = 1 << 20
 
@@ -83,12 +115,31 @@ public struct UsageCapture: Sendable {
         guard Self.contains(payload, Array("\"usage\"".utf8)), let json = try? JSON.parse(payload) else { return }
         if let message = json["message"] { take(message["usage"]) }
         take(json["usage"])
+        if json["type"]?.stringValue == "message_delta", json["usage"]?["output_tokens"]?.intValue != nil { sawDelta = true }
     }
 
     mutating func take(_ usage: JSON?) {
         guard let usage else { return }
-        if let input = usage["input_tokens"]?.intValue { inputTokens = input }
-        if let output = usage["output_tokens"]?.intValue { outputTokens = output }
+        func count(_ value: JSON?) -> Int64? { value?.intValue.flatMap { $0 >= 0 ? $0 : nil } }
+        if let input = count(usage["input_tokens"]) { inputTokens = input }
+        if let output = count(usage["output_tokens"]) { outputTokens = output }
+        if let created = count(usage["cache_creation_input_tokens"]) { cacheCreation = created }
+        if let read = count(usage["cache_read_input_tokens"]) { cacheRead = read }
+        if let split = usage["cache_creation"] {
+            if let short = count(split["ephemeral_5m_input_tokens"]) { cache5m = short }
+            if let long = count(split["ephemeral_1h_input_tokens"]) { cache1h = long }
+        }
+    }
+
+    /// The usage read so far (call after ``finish()``): known when the answer reported its input
+    /// and output counts, and for a stream its closing `message_delta` came.
+    public var usage: ProviderUsage {
+        let long = cache1h ?? 0
+        let created = cacheCreation ?? (cache5m ?? 0) + long
+        return ProviderUsage(
+            inputTokens: inputTokens, outputTokens: outputTokens, cacheWrite5m: max(0, created - long), cacheWrite1h: long,
+            cacheRead: cacheRead ?? 0,
+            known: inputTokens != nil && outputTokens != nil && (mode != .sse || sawDelta))
     }
 
     static func contains(_ haystack: ArraySlice<UInt8>, _ needle: [UInt8]) -> Bool {

@@ -12,6 +12,25 @@ struct PromptShape: Sendable, Equatable {
     var cached = false
     /// Some `cache_control` asks for longer than five minutes (`"ttl"` other than `"5m"`).
     var cachedLong = false
+    /// The call lets the provider add tokens CapGate cannot see: a top-level `tools` element of a
+    /// server tool's type (web search or fetch, code execution: anything but a client tool's
+    /// ``clientToolTypes``), or top-level `mcp_servers`.
+    var serverTools = false
+    /// A top-level `requests` member: a Message Batches call, whose cost the price book cannot bound.
+    var batch = false
+
+    /// Whether the prompt can be bounded from the body at all (SPEC §11).
+    var bounded: Bool { !serverTools && !batch }
+
+    /// The `type` prefixes of tools the client runs (their definitions cost only prompt tokens);
+    /// a tool without a `type`, or `"custom"`, is one too.
+    static let clientToolTypes = ["custom", "bash_", "text_editor_", "computer_", "memory_"]
+
+    static func isClientTool(type: [UInt8]?) -> Bool {
+        guard let type else { return true }
+        let text = String(decoding: type, as: UTF8.self)
+        return text == "custom" || clientToolTypes.dropFirst().contains { text.hasPrefix($0) }
+    }
 }
 
 extension JSONParser {
@@ -23,7 +42,7 @@ extension JSONParser {
             var parser = JSONParser(raw, maxDepth: maxDepth)
             var shape = PromptShape()
             return Result { () throws(Failure) in
-                try parser.shapeValue(depth: 0, into: &shape)
+                try parser.shapeValue(depth: 0, into: &shape, place: .body)
                 try parser.end()
                 return shape
             }
@@ -31,8 +50,18 @@ extension JSONParser {
         return try result.get()
     }
 
+    /// Where a value sits, as far as its shape cares.
+    enum ShapePlace {
+        /// The body itself (the top-level object).
+        case body
+        /// The top-level `tools` array, or one of its elements.
+        case tools, tool
+        /// Anywhere else.
+        case nested
+    }
+
     /// The value at `i`, checked, with what it adds to `shape`.
-    mutating func shapeValue(depth: Int, into shape: inout PromptShape) throws(Failure) {
+    mutating func shapeValue(depth: Int, into shape: inout PromptShape, place: ShapePlace) throws(Failure) {
         skipWhitespace()
         guard i < bytes.count else { throw fail("the JSON text ends where a value should be") }
         switch bytes[i] {
@@ -47,15 +76,20 @@ extension JSONParser {
                     shape.cached = true
                     let control = try parser.value(depth: depth + 1, build: true)
                     if let ttl = control["ttl"], ttl.stringValue != "5m" { shape.cachedLong = true }
+                } else if place == .body, parser.nameIs(name, "tools") {
+                    try parser.shapeValue(depth: depth + 1, into: &shape, place: .tools)
                 } else {
-                    try parser.shapeValue(depth: depth + 1, into: &shape)
+                    if place == .body, parser.nameIs(name, "mcp_servers") { shape.serverTools = true }
+                    if place == .body, parser.nameIs(name, "requests") { shape.batch = true }
+                    try parser.shapeValue(depth: depth + 1, into: &shape, place: .nested)
                 }
             }
             if type == Array("image".utf8) { shape.images += 1 }
             if type == Array("document".utf8) { shape.documents += 1 }
+            if place == .tool, !PromptShape.isClientTool(type: type) { shape.serverTools = true }
         case UInt8(ascii: "["):
             _ = try elements(depth: depth + 1) { (parser: inout JSONParser) throws(Failure) in
-                try parser.shapeValue(depth: depth + 1, into: &shape)
+                try parser.shapeValue(depth: depth + 1, into: &shape, place: place == .tools ? .tool : .nested)
             }
         default:
             _ = try value(depth: depth, build: false)

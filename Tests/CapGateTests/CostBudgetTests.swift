@@ -1,0 +1,278 @@
+import AsyncHTTPClient
+import CapGate
+import Foundation
+import NIOCore
+import Testing
+
+/// SPEC §11 through the real gateway, PostgreSQL and the mock provider over HTTP: what a call is
+/// held, what it is settled at (checked to the micro-dollar against hand-computed numbers), the
+/// refusals, refunds, a cost past its hold, and a client that leaves mid-stream.
+@Suite("Cost budgets")
+struct CostBudgetTests {
+    /// USD per million tokens: input 3, output 15, cache writes 3.75 (5 min) and 6 (1 h), cache
+    /// reads 0.3; a 200,000-token window.
+    static let priceRow = """
+        INSERT INTO prices (model, effective_from, context_window, input, output, cache_write_5m, cache_write_1h, cache_read)
+        VALUES ('claude-test', '2020-01-01Z', 200000, 3000000, 15000000, 3750000, 6000000, 300000)
+        """
+
+    /// A Messages body of a known size.
+    static func body(
+        text: String = "Hello there", maxTokens: Int? = 16, stream: Bool = false, model: String = "claude-test", extra: String = ""
+    ) -> String {
+        let max = maxTokens.map { #""max_tokens":\#($0),"# } ?? ""
+        return #"{"model":"\#(model)",\#(max)"stream":\#(stream),\#(extra)"messages":[{"role":"user","content":"\#(text)"}]}"#
+    }
+
+    /// The hold of `body` at `priceRow` without cache_control: (bytes + 1,000) × $3 + max_tokens × $15 per million.
+    static func hold(_ body: String, maxTokens: Int64 = 16, inputRate: Int64 = 3) -> Int64 {
+        (Int64(body.utf8.count) + 1_000) * inputRate + maxTokens * 15
+    }
+
+    func call(_ h: Harness, key: String, _ body: String, headers: [(String, String)] = []) async throws -> Harness.Reply {
+        try await h.request(
+            .POST, "/v1/messages",
+            headers: [("x-api-key", key), ("anthropic-version", "2023-06-01"), ("content-type", "application/json")] + headers,
+            body: body)
+    }
+
+    /// A company on a plan with the given budgets (micro-dollars, nil: unlimited), with one user.
+    func setUp(_ h: Harness, company: Int64?, user: Int64?) async throws -> (company: UUID, user: UUID, key: String) {
+        try await h.exec(Self.priceRow)
+        try await h.createPlan("p", company: 1000, user: 1000)
+        try await h.exec(
+            "UPDATE plans SET monthly_company_budget = \(company.map(String.init) ?? "NULL"), "
+                + "monthly_user_budget = \(user.map(String.init) ?? "NULL") WHERE id = 'p'")
+        let (companyID, users) = try await h.createCompany(plan: "p", users: 1)
+        return (companyID, users[0].id, users[0].key)
+    }
+
+    func counters(_ h: Harness, _ company: UUID) async throws -> (used: Int64, held: Int64, userUsed: Int64, userHeld: Int64) {
+        (
+            try await h.scalar("SELECT cost_used FROM company_usage WHERE company_id = '\(company.text)'"),
+            try await h.scalar("SELECT cost_held FROM company_usage WHERE company_id = '\(company.text)'"),
+            try await h.scalar("SELECT sum(cost_used) FROM user_usage WHERE company_id = '\(company.text)'"),
+            try await h.scalar("SELECT sum(cost_held) FROM user_usage WHERE company_id = '\(company.text)'")
+        )
+    }
+
+    @Test("a call is held its worst case and settled at its usage's cost, whole or streamed, to the micro-dollar")
+    func holdAndSettle() async throws {
+        try await Harness.with { h in
+            let (company, _, key) = try await setUp(h, company: 1_000_000, user: nil)
+            let body = Self.body()
+            let reply = try await call(h, key: key, body)
+            #expect(reply.status == 200)
+            #expect(reply.headers.first(name: "ratelimit-policy")?.contains(#""company-cost";q=1000000"#) == true)
+            // While held: the state the answer's head carried counts the hold.
+            let hold = Self.hold(body)
+            #expect(reply.headers.first(name: "ratelimit")?.contains(#""company-cost";r=\#(1_000_000 - hold)"#) == true)
+            #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE cost_source = 'usage'", equals: 1) == 1)
+            // The mock bills bytes / 4 input tokens and 7 output tokens.
+            let cost = Int64(body.utf8.count / 4) * 3 + 7 * 15
+            #expect(try await h.scalar("SELECT hold_micros FROM usage_ledger") == hold)
+            #expect(try await h.scalar("SELECT cost_micros FROM usage_ledger") == cost)
+            var state = try await counters(h, company)
+            #expect(state.used == cost && state.held == 0 && state.userUsed == cost && state.userHeld == 0)
+
+            // Streamed: the same body's usage from message_start and the last message_delta.
+            let streamed = Self.body(stream: true)
+            #expect(try await call(h, key: key, streamed, headers: [("x-mock-output-tokens", "9")]).status == 200)
+            #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE cost_source = 'usage'", equals: 2) == 2)
+            let streamCost = Int64(streamed.utf8.count / 4) * 3 + 9 * 15
+            #expect(try await h.scalar("SELECT cost_micros FROM usage_ledger ORDER BY id DESC LIMIT 1") == streamCost)
+            state = try await counters(h, company)
+            #expect(state.used == cost + streamCost && state.held == 0)
+        }
+    }
+
+    @Test("cache writes 5m and 1h and cache reads are held and priced at their own rates")
+    func cacheRates() async throws {
+        try await Harness.with { h in
+            let (company, _, key) = try await setUp(h, company: 1_000_000, user: nil)
+            let system = #""system":[{"type":"text","text":"s","cache_control":{"type":"ephemeral","ttl":"1h"}}],"#
+            let body = Self.body(extra: system)
+            #expect(try await call(h, key: key, body, headers: [("x-mock-cache-read", "1000")]).status == 200)
+            #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE cost_source = 'usage'", equals: 1) == 1)
+            // Held at the 1-hour write rate ($6), the highest input-side rate the body can meet.
+            #expect(try await h.scalar("SELECT hold_micros FROM usage_ledger") == Self.hold(body, inputRate: 6))
+            // The mock writes half the prompt to the 1-hour cache and reads 1,000 tokens from it.
+            let all = Int64(body.utf8.count / 4)
+            let written = all / 2
+            let cost = (all - written) * 3 + written * 6 + 7 * 15 + (1_000 * 300_000 + 999_999) / 1_000_000
+            #expect(try await h.scalar("SELECT cost_micros FROM usage_ledger") == cost)
+            #expect(try await h.scalar("SELECT cache_write_1h_tokens FROM usage_ledger") == written)
+            #expect(try await h.scalar("SELECT cache_read_tokens FROM usage_ledger") == 1_000)
+            #expect(try await counters(h, company).used == cost)
+
+            // Five minutes: the 5-minute rate; the split of cache_creation as the provider gives it.
+            let usage =
+                #"{"input_tokens":10,"output_tokens":3,"cache_creation_input_tokens":3000,"#
+                + #""cache_creation":{"ephemeral_5m_input_tokens":1000,"ephemeral_1h_input_tokens":2000}}"#
+            #expect(try await call(h, key: key, body, headers: [("x-mock-usage", usage)]).status == 200)
+            #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE cost_source = 'usage'", equals: 2) == 2)
+            // 10 × 3 + 1,000 × 3.75 + 2,000 × 6 + 3 × 15 = 30 + 3,750 + 12,000 + 45 micro-dollars.
+            #expect(try await h.scalar("SELECT cost_micros FROM usage_ledger ORDER BY id DESC LIMIT 1") == 15_825)
+            #expect(try await h.scalar("SELECT cache_write_5m_tokens FROM usage_ledger ORDER BY id DESC LIMIT 1") == 1_000)
+        }
+    }
+
+    @Test("budget_exceeded: used + held + hold must fit, company budget before user budget; 402 with the cost object; nothing changes")
+    func budgetExceeded() async throws {
+        try await Harness.with { h in
+            let body = Self.body()
+            let hold = Self.hold(body)
+            let (company, user, key) = try await setUp(h, company: hold - 1, user: nil)
+            let reply = try await call(h, key: key, body)
+            #expect(reply.status == 402)
+            #expect(reply.json["error"]?["type"]?.stringValue == "budget_exceeded")
+            let cost = reply.json["usage"]?["cost"]
+            #expect(cost?["scope"]?.stringValue == "company")
+            #expect(cost?["hold"]?.stringValue == Micros(hold).decimal)
+            #expect(cost?["limit"]?.stringValue == Micros(hold - 1).decimal)
+            #expect(cost?["used"]?.stringValue == "0" && cost?["held"]?.stringValue == "0")
+            #expect(cost?["remaining"]?.stringValue == Micros(hold - 1).decimal)
+            #expect(reply.headers.first(name: "retry-after").flatMap(Int.init) ?? 0 > 0)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0)
+            #expect(try await h.scalar("SELECT coalesce(sum(used + cost_held), 0) FROM company_usage") == 0)
+            #expect(try await h.scalar("SELECT coalesce(sum(used + cost_held), 0) FROM user_usage") == 0)
+
+            // Exactly the hold fits (≤); the user's own budget (an override) is checked after the company's.
+            try await h.exec("UPDATE plans SET monthly_company_budget = \(hold)")
+            try await h.exec("UPDATE users SET monthly_budget = \(hold - 1) WHERE id = '\(user.text)'")
+            let byUser = try await call(h, key: key, body)
+            #expect(byUser.status == 402)
+            #expect(byUser.json["usage"]?["cost"]?["scope"]?.stringValue == "user")
+            try await h.exec("UPDATE users SET monthly_budget = NULL")
+            #expect(try await call(h, key: key, body).status == 200)
+            #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE cost_source = 'usage'", equals: 1) == 1)
+            #expect(try await counters(h, company).used < hold)
+        }
+    }
+
+    @Test("where a budget applies, no max_tokens, an unpriced model and server tools are 400 and change nothing; elsewhere they pass")
+    func cannotBeHeld() async throws {
+        try await Harness.with { h in
+            let (_, _, key) = try await setUp(h, company: 1_000_000, user: nil)
+            let tools = #""tools":[{"type":"web_search_20250305","name":"web_search"}],"#
+            let cases = [
+                (Self.body(maxTokens: nil), "max_tokens"), (Self.body(model: "gpt-unknown"), "gpt-unknown"),
+                (Self.body(extra: tools), "server tools"),
+                (#"{"requests":[{"custom_id":"a","params":{"model":"claude-test","max_tokens":5}}]}"#, "batch"),
+            ]
+            for (body, words) in cases {
+                let reply = try await call(h, key: key, body)
+                #expect(reply.status == 400, "\(words)")
+                #expect(reply.json["error"]?["type"]?.stringValue == "invalid_request_error")
+                #expect(reply.json["error"]?["message"]?.stringValue?.contains(words) == true, "\(reply.body)")
+            }
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0)
+            #expect(try await h.scalar("SELECT coalesce(sum(used + cost_held), 0) FROM company_usage") == 0)
+
+            // No budget: they pass as before (tokens recorded; cost where priced).
+            try await h.exec("UPDATE plans SET monthly_company_budget = NULL")
+            for (body, words) in cases.prefix(3) {
+                #expect(try await call(h, key: key, body).status == 200, "\(words)")
+            }
+            #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE settled_at IS NOT NULL", equals: 3) == 3)
+            // Without max_tokens, or with server tools, nothing was held, but the usage is priced.
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE hold_micros IS NULL AND cost_source = 'usage'") == 2)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE model = 'gpt-unknown' AND cost_micros IS NULL") == 1)
+            let mismatches = try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger)
+            #expect(mismatches.isEmpty)
+        }
+    }
+
+    @Test("an upstream 500 gives the hold back; a provider billing past the hold is charged as billed, logged and counted")
+    func refundAndOverHold() async throws {
+        try await Harness.with { h in
+            let (company, _, key) = try await setUp(h, company: 1_000_000, user: nil)
+            let body = Self.body()
+            #expect(try await call(h, key: key, body, headers: [("x-mock-status", "500")]).status == 500)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'refunded'") == 1)
+            var state = try await counters(h, company)
+            #expect(state.used == 0 && state.held == 0 && state.userHeld == 0)
+
+            let before = try await overHolds(h)
+            let usage = #"{"input_tokens":100000,"output_tokens":5}"#
+            #expect(try await call(h, key: key, body, headers: [("x-mock-usage", usage)]).status == 200)
+            #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE cost_source = 'usage'", equals: 1) == 1)
+            #expect(try await h.scalar("SELECT cost_micros FROM usage_ledger WHERE cost_source = 'usage'") == 300_075)
+            state = try await counters(h, company)
+            #expect(state.used == 300_075 && state.held == 0)
+            #expect(try await overHolds(h) == before + 1)
+        }
+    }
+
+    func overHolds(_ h: Harness) async throws -> Int {
+        let text = try await h.request(.GET, "/metrics", headers: h.asOperator).body
+        let line = text.split(separator: "\n").first { $0.hasPrefix("capgate_cost_over_hold_total ") }
+        return line.flatMap { Int($0.split(separator: " ").last ?? "") } ?? 0
+    }
+
+    @Test("a client that leaves mid-stream is charged the usage read after it left; with no time to drain, its hold")
+    func disconnect() async throws {
+        for drain in [60, 0] {
+            try await Harness.with(settings: ["costs.drainSeconds": "\(drain)"]) { h in
+                let (_, _, key) = try await setUp(h, company: 1_000_000, user: nil)
+                let body = Self.body(maxTokens: 64, stream: true)
+                let request = h.streamingRequest(
+                    key: key, headers: [("x-mock-chunk-delay-ms", "150"), ("x-mock-output-tokens", "40")], body: body)
+                let client = Task {
+                    let response = try await Harness.http.execute(request, timeout: .seconds(30))
+                    for try await _ in response.body { break }
+                    try await Task.sleep(for: .seconds(60))
+                }
+                #expect(try await h.eventually("SELECT count(*) FROM usage_ledger", equals: 1) == 1)
+                try await Task.sleep(for: .milliseconds(200))
+                client.cancel()
+                #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE cost_source IS NOT NULL", equals: 1) == 1)
+                if drain > 0 {
+                    #expect(try await h.text("SELECT cost_source FROM usage_ledger") == "usage")
+                    #expect(try await h.scalar("SELECT output_tokens FROM usage_ledger") == 40)
+                    #expect(try await h.scalar("SELECT cost_micros FROM usage_ledger") == Int64(body.utf8.count / 4) * 3 + 40 * 15)
+                } else {
+                    #expect(try await h.text("SELECT cost_source FROM usage_ledger") == "hold")
+                    #expect(try await h.scalar("SELECT cost_micros FROM usage_ledger") == Self.hold(body, maxTokens: 64))
+                }
+            }
+        }
+    }
+
+    @Test("the price in force decides: exact id before prefix, the latest effective_from before the call, the long-prompt tier")
+    func priceSelection() async throws {
+        try await Harness.with { h in
+            let (_, _, key) = try await setUp(h, company: 1_000_000_000, user: nil)
+            // A prefix row (less specific) and a future row of the exact id do not apply.
+            try await h.exec(
+                """
+                INSERT INTO prices (model, effective_from, context_window, input, output, cache_write_5m, cache_write_1h, cache_read)
+                VALUES ('claude-*', '2021-01-01Z', 200000, 90000000, 90000000, 90000000, 90000000, 90000000),
+                       ('claude-test', '2999-01-01Z', 200000, 90000000, 90000000, 90000000, 90000000, 90000000)
+                """)
+            let body = Self.body()
+            #expect(try await call(h, key: key, body).status == 200)
+            #expect(try await h.scalar("SELECT hold_micros FROM usage_ledger") == Self.hold(body))
+            // The long-prompt tier: every token at its rates once the prompt is over the threshold.
+            try await h.exec(
+                """
+                UPDATE prices SET long_prompt_threshold = 1000, long_prompt_input = 6000000, long_prompt_output = 22500000,
+                       long_prompt_cache_write_5m = 7500000, long_prompt_cache_write_1h = 12000000, long_prompt_cache_read = 600000
+                 WHERE model = 'claude-test' AND effective_from = '2020-01-01Z'
+                """)
+            let long = Self.body(text: String(repeating: "a", count: 8_000))
+            #expect(try await call(h, key: key, long).status == 200)
+            #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE cost_source = 'usage'", equals: 2) == 2)
+            let last = "SELECT %@ FROM usage_ledger ORDER BY id DESC LIMIT 1"
+            // Held: (bytes + 1,000) × $6 + 16 × $22.5; billed: bytes / 4 (over 1,000) × $6 + 7 × $22.5, rounded up once.
+            #expect(
+                try await h.scalar(last.replacingOccurrences(of: "%@", with: "hold_micros"))
+                    == (Int64(long.utf8.count) + 1_000) * 6 + 16 * 45 / 2)
+            #expect(
+                try await h.scalar(last.replacingOccurrences(of: "%@", with: "cost_micros"))
+                    == Int64(long.utf8.count / 4) * 6 + (7 * 45 + 1) / 2)
+            // The short call before it stays at the short rates.
+            #expect(try await h.scalar("SELECT cost_micros FROM usage_ledger ORDER BY id LIMIT 1") == Int64(body.utf8.count / 4) * 3 + 105)
+        }
+    }
+}
