@@ -79,6 +79,55 @@ struct CostReadTests {
         }
     }
 
+    @Test(
+        "end to end: priced calls' real costs and holds in /v1/usage, its cost RateLimit fields, the admin read, events and the per-model read"
+    )
+    func endToEnd() async throws {
+        try await Harness.with { h in
+            try await h.exec(CostBudgetTests.priceRow)
+            try await h.createPlan("p", company: 1000, user: 1000)
+            try await h.exec("UPDATE plans SET monthly_company_budget = 5000000, monthly_user_budget = 1000000 WHERE id = 'p'")
+            let (company, users) = try await h.createCompany(plan: "p", users: 2, role: "admin")
+            for (i, user) in users.enumerated() {
+                for _ in 0...i { #expect(try await h.message(key: user.key).status == 200) }
+            }
+            try #require(
+                try await h.eventually(
+                    "SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)' AND cost_source = 'usage'", equals: 3) == 3)
+            let spent = try await h.scalar("SELECT sum(cost_micros) FROM usage_ledger WHERE company_id = '\(company.text)'")
+            let second = try await h.scalar("SELECT sum(cost_micros) FROM usage_ledger WHERE user_id = '\(users[1].id.text)'")
+            #expect(spent > 0 && second > 0 && second < spent)
+
+            let read = try await h.request(.GET, "/v1/usage", headers: [("x-api-key", users[1].key)])
+            #expect(read.json["cost"]?["company"]?["used"]?.stringValue == Micros(spent).decimal, "\(read.body)")
+            #expect(read.json["cost"]?["company"]?["remaining"]?.stringValue == Micros(5_000_000 - spent).decimal)
+            #expect(read.json["cost"]?["user"]?["used"]?.stringValue == Micros(second).decimal)
+            #expect(read.json["cost"]?["user"]?["held"]?.stringValue == "0")
+            // The RateLimit fields carry both budgets in micro-dollars, as the proxy's answers do.
+            let policy = read.headers.first(name: "ratelimit-policy") ?? ""
+            let state = read.headers.first(name: "ratelimit") ?? ""
+            #expect(policy.contains(#""company-cost";q=5000000"#) && policy.contains(#""user-cost";q=1000000"#), "\(policy)")
+            #expect(state.contains(#""company-cost";r=\#(5_000_000 - spent);"#), "\(state)")
+            #expect(state.contains(#""user-cost";r=\#(1_000_000 - second);"#), "\(state)")
+
+            let admin = [("x-api-key", users[0].key)]
+            let usage = try await h.request(.GET, "/admin/v1/companies/\(company.text)/usage", headers: admin)
+            #expect(usage.json["cost"]?["company"]?["used"]?.stringValue == Micros(spent).decimal)
+            let mine = usage.json["users"]?.arrayValue?.first { $0["id"]?.stringValue == users[1].id.text }
+            #expect(mine?["cost"]?["used"]?.stringValue == Micros(second).decimal)
+            let events =
+                try await h.request(.GET, "/admin/v1/companies/\(company.text)/events", headers: admin).json["data"]?.arrayValue ?? []
+            #expect(events.count == 3 && events.allSatisfy { $0["cost_source"]?.stringValue == "usage" && $0["hold_usd"]?.isNull == false })
+            let models = try await h.request(.GET, "/admin/v1/companies/\(company.text)/usage/models", headers: admin).json
+            #expect(models["models"]?.arrayValue?.count == 1)
+            let model = models["models"]?.arrayValue?.first
+            #expect(model?["model"]?.stringValue == "claude-test")
+            #expect(model?["calls"]?.intValue == 3)
+            #expect(model?["cost_usd"]?.stringValue == Micros(spent).decimal)
+            #expect(model?["held_usd"]?.stringValue == "0")
+        }
+    }
+
     @Test("history: each past period's cost against the plan's company budget")
     func history() async throws {
         try await Harness.with { h in

@@ -23,6 +23,11 @@ public struct CostCounter: Sendable, Equatable {
         self.init(used: Micros(used), held: Micros(held), limit: limit.map(Micros.init))
     }
 
+    /// The admission's counter (``CostState/Counter``), micro-dollars as stored.
+    init(_ counter: CostState.Counter) {
+        self.init(used: counter.used, held: counter.held, limit: counter.limit)
+    }
+
     /// `limit − used − held`, never below 0 (a provider that bills more than a call's hold can
     /// push `used` past the budget; what is left is then nothing, not a debt); nil when
     /// unlimited. Each step is clamped, so no amount a counter can hold overflows.

@@ -138,9 +138,11 @@ extension UsageStore {
         // one); without a plan nothing is counted (the counters are the current period's) and
         // nothing bounds.
         let plan = h.3 != nil
-        let cost = CostUsage(
-            company: CostCounter(used: h.24, held: h.25, limit: h.26),
-            user: user == nil ? nil : CostCounter(used: h.27, held: h.28, limit: plan ? h.29 ?? h.30 : nil))
+        let companyCost = CostState.Counter(used: h.24, held: h.25, limit: h.26)
+        let userCost = user == nil ? nil : CostState.Counter(used: h.27, held: h.28, limit: plan ? h.29 ?? h.30 : nil)
+        // The same counters give `GET /v1/usage` its "company-cost"/"user-cost" RateLimit fields.
+        state.cost = CostState(company: companyCost, user: userCost, hold: nil)
+        let cost = CostUsage(company: CostCounter(companyCost), user: userCost.map(CostCounter.init))
         return CurrentRead(company: company, state: state, features: [], users: [], cost: cost)
     }
 }
