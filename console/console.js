@@ -51,6 +51,19 @@ async function api(path, accept = "application/json") {
 const number = (n) => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US"));
 const limitText = (n) => (n === null || n === undefined ? "unlimited" : number(n));
 const day = (iso) => (iso ? iso.slice(0, 10) : "—");
+// Money comes as exact decimal strings of US dollars (SPEC §11): shown with every digit it has,
+// and at least cents ("$1.50", "$12.345678"), never through a floating-point number.
+function dollars(s) {
+  const [whole, fraction = ""] = String(s).split(".");
+  return "$" + whole + "." + fraction.padEnd(2, "0");
+}
+const money = (s) => (s === null || s === undefined ? "—" : dollars(s));
+const budgetText = (s) => (s === null || s === undefined ? "unlimited" : dollars(s));
+// A decimal string as whole micro-dollars, exact (for comparisons and a meter's share).
+function micros(s) {
+  const [whole, fraction = ""] = String(s).split(".");
+  return BigInt(whole) * 1000000n + BigInt((fraction + "000000").slice(0, 6));
+}
 
 function meter(used, limit, label) {
   const span = el("span");
@@ -177,6 +190,7 @@ async function openCompany(id, own) {
   $("back").hidden = state.me.role !== "operator";
   show("company");
   renderSummary(usage);
+  renderSpend(usage.cost);
   state.users = usage.users || [];
   renderUsers();
   renderFeatures(usage.usage.features || []);
@@ -186,9 +200,11 @@ async function openCompany(id, own) {
   const results = await Promise.allSettled([
     api(base + "/usage/daily"), api(base + "/usage/history?periods=12"),
     api(base + "/events?order=desc&limit=20" + (from ? "&from=" + encodeURIComponent(from) : "")), api(base + "/notifications?limit=20"),
+    period ? api(base + "/usage/models") : Promise.resolve(null),
   ]);
-  const [daily, history, events, notes] = results.map((r) => (r.status === "fulfilled" ? r.value : null));
+  const [daily, history, events, notes, models] = results.map((r) => (r.status === "fulfilled" ? r.value : null));
   renderDaily(daily || []);
+  renderModels(models ? models.models : []);
   renderHistory(history ? history.data : []);
   renderEvents(events ? events.data : []);
   renderNotifications(notes ? notes.data : []);
@@ -233,6 +249,65 @@ function renderSummary(data) {
   }
 }
 
+// The company's cost budget (SPEC §11): spent, held for calls in flight, the budget, what is left.
+function renderSpend(cost) {
+  const box = $("spend");
+  box.replaceChildren();
+  const banner = $("spend-banner");
+  banner.hidden = true;
+  banner.className = "banner";
+  if (!cost) return;
+  const c = cost.company;
+  const spent = card("Spent this period", money(c.used), "cost-used");
+  if (c.limit !== null) spent.append(costMeter(c, "Company spend: " + money(c.used) + " of " + budgetText(c.limit)));
+  box.append(spent, card("Held for calls in flight", money(c.held), "cost-held"), card("Budget", budgetText(c.limit), "cost-limit"),
+    card("Budget left", c.limit === null ? "unlimited" : money(c.remaining), "cost-remaining"));
+  if (c.limit === null) return;
+  const committed = micros(c.used) + micros(c.held), limit = micros(c.limit);
+  if (committed >= limit) {
+    banner.textContent = "The company's cost budget is reached: calls are refused with 402 until the period renews or the plan changes.";
+    banner.className = "banner bad";
+    banner.hidden = false;
+  } else if (committed * 10n >= limit * 8n) {
+    banner.textContent = "Over 80 % of the cost budget is spent or held.";
+    banner.hidden = false;
+  }
+}
+
+// A meter of spent + held against the budget.
+function costMeter(counter, label) {
+  const limit = Number(micros(counter.limit)), committed = Number(micros(counter.used) + micros(counter.held));
+  return meter(committed, limit, label);
+}
+
+function spendCell(cost) {
+  const cell = el("td", { class: "num spend" });
+  if (!cost) { cell.textContent = "—"; return cell; }
+  const held = micros(cost.held) > 0n ? " (+" + money(cost.held) + " held)" : "";
+  cell.append(el("span", { text: money(cost.used) + " / " + budgetText(cost.limit) + held }));
+  if (cost.limit !== null) cell.append(costMeter(cost, "Spend: " + money(cost.used) + " of " + budgetText(cost.limit)));
+  return cell;
+}
+
+function renderModels(models) {
+  const box = $("models");
+  box.replaceChildren();
+  if (!models.length) { box.append(el("p", { class: "empty", text: "No calls yet in this period." })); return; }
+  const headings = ["Model", "Calls", "Input tokens", "Output tokens", "Cache writes", "Cache reads", "Cost", "Held"];
+  const table = el("table", { id: "models-table" }, el("caption", { class: "visually-hidden", text: "Tokens and cost per model this period" }),
+    el("thead", {}, el("tr", {}, ...headings.map((h, i) => el("th", { scope: "col", class: i ? "num" : "", text: h })))));
+  const body = el("tbody");
+  for (const m of models) {
+    body.append(el("tr", { "data-model": m.model === null ? "" : m.model }, el("td", { text: m.model === null ? "(no model)" : m.model }),
+      el("td", { class: "num", text: number(m.calls) }), el("td", { class: "num", text: number(m.input_tokens) }),
+      el("td", { class: "num", text: number(m.output_tokens) }), el("td", { class: "num", text: number(m.cache_write_tokens) }),
+      el("td", { class: "num", text: number(m.cache_read_tokens) }), el("td", { class: "num", text: money(m.cost_usd) }),
+      el("td", { class: "num", text: money(m.held_usd) })));
+  }
+  table.append(body);
+  box.append(el("div", { class: "scroll" }, table));
+}
+
 function renderUsers() {
   const body = $("users").tBodies[0];
   body.replaceChildren();
@@ -244,9 +319,10 @@ function renderUsers() {
       el("td", { class: "num" }, el("span", { text: number(u.used) + " / " + limitText(u.limit) }),
         meter(u.used, u.limit, (u.email || u.id) + ": " + number(u.used) + " of " + limitText(u.limit))),
       el("td", { class: "num", text: u.limit === null ? "unlimited" : number(u.remaining) }),
+      spendCell(u.cost),
       el("td", { text: features || "—" })));
   }
-  if (!state.users.length) body.append(el("tr", {}, el("td", { colspan: "5", class: "empty", text: "No users yet." })));
+  if (!state.users.length) body.append(el("tr", {}, el("td", { colspan: "6", class: "empty", text: "No users yet." })));
 }
 
 function windowText(w) {
@@ -333,7 +409,8 @@ function renderHistory(periods) {
   box.replaceChildren();
   if (!periods.length) { box.append(el("p", { class: "empty", text: "No past period yet." })); return; }
   const entries = periods.slice().reverse().map((p) => ({
-    label: day(p.period.start) + " to " + day(p.period.end) + " (" + (p.plan ? p.plan.name : "no plan") + ", cap " + limitText(p.limit) + ")",
+    label: day(p.period.start) + " to " + day(p.period.end) + " (" + (p.plan ? p.plan.name : "no plan") + ", cap " + limitText(p.limit) +
+      (p.cost ? ", spent " + money(p.cost.company.used) + " of " + budgetText(p.cost.company.limit) : "") + ")",
     short: day(p.period.start).slice(0, 7), total: p.used, parts: { used: p.used },
   }));
   box.append(barChart(entries, ["used"], "Units used per past period"));
@@ -346,9 +423,10 @@ function renderEvents(events) {
   for (const e of events) {
     body.append(el("tr", {}, el("td", { text: e.time.replace("T", " ").slice(0, 19) }), el("td", { text: emails.get(e.user_id) || e.user_id }),
       el("td", { text: e.method + " " + e.route }), el("td", { text: e.feature || "—" }), el("td", { class: "num", text: number(e.units) }),
-      el("td", { text: e.outcome })));
+      el("td", { text: e.outcome }), el("td", { text: e.model || "—" }),
+      el("td", { class: "num", text: e.cost_usd ? money(e.cost_usd) : e.hold_usd ? money(e.hold_usd) + " held" : "—" })));
   }
-  if (!events.length) body.append(el("tr", {}, el("td", { colspan: "6", class: "empty", text: "No calls yet in this period." })));
+  if (!events.length) body.append(el("tr", {}, el("td", { colspan: "8", class: "empty", text: "No calls yet in this period." })));
 }
 
 function renderNotifications(notes) {

@@ -45,6 +45,12 @@ def fmt(n):
     return "—" if n is None else f"{n:,}"
 
 
+def usd(amount):
+    """A decimal string of US dollars as the page shows it: every digit, at least cents."""
+    whole, _, fraction = amount.partition(".")
+    return "$" + whole + "." + fraction.ljust(2, "0")
+
+
 def check(condition, message):
     if not condition:
         raise AssertionError(message)
@@ -148,6 +154,35 @@ try:
         row = driver.find_element(By.CSS_SELECTOR, f"#users tr[data-user='{user['id']}']")
         check(f"Analysis: {fmt(mine['user_period']['used'])}" in row.text, f"user features: {row.text} vs {mine}")
 
+    # Spend against budget (SPEC §11): the company's and each user's, as the API gives them.
+    def dollars(amount):
+        return "unlimited" if amount is None else usd(amount)
+
+    spend = usage["cost"]["company"]
+    check(spend["limit"] is not None and spend["used"] != "0" and spend["held"] != "0", f"fixture: {spend}")
+    for field in ("used", "held", "limit", "remaining"):
+        shown = text(f"[data-field=cost-{field}]")
+        check(shown == dollars(spend[field]), f"cost {field}: {shown!r} vs {spend[field]!r}")
+    check(any(u["cost"]["limit"] != spend["limit"] for u in usage["users"]), "fixture: no user with a budget of its own")
+    for user in usage["users"]:
+        cell = driver.find_element(By.CSS_SELECTOR, f"#users tr[data-user='{user['id']}'] td.spend").text
+        want = usd(user["cost"]["used"]) + " / " + dollars(user["cost"]["limit"])
+        check(cell.startswith(want), f"user spend: {cell!r} vs {want!r}")
+
+    # Cost per model this period, as /usage/models gives it, most costly first.
+    _, per_model = api(f"/admin/v1/companies/{A}/usage/models", ADMIN)
+    check(len(per_model["models"]) == 2, f"fixture: {per_model}")
+    rows = driver.find_elements(By.CSS_SELECTOR, "#models tbody tr[data-model]")
+    check([r.get_attribute("data-model") for r in rows] == [m["model"] or "" for m in per_model["models"]],
+          f"model rows: {[r.text for r in rows]}")
+    for row, m in zip(rows, per_model["models"]):
+        cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+        want = [m["model"] or "(no model)", fmt(m["calls"]), fmt(m["input_tokens"]), fmt(m["output_tokens"]),
+                fmt(m["cache_write_tokens"]), fmt(m["cache_read_tokens"]), usd(m["cost_usd"]), usd(m["held_usd"])]
+        check(cells == want, f"model row {cells} vs {want}")
+    driver.execute_script("document.getElementById('users').scrollIntoView()")
+    shoot("admin-cost")
+
     # Notifications (the 80 % of the cap was crossed by the test's calls).
     _, notes = api(f"/admin/v1/companies/{A}/notifications", ADMIN)
     check(len(driver.find_elements(By.CSS_SELECTOR, "#notifications li")) == len(notes["data"]), "notifications differ")
@@ -246,6 +281,10 @@ try:
     check(text("[data-field=used]") == "0", "used: " + text("[data-field=used]"))
     check(not driver.find_element(By.ID, "banner").is_displayed(), "a banner on an unlimited plan: " + text("#banner"))
     check("No calls yet" in text("#events"), "empty period: " + text("#events"))
+    check(text("[data-field=cost-limit]") == "unlimited" and text("[data-field=cost-remaining]") == "unlimited",
+          f"unlimited budget: {text('[data-field=cost-limit]')!r} {text('[data-field=cost-remaining]')!r}")
+    check(text("[data-field=cost-used]") == "$0.00", "spend: " + text("[data-field=cost-used]"))
+    check("No calls yet" in text("#models"), "empty period, models: " + text("#models"))
     shoot("company-unlimited-empty")
 
     # The gateway unreachable: the page says so and keeps the credential; once it is back, "Try

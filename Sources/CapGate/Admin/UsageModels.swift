@@ -12,20 +12,25 @@ public struct CompanyUsage: Sendable {
     public var features: [FeatureUsage]
     /// Every user of the company, in creation order.
     public var users: [UserUsage]
+    /// The company's cost budget (SPEC §11); each user's is in ``users``.
+    public var cost: CostUsage = .unlimited
 }
 
 extension CompanyUsage: Encodable {
-    enum CodingKeys: String, CodingKey { case company, usage, features, users }
+    enum CodingKeys: String, CodingKey { case company, usage, features, users, cost }
 
     /// `usage` and `features` are the hand-written objects the 402 body shares (``UsageState``,
-    /// ``FeatureUsage``); the company's features appear at the top and inside `usage`.
+    /// ``FeatureUsage``); the company's features and its `cost` (company only, no `user`)
+    /// appear at the top and inside `usage`, which so has the shape of `GET /v1/usage`'s.
     public func encode(to encoder: any Encoder) throws {
         let companyFeatures = JSON.array(features.map { $0.json(user: nil) })
         var c = encoder.container(keyedBy: CodingKeys.self)
         try c.encode(company, forKey: .company)
-        try c.encode(state.json(scope: "company", includeUser: false, features: companyFeatures), forKey: .usage)
+        let usage = state.json(scope: "company", includeUser: false, features: companyFeatures)
+        try c.encode(cost.adding(to: usage), forKey: .usage)
         try c.encode(companyFeatures, forKey: .features)
         try c.encode(users, forKey: .users)
+        try c.encode(cost, forKey: .cost)
     }
 }
 
@@ -41,6 +46,8 @@ public struct UserUsage: Sendable, Equatable {
     public var limit: Int64?
     /// The plan's features (the user's own counters are found by ``id`` in each).
     public var features: [FeatureUsage]
+    /// The user's cost budget: its own `monthly_budget`, else the plan's `monthly_user_budget`.
+    public var cost: CostCounter = .unlimited
 
     /// `limit − used`, never below 0; `nil` when unlimited.
     public var remaining: Int64? { limit.map { max(0, $0 - used) } }
@@ -48,11 +55,12 @@ public struct UserUsage: Sendable, Equatable {
     public static func == (a: UserUsage, b: UserUsage) -> Bool {
         a.id == b.id && a.email == b.email && a.role == b.role && a.disabled == b.disabled && a.used == b.used
             && a.limit == b.limit && a.features.map { $0.used(by: a.id) } == b.features.map { $0.used(by: b.id) }
+            && a.cost == b.cost
     }
 }
 
 extension UserUsage: Encodable {
-    enum CodingKeys: String, CodingKey { case id, email, role, disabled, used, limit, remaining, features }
+    enum CodingKeys: String, CodingKey { case id, email, role, disabled, used, limit, remaining, features, cost }
 
     /// Every key always present (`null` for no email or no limit); the id in lower case, as
     /// every id CapGate writes.
@@ -66,6 +74,7 @@ extension UserUsage: Encodable {
         try c.encode(limit, forKey: .limit)
         try c.encode(remaining, forKey: .remaining)
         try c.encode(JSON.array(features.map { $0.userJSON(id) }), forKey: .features)
+        try c.encode(cost, forKey: .cost)
     }
 }
 
@@ -75,13 +84,16 @@ public struct CallerUsage: Sendable {
     public var user: UUID
     public var state: UsageState
     public var features: [FeatureUsage]
+    /// The company's and the caller's cost budgets (SPEC §11).
+    public var cost: CostUsage = .unlimited
 }
 
 extension CallerUsage: Encodable {
-    /// The SPEC §3 `usage` object, as the 402 body writes it (``UsageState/json(scope:includeUser:featureRefusal:features:)``).
+    /// The SPEC §3 `usage` object, as the 402 body writes it (``UsageState/json(scope:includeUser:featureRefusal:features:)``),
+    /// with the read's `cost` (`company` and `user`).
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.singleValueContainer()
-        try c.encode(state.json(scope: "user", features: .array(features.map { $0.json(user: user) })))
+        try c.encode(cost.adding(to: state.json(scope: "user", features: .array(features.map { $0.json(user: user) }))))
     }
 }
 
@@ -97,10 +109,13 @@ public struct PeriodUsage: Sendable, Equatable {
     public var limit: Int64?
     /// The feature asked for, or nil for units.
     public var feature: String?
+    /// The company's cost in the period against its plan's `monthly_company_budget` (as the
+    /// plan is now, like `limit`), whatever `feature` says.
+    public var cost: CostCounter = .unlimited
 }
 
 extension PeriodUsage: Encodable {
-    enum CodingKeys: String, CodingKey { case period, plan, company, used, limit, feature }
+    enum CodingKeys: String, CodingKey { case period, plan, company, used, limit, feature, cost }
     enum BoundsKeys: String, CodingKey { case start, end }
     enum PlanKeys: String, CodingKey { case id, name }
     enum CounterKeys: String, CodingKey { case used, limit, remaining }
@@ -121,6 +136,7 @@ extension PeriodUsage: Encodable {
         try c.encode(used, forKey: .used)
         try c.encode(limit, forKey: .limit)
         try c.encode(feature, forKey: .feature)
+        try c.encode(CostUsage(company: cost), forKey: .cost)
     }
 }
 
@@ -161,10 +177,13 @@ extension UsageStore.Event: Encodable {
         case id, time, companyID = "company_id", userID = "user_id", period, units, inputTokens = "input_tokens"
         case outputTokens = "output_tokens", method, route, model, feature, outcome, upstreamStatus = "upstream_status"
         case requestID = "request_id", idempotencyKey = "idempotency_key", settlement
+        case cacheWriteTokens = "cache_write_tokens", cacheReadTokens = "cache_read_tokens", hold = "hold_usd", cost = "cost_usd"
+        case costSource = "cost_source"
     }
     enum BoundsKeys: String, CodingKey { case start, end }
 
-    /// A ledger row of `GET …/events`: every key present (`null` where the row has nothing).
+    /// A ledger row of `GET …/events`: every key present (`null` where the row has nothing);
+    /// money as decimal strings of US dollars.
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
         try c.encode(id, forKey: .id)
@@ -186,6 +205,11 @@ extension UsageStore.Event: Encodable {
         try c.encode(requestID, forKey: .requestID)
         try c.encode(idempotencyKey, forKey: .idempotencyKey)
         try c.encode(settlement.rawValue, forKey: .settlement)
+        try c.encode(cacheWriteTokens, forKey: .cacheWriteTokens)
+        try c.encode(cacheReadTokens, forKey: .cacheReadTokens)
+        try c.encode(hold?.decimal, forKey: .hold)
+        try c.encode(cost?.decimal, forKey: .cost)
+        try c.encode(costSource, forKey: .costSource)
     }
 }
 

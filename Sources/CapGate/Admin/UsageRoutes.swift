@@ -94,6 +94,21 @@ struct UsageRoutes {
             guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
             return try jsonResponse(encoding: ListPage(try await usage.history(company: id, periods: periods, feature: feature)))
         }
+        group.get("companies/{id}/usage/models") { request, context in
+            let id = try context.parameters.uuid("id", what: "company")
+            try context.requireAdmin(of: id)
+            let period = try Self.period(request.uri.queryParameters.get("period"))
+            guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
+            // Token counts and costs are written in batches after each answer (as for the events).
+            await metering.settledSoFar()
+            guard let read = try await usage.models(company: id, period: period) else {
+                if case .startingOn(let day) = period {
+                    throw GatewayError.notFound("No period of this company starts on \(day) (see its usage history).")
+                }
+                throw GatewayError.notFound("The company has no current period (no plan).")
+            }
+            return try jsonResponse(encoding: read)
+        }
         group.get("companies/{id}/events") { request, context in
             let id = try context.parameters.uuid("id", what: "company")
             try context.requireAdmin(of: id)
@@ -174,6 +189,16 @@ struct UsageRoutes {
             throw GatewayError.invalidRequest("'feature' must be a feature id: 1 to 64 lowercase letters, digits, '-', '_' or '.'.")
         }
         return text
+    }
+
+    /// The `period` query parameter of the models read: absent is the current period; else the
+    /// start date of a period as the history writes it (`YYYY-MM-DD`, UTC), anything else 400.
+    static func period(_ text: String?) throws -> UsageStore.PeriodChoice {
+        guard let text else { return .current }
+        guard let choice = UsageStore.PeriodChoice(day: text) else {
+            throw GatewayError.invalidRequest("'period' must be the start date of a period, YYYY-MM-DD, such as 2026-11-01.")
+        }
+        return choice
     }
 
     static func time(_ text: String?, name: String) throws -> Date? {

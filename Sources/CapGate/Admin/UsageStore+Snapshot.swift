@@ -11,13 +11,15 @@ extension UsageStore {
     public func companyUsage(_ company: UUID, at: Date = Date()) async throws -> CompanyUsage? {
         let read = try await current(company: company, user: nil, at: at)
         guard let row = read.company else { return nil }
-        return CompanyUsage(company: TenantStore.companyJSON(row), state: read.state, features: read.features, users: read.users)
+        return CompanyUsage(
+            company: TenantStore.companyJSON(row), state: read.state, features: read.features, users: read.users,
+            cost: CostUsage(company: read.cost.company))
     }
 
     /// What `user` of `company` sees in `GET /v1/usage`.
     public func callerUsage(company: UUID, user: UUID, at: Date = Date()) async throws -> CallerUsage {
         let read = try await current(company: company, user: user, at: at)
-        return CallerUsage(user: user, state: read.state, features: read.features)
+        return CallerUsage(user: user, state: read.state, features: read.features, cost: read.cost)
     }
 
     /// One read of the period containing `at`. When none does, the company is first moved into
@@ -41,16 +43,23 @@ extension UsageStore {
         var features: [FeatureUsage]
         /// Every user of the company when the read is the admin's (`user` nil); else empty.
         var users: [UserUsage]
+        /// The company's cost budget, and `user`'s when the read is a user's.
+        var cost: CostUsage
     }
 
     /// The row: the company (all nil when there is none), the plan and period containing `at`
     /// (nil when none), the company's and `user`'s units and caps, the upgrade offer, and, for
-    /// the admin read, one user of the company per row (the rest repeated; nil when it has none).
+    /// the admin read, one user of the company per row (the rest repeated; nil when it has none);
+    /// then the cost budgets (SPEC §11) in micro-dollars: the company's used, held and budget,
+    /// `user`'s used, held and own budget, the plan's per-user budget, and the listed user's
+    /// used, held and own budget.
     typealias HeaderRow = (
         UUID?, String?, Date?, String?, Date?, Date?, Bool?, String?, String?,
         String?, Int64, Int64?, Int64?, Int64, Int64?,
         String?, Int64?, Int64?,
-        UUID?, String?, String?, Int64, Int64?, Bool?
+        UUID?, String?, String?, Int64, Int64?, Bool?,
+        Int64, Int64, Int64?, Int64, Int64, Int64?, Int64?,
+        Int64, Int64, Int64?
     )
 
     func snapshotRead(company: UUID, user: UUID?, at: Date) async throws -> CurrentRead {
@@ -62,7 +71,10 @@ extension UsageStore {
                 SELECT c.id, c.name, c.created_at, pp.plan_id, pp.started_at, pp.ends_at, pp.auto_renew, c.time_zone, c.webhook_url,
                        pl.name, COALESCE(cu.used, 0), pl.monthly_company_cap, pl.monthly_user_cap, COALESCE(uu.used, 0), me.monthly_cap,
                        up.id, up.monthly_company_cap, up.monthly_user_cap,
-                       u.id, u.email, u.role, COALESCE(ou.used, 0), u.monthly_cap, u.disabled
+                       u.id, u.email, u.role, COALESCE(ou.used, 0), u.monthly_cap, u.disabled,
+                       COALESCE(cu.cost_used, 0), COALESCE(cu.cost_held, 0), pl.monthly_company_budget,
+                       COALESCE(uu.cost_used, 0), COALESCE(uu.cost_held, 0), me.monthly_budget, pl.monthly_user_budget,
+                       COALESCE(ou.cost_used, 0), COALESCE(ou.cost_held, 0), u.monthly_budget
                   FROM (VALUES (1)) AS one (n)
                   LEFT JOIN companies c ON c.id = \(company)
                   LEFT JOIN plan_periods pp ON pp.company_id = c.id AND pp.started_at <= \(at) AND pp.ends_at > \(at)
@@ -80,11 +92,12 @@ extension UsageStore {
                 logger: logger
             )
             var header: HeaderRow? = nil
-            var users: [(id: UUID, email: String?, role: String, used: Int64, override: Int64?, disabled: Bool)] = []
+            var users: [(id: UUID, email: String?, role: String, used: Int64, override: Int64?, disabled: Bool, cost: CostCounter)] = []
             for try await r in rows.decode(HeaderRow.self) {
                 if header == nil { header = r }
                 if let id = r.18, let role = r.20 {
-                    users.append((id, r.19, role, r.21, r.22, r.23 ?? false))
+                    // As the cap beside it: the user's own budget, else the plan's per-user one.
+                    users.append((id, r.19, role, r.21, r.22, r.23 ?? false, CostCounter(used: r.31, held: r.32, limit: r.33 ?? r.30)))
                 }
             }
             guard let h = header else { throw DatabaseError.other("usage read: no row") }
@@ -96,7 +109,7 @@ extension UsageStore {
             read.users = users.map {
                 UserUsage(
                     id: $0.id, email: $0.email, role: $0.role, disabled: $0.disabled, used: $0.used, limit: $0.override ?? planUserCap,
-                    features: read.features)
+                    features: read.features, cost: $0.cost)
             }
             return read
         }
@@ -121,6 +134,15 @@ extension UsageStore {
                 userLimit: nil)
         }
         state.upgrade = h.15.map { UsageState.Upgrade(plan: $0, companyLimit: h.16, userLimit: h.17) }
-        return CurrentRead(company: company, state: state, features: [], users: [])
+        // Budgets as the caps in `state`: the plan's (the user's own overriding its per-user
+        // one); without a plan nothing is counted (the counters are the current period's) and
+        // nothing bounds.
+        let plan = h.3 != nil
+        let companyCost = CostState.Counter(used: h.24, held: h.25, limit: h.26)
+        let userCost = user == nil ? nil : CostState.Counter(used: h.27, held: h.28, limit: plan ? h.29 ?? h.30 : nil)
+        // The same counters give `GET /v1/usage` its "company-cost"/"user-cost" RateLimit fields.
+        state.cost = CostState(company: companyCost, user: userCost, hold: nil)
+        let cost = CostUsage(company: CostCounter(companyCost), user: userCost.map(CostCounter.init))
+        return CurrentRead(company: company, state: state, features: [], users: [], cost: cost)
     }
 }

@@ -11,7 +11,8 @@ public struct UsageStore: Sendable {
         self.database = database
     }
 
-    /// Past periods (ended by `at`), newest first, each with plan, bounds, used and limit. The
+    /// Past periods (ended by `at`), newest first, each with plan, bounds, used and limit, and the
+    /// company's cost against the plan's `monthly_company_budget` (whatever `feature` says). The
     /// current period is `GET …/usage`. With `feature`, `used` and `limit` are that feature's in
     /// the period (its company period counter, 0 when none; the limit is the plan's entitlement
     /// `period_limit` as it is now, null when unlimited, 0 when the plan has it not or disabled).
@@ -24,7 +25,8 @@ public struct UsageStore: Sendable {
                 SELECT pp.id, pp.plan_id, pl.name, pp.started_at, pp.ends_at,
                        CASE WHEN \(feature)::text IS NULL THEN COALESCE(cu.used, 0) ELSE COALESCE(fu.used, 0) END,
                        CASE WHEN \(feature)::text IS NULL THEN pl.monthly_company_cap
-                            WHEN e.enabled THEN e.period_limit ELSE 0 END
+                            WHEN e.enabled THEN e.period_limit ELSE 0 END,
+                       COALESCE(cu.cost_used, 0), COALESCE(cu.cost_held, 0), pl.monthly_company_budget
                   FROM plan_periods pp JOIN plans pl ON pl.id = pp.plan_id
                   LEFT JOIN company_usage cu ON cu.company_id = pp.company_id AND cu.period_id = pp.id
                   LEFT JOIN company_feature_usage fu ON fu.company_id = pp.company_id AND fu.feature_id = \(feature)::text
@@ -36,8 +38,13 @@ public struct UsageStore: Sendable {
                 """,
                 logger: logger
             )
-            for try await (_, plan, name, start, end, used, cap) in rows.decode((Int64, String, String, Date, Date, Int64, Int64?).self) {
-                out.append(PeriodUsage(start: start, end: end, planID: plan, planName: name, used: used, limit: cap, feature: feature))
+            for try await (_, plan, name, start, end, used, cap, costUsed, costHeld, budget) in rows.decode(
+                (Int64, String, String, Date, Date, Int64, Int64?, Int64, Int64, Int64?).self)
+            {
+                out.append(
+                    PeriodUsage(
+                        start: start, end: end, planID: plan, planName: name, used: used, limit: cap, feature: feature,
+                        cost: CostCounter(used: costUsed, held: costHeld, limit: budget)))
             }
             return out
         }
@@ -64,11 +71,21 @@ public struct UsageStore: Sendable {
         public var idempotencyKey: String?
         /// Whether the provider's answer was recorded (see ``UnsettledCharges/State``).
         public var settlement: UnsettledCharges.State
+        /// Cache writes, 5-minute and 1-hour together (nil when the answer reported neither).
+        public var cacheWriteTokens: Int64? = nil
+        public var cacheReadTokens: Int64? = nil
+        /// What admission held for the call (nil: nothing was held).
+        public var hold: Micros? = nil
+        /// What the settled call cost (nil: not settled, or not priced).
+        public var cost: Micros? = nil
+        /// `usage` (the provider's usage priced it), `hold` (charged its hold), nil (open, or unpriced).
+        public var costSource: String? = nil
 
         /// The first twelve columns as before the rest were added; new columns go at the end.
         static let csvHeader =
             "id,time,user_id,units,input_tokens,output_tokens,method,route,model,outcome,upstream_status,request_id,"
-            + "company_id,period_start,period_end,feature,idempotency_key,settlement\n"
+            + "company_id,period_start,period_end,feature,idempotency_key,settlement,"
+            + "cache_write_tokens,cache_read_tokens,hold_usd,cost_usd,cost_source\n"
 
         var csvLine: String {
             let fields: [String] = [
@@ -76,7 +93,8 @@ public struct UsageStore: Sendable {
                 inputTokens.map(String.init) ?? "", outputTokens.map(String.init) ?? "", method, route, model ?? "",
                 outcome, upstreamStatus.map(String.init) ?? "", requestID, companyID.uuidString.lowercased(),
                 Timestamp.format(periodStart), Timestamp.format(periodEnd), feature ?? "", idempotencyKey ?? "",
-                settlement.rawValue,
+                settlement.rawValue, cacheWriteTokens.map(String.init) ?? "", cacheReadTokens.map(String.init) ?? "",
+                hold?.decimal ?? "", cost?.decimal ?? "", costSource ?? "",
             ]
             return fields.map(Self.csvField).joined(separator: ",") + "\n"
         }
@@ -112,7 +130,10 @@ public struct UsageStore: Sendable {
                 """
                 SELECT l.id, l.created_at, l.user_id, pp.started_at, pp.ends_at, l.units, l.input_tokens, l.output_tokens,
                        l.method, l.route, l.model, l.feature, l.outcome, l.upstream_status, l.request_id, l.idempotency_key,
-                       l.settled_at
+                       l.settled_at,
+                       CASE WHEN l.cache_write_5m_tokens IS NOT NULL OR l.cache_write_1h_tokens IS NOT NULL
+                            THEN coalesce(l.cache_write_5m_tokens, 0) + coalesce(l.cache_write_1h_tokens, 0) END,
+                       l.cache_read_tokens, l.hold_micros, l.cost_micros, l.cost_source
                   FROM usage_ledger l
                   JOIN plan_periods pp ON pp.company_id = l.company_id AND pp.id = l.period_id
                  WHERE l.company_id = \(company) AND l.created_at >= \(from) AND l.created_at < \(to) AND l.id \(unescaped: comparison) \(cursor)
@@ -126,7 +147,7 @@ public struct UsageStore: Sendable {
             for try await r in rows.decode(
                 (
                     Int64, Date, UUID, Date, Date, Int32, Int64?, Int64?, String, String, String?, String?, String, Int32?, String, String?,
-                    Date?
+                    Date?, Int64?, Int64?, Int64?, Int64?, String?
                 ).self)
             {
                 out.append(
@@ -134,7 +155,9 @@ public struct UsageStore: Sendable {
                         id: r.0, createdAt: r.1, companyID: company, userID: r.2, periodStart: r.3, periodEnd: r.4, units: r.5,
                         inputTokens: r.6, outputTokens: r.7, method: r.8, route: r.9, model: r.10, feature: r.11, outcome: r.12,
                         upstreamStatus: r.13, requestID: r.14, idempotencyKey: r.15,
-                        settlement: .of(outcome: r.12, settledAt: r.16, upstreamStatus: r.13, createdAt: r.1, now: now, grace: grace)
+                        settlement: .of(outcome: r.12, settledAt: r.16, upstreamStatus: r.13, createdAt: r.1, now: now, grace: grace),
+                        cacheWriteTokens: r.17, cacheReadTokens: r.18, hold: r.19.map(Micros.init), cost: r.20.map(Micros.init),
+                        costSource: r.21
                     )
                 )
             }

@@ -150,6 +150,23 @@ struct ConsoleTests {
                 UPDATE usage_ledger SET created_at = created_at - ((id % 4) || ' days')::interval
                  WHERE company_id = '\(a.text)'
                 """)
+            // Cost budgets (SPEC §11): admission does not price calls yet, so the money is written
+            // here, once the gateway has written the calls' answers: budgets on the plan and one
+            // user, spend on the counters, two models on the ledger (most calls settled, some held).
+            try await CostReadTests.settled(h, a)
+            try await h.exec(
+                """
+                UPDATE plans SET monthly_company_budget = 50000000, monthly_user_budget = 10000000 WHERE id = 'low';
+                UPDATE users SET monthly_budget = 2500000 WHERE id = '\(aUsers[1].id.text)';
+                UPDATE company_usage SET cost_used = 12345678, cost_held = 1500000 WHERE company_id = '\(a.text)';
+                UPDATE user_usage SET cost_used = 2600000 WHERE company_id = '\(a.text)' AND user_id = '\(aUsers[1].id.text)';
+                UPDATE user_usage SET cost_used = 4000000, cost_held = 1500000
+                 WHERE company_id = '\(a.text)' AND user_id = '\(aUsers[2].id.text)';
+                UPDATE usage_ledger SET model = CASE WHEN id % 3 = 0 THEN 'claude-haiku-4-5' ELSE 'claude-sonnet-4-5' END,
+                       cache_write_5m_tokens = id % 4, cache_read_tokens = id % 5, hold_micros = 2000000,
+                       cost_micros = CASE WHEN id % 7 <> 0 THEN 100000 + id END, cost_source = CASE WHEN id % 7 <> 0 THEN 'usage' END
+                 WHERE company_id = '\(a.text)';
+                """)
             let folder = SDKTests.root.appendingPathComponent(".build/console-screenshots").path
             let downloads = NSTemporaryDirectory() + "capgate-console-\(UUID().uuidString)"
             defer { try? FileManager.default.removeItem(atPath: downloads) }
