@@ -239,6 +239,31 @@ struct CostBudgetTests {
         }
     }
 
+    @Test("an Idempotency-Key: the retry replays and holds nothing again; a key refused by the budget can be used once it fits")
+    func idempotency() async throws {
+        try await Harness.with { h in
+            let body = Self.body()
+            let hold = Self.hold(body)
+            let (company, _, key) = try await setUp(h, company: 1_000_000, user: nil)
+            let first = try await call(h, key: key, body, headers: [("idempotency-key", "k1")])
+            #expect(first.status == 200)
+            #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE cost_source = 'usage'", equals: 1) == 1)
+            let again = try await call(h, key: key, body, headers: [("idempotency-key", "k1")])
+            #expect(again.status == 200 && again.body == first.body)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 1)
+            let spent = try await counters(h, company).used
+            #expect(spent > 0 && spent == (try await h.scalar("SELECT cost_micros FROM usage_ledger")))
+            #expect(try await counters(h, company).held == 0)
+
+            try await h.exec("UPDATE plans SET monthly_company_budget = \(spent + hold - 1)")
+            let refused = try await call(h, key: key, body, headers: [("idempotency-key", "k2")])
+            #expect(refused.status == 402 && refused.json["error"]?["type"]?.stringValue == "budget_exceeded")
+            try await h.exec("UPDATE plans SET monthly_company_budget = \(spent + hold)")
+            #expect(try await call(h, key: key, body, headers: [("idempotency-key", "k2")]).status == 200)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE idempotency_key = 'k2'") == 1)
+        }
+    }
+
     @Test("the price in force decides: exact id before prefix, the latest effective_from before the call, the long-prompt tier")
     func priceSelection() async throws {
         try await Harness.with { h in

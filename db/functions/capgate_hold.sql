@@ -11,23 +11,34 @@
 -- The rate is the highest input-side rate that can apply (input, cache reads, the cache writes
 -- the body can ask for), of the long-prompt tier when the prompt bound is over its threshold.
 -- Worked in numeric: tokens (≤ 10^8) × rates (≤ 10^10) need no overflow care.
+--
+-- PL/pgSQL, not SQL: a SQL function with a query cannot be inlined, and called from the
+-- admission it was planned again in every transaction; these are simple expressions, which
+-- PL/pgSQL evaluates without the planner once the function is compiled in the session.
 CREATE FUNCTION capgate_hold(p prices, p_prompt bigint, p_max_tokens bigint, p_cache smallint, p_window bigint)
 RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN p.model IS NULL OR p_prompt < -1 OR p_max_tokens IS NULL OR p_max_tokens < 0 THEN NULL
-           ELSE ceil((b.prompt::numeric * b.rate + least(p_max_tokens, b.w)::numeric * b.output) / 1000000)::bigint END
-      FROM (
-        SELECT w.w, w.prompt,
-               CASE WHEN p.long_prompt_threshold IS NOT NULL AND w.prompt > p.long_prompt_threshold
-                    THEN greatest(p.long_prompt_input, p.long_prompt_cache_read,
-                                  CASE WHEN p_cache >= 1 THEN p.long_prompt_cache_write_5m END,
-                                  CASE WHEN p_cache >= 2 THEN p.long_prompt_cache_write_1h END)
-                    ELSE greatest(p.input, p.cache_read, CASE WHEN p_cache >= 1 THEN p.cache_write_5m END,
-                                  CASE WHEN p_cache >= 2 THEN p.cache_write_1h END) END AS rate,
-               CASE WHEN p.long_prompt_threshold IS NOT NULL AND w.prompt > p.long_prompt_threshold
-                    THEN p.long_prompt_output ELSE p.output END AS output
-          FROM (SELECT greatest(p.context_window, p_window) AS w,
-                       CASE WHEN p_prompt = -1 THEN greatest(p.context_window, p_window)
-                            ELSE least(p_prompt, greatest(p.context_window, p_window)) END AS prompt) w
-      ) b
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    w bigint;
+    prompt bigint;
+    rate bigint;
+    output bigint;
+BEGIN
+    IF p.model IS NULL OR p_prompt < -1 OR p_max_tokens IS NULL OR p_max_tokens < 0 THEN
+        RETURN NULL;
+    END IF;
+    w := greatest(p.context_window, p_window);
+    prompt := CASE WHEN p_prompt = -1 THEN w ELSE least(p_prompt, w) END;
+    IF p.long_prompt_threshold IS NOT NULL AND prompt > p.long_prompt_threshold THEN
+        rate := greatest(p.long_prompt_input, p.long_prompt_cache_read,
+                         CASE WHEN p_cache >= 1 THEN p.long_prompt_cache_write_5m END,
+                         CASE WHEN p_cache >= 2 THEN p.long_prompt_cache_write_1h END);
+        output := p.long_prompt_output;
+    ELSE
+        rate := greatest(p.input, p.cache_read, CASE WHEN p_cache >= 1 THEN p.cache_write_5m END,
+                         CASE WHEN p_cache >= 2 THEN p.cache_write_1h END);
+        output := p.output;
+    END IF;
+    RETURN ceil((prompt::numeric * rate + least(p_max_tokens, w)::numeric * output) / 1000000)::bigint;
+END;
 $$;

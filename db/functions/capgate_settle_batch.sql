@@ -2,12 +2,14 @@
 -- queues them and writes one batch while the previous is in flight), and settles their cost
 -- (SPEC §11): a call whose hold is still open (cost_source NULL) gets its cost, from its usage
 -- at the price in force at the call's time (capgate_cost; cost_source 'usage') or, when the
--- usage is not known (p_known false, or its price is gone from the book), its hold (cost_source 'hold'); in the same transaction
+-- usage is not known (p_known false, or its price is gone from the book), its hold
+-- (cost_source 'hold'); in the same transaction
 -- the company's and the user's counters trade the hold (cost_held) for the cost (cost_used).
 -- Usage arrays hold -1 for a count the answer did not give.
 --
 -- Lock order, as capgate_refund: the company counters (key order), the ledger rows, the user
 -- counters (each user is one company's, so two batches meet at the company counter first).
+-- A batch in which no cost moves (no open hold, no priced model) locks no counter.
 -- Committed without waiting for the WAL flush: a settlement lost in a crash leaves the hold open,
 -- which is never less than the call may cost (`capgate unsettled` decides it). Planned for each
 -- call (custom plan): a generic plan made while the ledger was empty scanned the whole ledger per
@@ -30,9 +32,21 @@ BEGIN
                FROM unnest(p_company, p_ledger) AS s(c, id)
                JOIN usage_ledger l ON l.company_id = s.c AND l.id = s.id
               WHERE l.outcome = 'charged' AND l.cost_source IS NULL AND l.units > 0
-                AND (l.hold_micros IS NOT NULL OR l.model IS NOT NULL))
+                AND (l.hold_micros IS NOT NULL OR EXISTS (SELECT 1 FROM capgate_price(l.model, l.created_at))))
      ORDER BY cu.company_id, cu.period_id
        FOR UPDATE;
+    IF NOT FOUND THEN
+        -- No cost moves (no hold, no priced model): the status and token counts only, one
+        -- statement, no counter locked (a caps-only gateway's settlement, as before budgets).
+        UPDATE usage_ledger l
+           SET upstream_status = s.status, input_tokens = nullif(s.input, -1), output_tokens = nullif(s.output, -1),
+               cache_write_5m_tokens = nullif(s.w5, -1), cache_write_1h_tokens = nullif(s.w1, -1),
+               cache_read_tokens = nullif(s.rd, -1), settled_at = clock_timestamp()
+          FROM unnest(p_company, p_ledger, p_upstream_status, p_input_tokens, p_output_tokens, p_cache_write_5m,
+                      p_cache_write_1h, p_cache_read) AS s(c, id, status, input, output, w5, w1, rd)
+         WHERE l.company_id = s.c AND l.id = s.id AND l.outcome = 'charged';
+        RETURN;
+    END IF;
     RETURN QUERY
     WITH settled AS (
         UPDATE usage_ledger l
