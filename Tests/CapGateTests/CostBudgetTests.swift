@@ -252,7 +252,8 @@ struct CostBudgetTests {
             #expect(again.status == 200 && again.body == first.body)
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 1)
             let spent = try await counters(h, company).used
-            #expect(spent > 0 && spent == (try await h.scalar("SELECT cost_micros FROM usage_ledger")))
+            let ledger = try await h.scalar("SELECT cost_micros FROM usage_ledger")
+            #expect(spent > 0 && spent == ledger)
             #expect(try await counters(h, company).held == 0)
 
             try await h.exec("UPDATE plans SET monthly_company_budget = \(spent + hold - 1)")

@@ -32,6 +32,7 @@ DECLARE
     v_routes bigint;
     v_thresholds integer[];
     v_low integer;
+    v_priced boolean := EXISTS (SELECT 1 FROM prices);  -- an empty book: no call is looked up
     v_gaps uuid[];
     v_company uuid;
     v_at timestamptz;
@@ -158,7 +159,7 @@ BEGIN
                       ) p ON true
                       LEFT JOIN features f ON f.id = i.feature
                       LEFT JOIN plan_features e ON e.plan_id = p.plan_id AND e.feature_id = i.feature
-                      LEFT JOIN LATERAL capgate_price(i.model, i.at) pr ON i.units > 0
+                      LEFT JOIN LATERAL capgate_price(i.model, i.at) pr ON i.units > 0 AND v_priced
                   ) x
               ) y
           ) r;
