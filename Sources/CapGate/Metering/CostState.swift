@@ -17,18 +17,12 @@ public struct CostState: Sendable, Equatable {
             self.limit = limit
         }
 
-        /// limit − used − held, never below zero (a call the provider billed past its hold can
-        /// take `used` over the limit); nil when unlimited.
-        public var remaining: Int64? { limit.map { max(0, $0 - used - held) } }
+        /// limit − used − held, never below zero; nil when unlimited (``CostCounter/remaining``).
+        public var remaining: Int64? { CostCounter(self).remaining?.value }
 
-        /// `{"used", "held", "limit", "remaining"}` in decimal strings of dollars.
-        func fields() -> [JSON.Field] {
-            [
-                .init("used", .string(Micros(used).decimal)), .init("held", .string(Micros(held).decimal)),
-                .init("limit", JSON(limit.map { Micros($0).decimal })),
-                .init("remaining", JSON(remaining.map { Micros($0).decimal })),
-            ]
-        }
+        /// `{"used", "held", "limit", "remaining"}` in decimal strings of dollars, as the usage
+        /// reads write a budget (``CostCounter``).
+        func fields() -> [JSON.Field] { CostCounter(self).json.objectFields ?? [] }
     }
 
     public var company: Counter?
