@@ -64,74 +64,7 @@ struct AdmissionEquivalenceTests {
         let seed = UInt64.random(in: 1...UInt64.max)
         try await Harness.with { h in
             var random = SeededGenerator(state: seed)
-            try await h.createPlan("p", company: 40, user: 15, sort: 1)
-            try await h.createPlan("big", company: 500, user: nil, sort: 2)
-            // Cost budgets (SPEC §11) on 'big' only, so the caps of 'p' are still reached; 'm0'
-            // priced exactly, 'm1' by a prefix, 'm2' not at all.
-            try await h.exec(
-                """
-                UPDATE plans SET monthly_company_budget = 2000000, monthly_user_budget = 1000000 WHERE id = 'big';
-                INSERT INTO prices (model, effective_from, context_window, input, output, cache_write_5m, cache_write_1h, cache_read)
-                VALUES ('m0', '2020-01-01Z', 200000, 3000000, 15000000, 3750000, 6000000, 300000),
-                       ('m1*', '2020-01-01Z', 100000, 1000000, 5000000, 1250000, 2000000, 100000)
-                """)
-            try await h.exec(
-                """
-                INSERT INTO features (id, name, sort_order, is_active) VALUES ('analysis', 'Analysis', 1, true),
-                    ('chat', 'Chat', 2, true), ('vision', 'Vision', 3, true), ('gone', 'Gone', 4, false);
-                INSERT INTO plan_features (plan_id, feature_id, daily_limit, period_limit, user_daily_limit, user_period_limit)
-                VALUES ('p', 'analysis', 8, 12, 3, 5), ('p', 'chat', NULL, NULL, NULL, NULL),
-                       ('big', 'analysis', 100, NULL, 50, NULL), ('big', 'vision', 5, NULL, NULL, NULL)
-                """)
-            let a = try await h.createCompany(plan: "p", users: 3)
-            let b = try await h.createCompany(plan: "p", users: 2)
-            let c = try await h.createCompany(plan: nil, users: 1)
-            let d = try await h.createCompany(plan: "big", users: 2)
-            try await h.exec("UPDATE users SET monthly_budget = 50000 WHERE id = '\(d.users[1].id.text)'")
-            let revoked = try await h.createUser(company: a.company)
-            try await h.exec("UPDATE api_keys SET revoked_at = now() WHERE user_id = '\(revoked.id.uuidString.lowercased())'")
-            let at = Date()
-            for company in [a.company, b.company, c.company, d.company] {
-                try await h.exec("SELECT capgate_roll_company('\(company.uuidString.lowercased())', now())")
-            }
-
-            // Who calls: keys (also a revoked and an unknown one) and verified tokens (also a user
-            // the company does not have).
-            var callers: [(key: String?, company: UUID, user: UUID)] = []
-            for (company, users) in [a, b, c, d] {
-                for user in users {
-                    callers.append((user.key, company, user.id))
-                    callers.append((nil, company, user.id))
-                }
-            }
-            callers.append((revoked.key, a.company, revoked.id))
-            callers.append(("cg_unknown_\(seed)", a.company, UUID()))
-            callers.append((nil, b.company, UUID()))
-            let features: [String?] = [nil, nil, "analysis", "analysis", "analysis", "chat", "vision", "gone", "missing"]
-            var items = (0..<500).map { i -> AdmissionItem in
-                let caller = callers.randomElement(using: &random)!
-                let request = AdmissionRequest(
-                    companyID: caller.company, userID: caller.user, units: [0, 1, 1, 1, 2, 3].randomElement(using: &random)!,
-                    method: "POST", route: "/v1/messages", model: "m\(i % 3)", feature: features.randomElement(using: &random)!,
-                    requestID: String(format: "req_%05d", i), at: at,
-                    bound: CostBound(
-                        promptTokens: [-2, -1, 100, 500, 1_000, 3_000, 5_000, 20_000].randomElement(using: &random)!,
-                        maxTokens: [-1, 16, 1_000, 8_000].randomElement(using: &random)!,
-                        cache: [.none, .fiveMinutes, .oneHour].randomElement(using: &random)!,
-                        window: [0, 0, 0, 1_000_000].randomElement(using: &random)!))
-                return AdmissionItem(keyHash: caller.key.map(ApiKeyGenerator.hash), request: request)
-            }
-            // Two calls that each budget refuses whatever came before: a hold over the 50,000 of d's
-            // second user (the company's 2,000,000 still has room: its users can hold at most
-            // 1,050,000), and a whole 1M window at $3 (3,000,000) over the company's.
-            for (i, (user, prompt, window)) in [(d.users[1].id, 20_000, 0), (d.users[0].id, -1, 1_000_000)].enumerated() {
-                let request = AdmissionRequest(
-                    companyID: d.company, userID: user, units: 1, method: "POST", route: "/v1/messages", model: "m0",
-                    requestID: "req_tail\(i)", at: at,
-                    bound: CostBound(promptTokens: Int64(prompt), maxTokens: 8_000, cache: .none, window: Int64(window)))
-                items.append(AdmissionItem(keyHash: nil, request: request))
-            }
-
+            let items = try await Self.calls(h, seed: seed, random: &random)
             var sizes: [Int] = []
             while sizes.reduce(0, +) < items.count { sizes.append(Int.random(in: 1...40, using: &random)) }
             let batchSizes = sizes
@@ -173,6 +106,81 @@ struct AdmissionEquivalenceTests {
             }
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0, "the runs were rolled back")
         }
+    }
+
+    /// The fixtures (plans, features, budgets, prices, companies, callers) and a random sequence of
+    /// 500 calls over them, then two that each budget refuses.
+    static func calls(_ h: Harness, seed: UInt64, random: inout SeededGenerator) async throws -> [AdmissionItem] {
+        var random = SeededGenerator(state: seed)
+        try await h.createPlan("p", company: 40, user: 15, sort: 1)
+        try await h.createPlan("big", company: 500, user: nil, sort: 2)
+        // Cost budgets (SPEC §11) on 'big' only, so the caps of 'p' are still reached; 'm0'
+        // priced exactly, 'm1' by a prefix, 'm2' not at all.
+        try await h.exec(
+            """
+            UPDATE plans SET monthly_company_budget = 2000000, monthly_user_budget = 1000000 WHERE id = 'big';
+            INSERT INTO prices (model, effective_from, context_window, input, output, cache_write_5m, cache_write_1h, cache_read)
+            VALUES ('m0', '2020-01-01Z', 200000, 3000000, 15000000, 3750000, 6000000, 300000),
+                   ('m1*', '2020-01-01Z', 100000, 1000000, 5000000, 1250000, 2000000, 100000)
+            """)
+        try await h.exec(
+            """
+            INSERT INTO features (id, name, sort_order, is_active) VALUES ('analysis', 'Analysis', 1, true),
+                ('chat', 'Chat', 2, true), ('vision', 'Vision', 3, true), ('gone', 'Gone', 4, false);
+            INSERT INTO plan_features (plan_id, feature_id, daily_limit, period_limit, user_daily_limit, user_period_limit)
+            VALUES ('p', 'analysis', 8, 12, 3, 5), ('p', 'chat', NULL, NULL, NULL, NULL),
+                   ('big', 'analysis', 100, NULL, 50, NULL), ('big', 'vision', 5, NULL, NULL, NULL)
+            """)
+        let a = try await h.createCompany(plan: "p", users: 3)
+        let b = try await h.createCompany(plan: "p", users: 2)
+        let c = try await h.createCompany(plan: nil, users: 1)
+        let d = try await h.createCompany(plan: "big", users: 2)
+        try await h.exec("UPDATE users SET monthly_budget = 50000 WHERE id = '\(d.users[1].id.text)'")
+        let revoked = try await h.createUser(company: a.company)
+        try await h.exec("UPDATE api_keys SET revoked_at = now() WHERE user_id = '\(revoked.id.uuidString.lowercased())'")
+        let at = Date()
+        for company in [a.company, b.company, c.company, d.company] {
+            try await h.exec("SELECT capgate_roll_company('\(company.uuidString.lowercased())', now())")
+        }
+
+        // Who calls: keys (also a revoked and an unknown one) and verified tokens (also a user
+        // the company does not have).
+        var callers: [(key: String?, company: UUID, user: UUID)] = []
+        for (company, users) in [a, b, c, d] {
+            for user in users {
+                callers.append((user.key, company, user.id))
+                callers.append((nil, company, user.id))
+            }
+        }
+        callers.append((revoked.key, a.company, revoked.id))
+        callers.append(("cg_unknown_\(seed)", a.company, UUID()))
+        callers.append((nil, b.company, UUID()))
+        let features: [String?] = [nil, nil, "analysis", "analysis", "analysis", "chat", "vision", "gone", "missing"]
+        var items = (0..<500).map { i -> AdmissionItem in
+            let caller = callers.randomElement(using: &random)!
+            let request = AdmissionRequest(
+                companyID: caller.company, userID: caller.user, units: [0, 1, 1, 1, 2, 3].randomElement(using: &random)!,
+                method: "POST", route: "/v1/messages", model: "m\(i % 3)", feature: features.randomElement(using: &random)!,
+                requestID: String(format: "req_%05d", i), at: at,
+                bound: CostBound(
+                    promptTokens: [-2, -1, 100, 500, 1_000, 3_000, 5_000, 20_000].randomElement(using: &random)!,
+                    maxTokens: [-1, 16, 1_000, 8_000].randomElement(using: &random)!,
+                    cache: [.none, .fiveMinutes, .oneHour].randomElement(using: &random)!,
+                    window: [0, 0, 0, 1_000_000].randomElement(using: &random)!))
+            return AdmissionItem(keyHash: caller.key.map(ApiKeyGenerator.hash), request: request)
+        }
+        // Two calls that each budget refuses whatever came before: a hold over the 50,000 of d's
+        // second user (the company's 2,000,000 still has room: its users can hold at most
+        // 1,050,000), and a whole 1M window at $3 (3,000,000) over the company's.
+        for (i, (user, prompt, window)) in [(d.users[1].id, 20_000, 0), (d.users[0].id, -1, 1_000_000)].enumerated() {
+            let request = AdmissionRequest(
+                companyID: d.company, userID: user, units: 1, method: "POST", route: "/v1/messages", model: "m0",
+                requestID: "req_tail\(i)", at: at,
+                bound: CostBound(promptTokens: Int64(prompt), maxTokens: 8_000, cache: .none, window: Int64(window)))
+            items.append(AdmissionItem(keyHash: nil, request: request))
+        }
+
+        return items
     }
 
     /// Runs `body` in a transaction on one connection, reads the state, and rolls back.

@@ -109,6 +109,11 @@ struct UsageRoutes {
             }
             return try jsonResponse(encoding: read)
         }
+        registerEvents(on: group)
+    }
+
+    /// `GET /admin/v1/companies/{id}/events`: the ledger, a page at a time, or the whole range as CSV.
+    func registerEvents(on group: RouterGroup<AuthenticatedContext>) {
         group.get("companies/{id}/events") { request, context in
             let id = try context.parameters.uuid("id", what: "company")
             try context.requireAdmin(of: id)
