@@ -48,6 +48,10 @@ let package = Package(
                 .product(name: "NIOTLS", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
+                // App Store signed data (SPEC §12): the x5c chain to Apple's root, policies for
+                // Apple's OIDs.
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
             ],
             plugins: ["EmbedResourcesPlugin"]
         ),

@@ -14,7 +14,7 @@ import PackagePlugin
 @main
 struct EmbedResourcesPlugin: BuildToolPlugin {
     static let folders = ["db/migrations", "db/functions", "console"]
-    static let files = ["openapi.yaml"]
+    static let files = ["openapi.yaml", "certificates/AppleRootCA-G3.pem"]
 
     func createBuildCommands(context: PluginContext, target: any Target) async throws -> [Command] {
         let root = context.package.directoryURL

@@ -74,7 +74,7 @@ struct GatewayParts {
                 proxyPrefix: configuration.proxyPrefix, proxy: proxy, authenticator: authenticator, database: database,
                 migrator: Migrator(), metering: metering, tenants: TenantStore(database: database),
                 periods: PeriodStore(database: database), usage: UsageStore(database: database), billing: billing,
-                prices: PriceStore(database: database),
+                prices: PriceStore(database: database), apple: try AppleSignedData(settings: configuration.apple),
                 metricsAccess: MetricsAccess(configuration: configuration)))
         // Shut down in reverse: the server drains first, then queued settlements are written,
         // then the upstream client closes, the spool is replayed a last time, and the pool closes.
@@ -116,7 +116,9 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
     let migrator = services.migrator
     let metricsAccess = services.metricsAccess
     let router = Router(context: GatewayContext.self)
-    let ownPaths: Set<String> = ["/v1/usage", "/v1/usage/check", "/healthz", "/readyz", "/metrics", "/openapi.yaml"]
+    let ownPaths: Set<String> = [
+        "/v1/usage", "/v1/usage/check", "/v1/billing/apple/transactions", "/healthz", "/readyz", "/metrics", "/openapi.yaml",
+    ]
     let methods = RouteMethods()
     router.add(middleware: GatewayMiddleware(proxy: services.proxy, prefix: services.proxyPrefix, ownPaths: ownPaths, methods: methods))
 
@@ -151,18 +153,23 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
         return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: text)))
     }
 
+    let apple = AppleRoutes(signed: services.apple, store: AppleStore(billing: services.billing))
+    apple.registerNotifications(on: router)
+
     let console = ConsoleRoutes(database: database, tenants: services.tenants)
     console.registerPage(on: router)
     let usageRoutes = UsageRoutes(metering: services.metering, usage: services.usage, tenants: services.tenants)
     let client = router.group("v1").add(middleware: AuthMiddleware(authenticator: services.authenticator)).group(
         context: AuthenticatedContext.self)
     usageRoutes.registerClient(on: client)
+    apple.registerTransactions(on: client)
 
     let admin = router.group("admin/v1").add(middleware: AuthMiddleware(authenticator: services.authenticator)).group(
         context: AuthenticatedContext.self)
     OperatorRoutes(tenants: services.tenants, periods: services.periods).register(on: admin)
     usageRoutes.registerAdmin(on: admin)
     BillingRoutes(billing: services.billing).register(on: admin)
+    apple.registerAdmin(on: admin)
     PriceRoutes(prices: services.prices).register(on: admin)
     FeatureRoutes(features: FeatureStore(database: services.tenants.database), prefix: services.proxyPrefix).register(on: admin)
     console.register(on: admin)

@@ -116,6 +116,8 @@ public struct CapGateConfiguration: Sendable {
     public var notifications: NotificationSettings
     /// `costs.*`: how a call's cost is held and settled (SPEC §11; see ``CostSettings``).
     public var costs: CostSettings
+    /// `apple.*`: App Store signed notifications and transactions (SPEC §12; see ``AppleSettings``).
+    public var apple: AppleSettings
 
     /// Every key CapGate reads, with its environment variable (used by docs and `--help`).
     public static let keys: [String] = [
@@ -130,7 +132,7 @@ public struct CapGateConfiguration: Sendable {
         "notifications.timeout", "notifications.retryFor", "notifications.retryDelay", "notifications.maxRetryDelay",
         "notifications.pollInterval", "notifications.maxPerSecond", "notifications.caFile",
         "costs.promptOverheadTokens", "costs.imageTokens", "costs.drainSeconds",
-    ]
+    ] + AppleSettings.keys
     static let secretKeys: Set<String> = [
         "database.url", "upstream.apiKey", "operator.token", "jwt.secret", "notifications.webhookSecret", "metrics.token",
     ]
@@ -141,6 +143,8 @@ public struct CapGateConfiguration: Sendable {
         "METRICS_TOKEN": "metrics.token", "METRICS_PUBLIC": "metrics.public", "JWT_MAX_LIFETIME": "jwt.maxLifetime",
         "NOTIFICATIONS_RETENTION_DAYS": "notifications.retentionDays",
         "HTTP_BODY_TIMEOUT": "http.bodyTimeout", "PROXY_COMPANY_SHARE": "proxy.companyShare",
+        "APPLE_BUNDLE_ID": "apple.bundleId", "APPLE_APP_APPLE_ID": "apple.appAppleId",
+        "APPLE_ROOT_CERTIFICATES": "apple.rootCertificates", "APPLE_ENVIRONMENTS": "apple.environments",
     ]
 
     /// An absolute `http://` or `https://` URL with a host.
@@ -202,6 +206,7 @@ public struct CapGateConfiguration: Sendable {
             promptOverheadTokens: try Self.int(reader, "costs.promptOverheadTokens", default: 1_000, range: 0...1_000_000),
             imageTokens: try Self.int(reader, "costs.imageTokens", default: 5_000, range: 0...1_000_000),
             drainSeconds: try Self.int(reader, "costs.drainSeconds", default: 60, range: 0...3600))
+        apple = try AppleSettings(reader: reader)
         logLevel = reader.string(forKey: "log.level", default: "info")
         notifications = NotificationSettings(
             webhookURL: Self.nonEmpty(reader.string(forKey: "notifications.webhookUrl")),

@@ -15,5 +15,7 @@ struct GatewayServices {
     var billing: BillingStore
     /// The price book (SPEC §11).
     var prices: PriceStore
+    /// The App Store's signed-data verifier (SPEC §12).
+    var apple: AppleSignedData
     var metricsAccess: MetricsAccess
 }

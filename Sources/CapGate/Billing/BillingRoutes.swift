@@ -11,8 +11,8 @@ struct BillingRoutes {
             try context.requireOperator()
             let fields = try await BodyFields.read(request, context: context)
             let typeText = try fields.requiredString("type", maxLength: 20)
-            guard let kind = BillingStore.StoreEvent.Kind(rawValue: typeText) else {
-                let names = BillingStore.StoreEvent.Kind.allCases.map(\.rawValue).joined(separator: ", ")
+            guard let kind = BillingStore.StoreEvent.Kind(rawValue: typeText), BillingStore.StoreEvent.Kind.posted.contains(kind) else {
+                let names = BillingStore.StoreEvent.Kind.posted.map(\.rawValue).joined(separator: ", ")
                 throw GatewayError.invalidRequest("'type' must be one of: \(names).")
             }
             let event = BillingStore.StoreEvent(

@@ -14,7 +14,14 @@ public struct BillingStore: Sendable {
 
     /// A store event as posted to `POST /admin/v1/billing/events`.
     public struct StoreEvent: Sendable {
-        public enum Kind: String, Sendable, CaseIterable { case purchase, renewal, cancel, refund, expire, restore }
+        public enum Kind: String, Sendable, CaseIterable {
+            case purchase, renewal, cancel, refund, expire, restore
+            /// Auto-renew on again (the App Store's `AUTO_RENEW_ENABLED`, SPEC §12); not a §5 type.
+            case resume
+
+            /// The types `POST /admin/v1/billing/events` takes (SPEC §5).
+            public static let posted: [Kind] = [.purchase, .renewal, .cancel, .refund, .expire, .restore]
+        }
         public var kind: Kind
         public var companyID: UUID
         public var productID: String?
@@ -51,32 +58,47 @@ public struct BillingStore: Sendable {
     /// Returns the answer's JSON text (a repeat gets the stored text, byte for byte).
     public func apply(_ event: StoreEvent, now: Date = Date()) async throws -> String {
         do {
-            return try await database.transaction { connection in
-                try await PeriodStore.lockCompany(connection, logger: logger, company: event.companyID)
-                if let answer = try await recordedAnswer(connection, event) { return answer }
-                let (planID, interval) = try await productPlan(connection, event.productID)
-                try await change(connection, event, planID: planID, interval: interval, now: now)
-                return try await record(connection, event, planID: planID, now: now)
-            }
-        } catch BillingError.unknownProduct(let product) {
-            throw GatewayError.notFound("Unknown product '\(product)': map it to a plan with POST /admin/v1/products first.")
-        } catch BillingError.productRequired {
-            throw GatewayError.invalidRequest("'product_id' is required for \(event.kind.rawValue) events.")
-        } catch BillingError.transactionOfAnotherCompany {
-            throw GatewayError.conflict("This transaction_id was already recorded for another company.")
-        } catch PeriodStore.PeriodError.unknownPlan {
-            throw GatewayError.notFound("The product's plan no longer exists.")
-        } catch BillingError.badDates {
-            throw GatewayError.invalidRequest("'expiration_date' must be after 'purchase_date'.")
-        } catch PeriodStore.PeriodError.unknownCompany {
-            throw GatewayError.notFound("No company with that id.")
-        } catch PeriodStore.PeriodError.periodHasUsage {
-            throw GatewayError.conflict("A period that starts after now already has usage; check the server's clock.")
-        } catch PeriodStore.PeriodError.endsBeforeItBegins {
-            throw GatewayError.conflict("Calls were counted after purchase_date, so the new period would begin now, after it ends.")
+            return try await database.transaction { connection in try await apply(event, on: connection, now: now) }
         } catch DatabaseError.constraint(_, let constraint, _) where constraint?.contains("transaction_id") == true {
             // A concurrent delivery of the same event won the race: answer with its result.
             return try await apply(event, now: now)
+        } catch {
+            throw Self.gatewayError(error, event: event)
+        }
+    }
+
+    /// ``apply(_:now:)`` inside a transaction the caller holds (the App Store notifications store
+    /// theirs in the same one); throws the store's own errors (``gatewayError(_:event:)`` maps them).
+    func apply(_ event: StoreEvent, on connection: PostgresConnection, now: Date) async throws -> String {
+        try await PeriodStore.lockCompany(connection, logger: logger, company: event.companyID)
+        if let answer = try await recordedAnswer(connection, event) { return answer }
+        let (planID, interval) = try await productPlan(connection, event.productID)
+        try await change(connection, event, planID: planID, interval: interval, now: now)
+        return try await record(connection, event, planID: planID, now: now)
+    }
+
+    /// The answer a caller can act on for an error of ``apply(_:on:now:)``; others as they are.
+    static func gatewayError(_ error: any Error, event: StoreEvent) -> any Error {
+        do {
+            throw error
+        } catch BillingError.unknownProduct(let product) {
+            return GatewayError.notFound("Unknown product '\(product)': map it to a plan with POST /admin/v1/products first.")
+        } catch BillingError.productRequired {
+            return GatewayError.invalidRequest("'product_id' is required for \(event.kind.rawValue) events.")
+        } catch BillingError.transactionOfAnotherCompany {
+            return GatewayError.conflict("This transaction_id was already recorded for another company.")
+        } catch PeriodStore.PeriodError.unknownPlan {
+            return GatewayError.notFound("The product's plan no longer exists.")
+        } catch BillingError.badDates {
+            return GatewayError.invalidRequest("'expiration_date' must be after 'purchase_date'.")
+        } catch PeriodStore.PeriodError.unknownCompany {
+            return GatewayError.notFound("No company with that id.")
+        } catch PeriodStore.PeriodError.periodHasUsage {
+            return GatewayError.conflict("A period that starts after now already has usage; check the server's clock.")
+        } catch PeriodStore.PeriodError.endsBeforeItBegins {
+            return GatewayError.conflict("Calls were counted after purchase_date, so the new period would begin now, after it ends.")
+        } catch {
+            return error
         }
     }
 
@@ -142,6 +164,14 @@ public struct BillingStore: Sendable {
                 """
                 UPDATE plan_periods SET auto_renew = false, status = 'cancelled'
                  WHERE company_id = \(event.companyID) AND ends_at > \(now)
+                """,
+                logger: logger
+            )
+        case .resume:
+            try await connection.query(
+                """
+                UPDATE plan_periods SET auto_renew = true, status = 'active'
+                 WHERE company_id = \(event.companyID) AND ends_at > \(now) AND status = 'cancelled'
                 """,
                 logger: logger
             )

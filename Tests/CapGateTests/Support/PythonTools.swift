@@ -20,7 +20,10 @@ import Foundation
 /// is initialised once, under the runtime's lock).
 enum PythonTools {
     /// Exact pins, checked with Python 3.11.
-    static let requirements = ["anthropic==2.13.0", "PyYAML==6.0.4", "schemathesis==4.32.5", "standardwebhooks==1.1.0", "selenium==4.51.0"]
+    static let requirements = [
+        "anthropic==2.13.0", "PyYAML==6.0.4", "schemathesis==4.32.5", "standardwebhooks==1.1.0", "selenium==4.51.0",
+        "app-store-server-library==3.1.2",
+    ]
 
     static let root = URL(fileURLWithPath: #filePath)
         .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()

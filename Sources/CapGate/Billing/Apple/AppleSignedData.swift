@@ -1,0 +1,125 @@
+import Foundation
+import JWTKit
+import SwiftASN1
+import X509
+
+/// Verifies App Store signed data (SPEC §12) as Apple's App Store Server Library does: ES256
+/// over the compact JWS, an `x5c` chain of exactly leaf, intermediate and root that verifies to
+/// a configured root with every certificate valid at the payload's `signedDate`, Apple's leaf
+/// and intermediate OIDs, then the bundle id, the environment and (in Production) the app id.
+/// The chain and the signature are jwt-kit's `X5CVerifier` over swift-certificates.
+struct AppleSignedData: Sendable {
+    let settings: AppleSettings
+    let verifier: X5CVerifier
+
+    init(settings: AppleSettings) throws {
+        self.settings = settings
+        self.verifier = try X5CVerifier(rootCertificates: settings.rootCertificates)
+    }
+
+    /// Why signed data was refused: the reason is logged, never the payload.
+    struct Refusal: Error, CustomStringConvertible {
+        var reason: String
+        init(_ reason: String) { self.reason = reason }
+        var description: String { reason }
+    }
+
+    /// A notification with its nested transaction and renewal info, each verified.
+    func notification(_ jws: String) async throws -> AppleNotification {
+        let payload = try await verify(jws, as: AppleNotification.Payload.self, what: "signedPayload")
+        guard let scope = payload.data ?? payload.summary else {
+            throw Refusal("the notification has neither data nor summary")
+        }
+        try check(bundleID: scope.bundleId, environment: scope.environment, appAppleID: scope.appAppleId, what: "notification")
+        var transaction: AppleTransaction?
+        if let signed = scope.signedTransactionInfo {
+            transaction = try await self.transaction(signed, what: "signedTransactionInfo")
+            guard transaction?.environment == scope.environment else {
+                throw Refusal("signedTransactionInfo is of another environment than the notification")
+            }
+        }
+        var renewal: AppleRenewalInfo?
+        if let signed = scope.signedRenewalInfo {
+            let info = try await verify(signed, as: AppleRenewalInfo.self, what: "signedRenewalInfo")
+            try check(bundleID: nil, environment: info.environment, appAppleID: nil, what: "signedRenewalInfo")
+            guard info.environment == scope.environment else {
+                throw Refusal("signedRenewalInfo is of another environment than the notification")
+            }
+            renewal = info
+        }
+        return AppleNotification(payload: payload, environment: scope.environment ?? "", transaction: transaction, renewal: renewal)
+    }
+
+    /// A transaction (StoreKit 2's `jwsRepresentation`, or a notification's `signedTransactionInfo`).
+    func transaction(_ jws: String, what: String = "signedTransaction") async throws -> AppleTransaction {
+        let transaction = try await verify(jws, as: AppleTransaction.self, what: what)
+        try check(bundleID: transaction.bundleId, environment: transaction.environment, appAppleID: nil, what: what)
+        return transaction
+    }
+
+    /// `bundleID` (where the payload has one) must be `apple.bundleId`, `environment` one of
+    /// `apple.environments`, and in Production `appAppleID` (where the payload has one) `apple.appAppleId`.
+    func check(bundleID: String?, environment: String?, appAppleID: Int64?, what: String) throws {
+        guard let environment, settings.environments.contains(environment) else {
+            throw Refusal("\(what): environment \(environment ?? "(none)") is not one of apple.environments")
+        }
+        if what == "notification" || bundleID != nil {
+            guard let configured = settings.bundleID else { throw Refusal("apple.bundleId is not configured") }
+            guard bundleID == configured else { throw Refusal("\(what): bundleId \(bundleID ?? "(none)") is not apple.bundleId") }
+        }
+        if what == "notification", environment == "Production" {
+            guard let configured = settings.appAppleID else { throw Refusal("apple.appAppleId is not configured (Production)") }
+            guard appAppleID == configured else { throw Refusal("notification: appAppleId is not apple.appAppleId") }
+        }
+    }
+
+    /// The signature and the chain at the payload's `signedDate`, then the payload decoded.
+    func verify<Payload: ValidationTimePayload>(_ jws: String, as type: Payload.Type, what: String) async throws -> Payload {
+        let parts = jws.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, let headerData = Self.base64URL(parts[0]),
+            let header = try? JSONDecoder().decode(Header.self, from: headerData)
+        else { throw Refusal("\(what) is not a compact JWS") }
+        guard header.alg == "ES256" else { throw Refusal("\(what) is signed with \(header.alg ?? "(none)"), not ES256") }
+        guard header.x5c?.count == 3 else { throw Refusal("\(what)'s x5c is not leaf, intermediate and root") }
+        do {
+            return try await verifier.verifyJWS(
+                Array(jws.utf8), as: Payload.self, jsonDecoder: JSONDecoder(), validationTime: .signedDate,
+                policy: { AppleChainPolicy() })
+        } catch let error as JWTError {
+            throw Refusal("\(what): \(error.reason ?? String(describing: error.errorType))")
+        } catch {
+            throw Refusal("\(what): \(error)")
+        }
+    }
+
+    struct Header: Decodable {
+        var alg: String?
+        var x5c: [String]?
+    }
+
+    static func base64URL(_ text: Substring) -> Data? {
+        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        while base64.count % 4 != 0 { base64 += "=" }
+        return Data(base64Encoded: base64)
+    }
+}
+
+/// Apple's chain: leaf, intermediate, root; the leaf with the App Store receipt-signing OID, the
+/// intermediate with Apple's WWDR intermediate OID.
+struct AppleChainPolicy: VerifierPolicy {
+    static let leafOID: ASN1ObjectIdentifier = [1, 2, 840, 113635, 100, 6, 11, 1]
+    static let intermediateOID: ASN1ObjectIdentifier = [1, 2, 840, 113635, 100, 6, 2, 1]
+
+    let verifyingCriticalExtensions: [ASN1ObjectIdentifier] = []
+
+    func chainMeetsPolicyRequirements(chain: UnverifiedCertificateChain) async -> PolicyEvaluationResult {
+        guard chain.count == 3 else { return .failsToMeetPolicy(reason: "the chain is not leaf, intermediate and root") }
+        guard chain[0].extensions[oid: Self.leafOID] != nil else {
+            return .failsToMeetPolicy(reason: "the leaf certificate lacks OID 1.2.840.113635.100.6.11.1")
+        }
+        guard chain[1].extensions[oid: Self.intermediateOID] != nil else {
+            return .failsToMeetPolicy(reason: "the intermediate certificate lacks OID 1.2.840.113635.100.6.2.1")
+        }
+        return .meetsPolicy
+    }
+}

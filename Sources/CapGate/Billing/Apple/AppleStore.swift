@@ -1,0 +1,237 @@
+import Foundation
+import Logging
+import PostgresNIO
+
+/// App Store notifications and transactions in PostgreSQL (SPEC §12): each notification stored
+/// once by `notificationUUID` and, in the same transaction, applied through
+/// ``BillingStore/apply(_:on:now:)`` (the path of `POST /admin/v1/billing/events`).
+struct AppleStore: Sendable {
+    let billing: BillingStore
+    var database: Database { billing.database }
+    var logger: Logger { billing.logger }
+
+    /// What became of a notification.
+    enum Outcome: String, Sendable {
+        case applied, stale, kept, stored, unmatched, failed, duplicate
+    }
+
+    /// Stores `notification` once and applies what it maps to, unless it is a repeat, signed
+    /// before the last one applied for its subscription, or of no known company.
+    func receive(_ notification: AppleNotification, now: Date = Date()) async throws -> Outcome {
+        do {
+            return try await database.transaction { connection in
+                try await receive(notification, on: connection, now: now)
+            }
+        } catch DatabaseError.constraint(_, let constraint, _)
+            where constraint?.contains("pkey") == true || constraint?.contains("transaction_id") == true
+        {
+            // A concurrent delivery of the same notification (or the first link of its subscription) won.
+            return try await receive(notification, now: now)
+        }
+    }
+
+    func receive(_ notification: AppleNotification, on connection: PostgresConnection, now: Date) async throws -> Outcome {
+        let known = try await connection.query(
+            "SELECT 1 FROM apple_notifications WHERE notification_uuid = \(notification.uuid)", logger: logger
+        ).collect()
+        guard known.isEmpty else { return .duplicate }
+        let transaction = notification.transaction
+        let action = AppleAction.of(type: notification.type, subtype: notification.subtype, oneTime: transaction?.isOneTime == true)
+        var company: UUID?
+        var outcome = Outcome.stored
+        var detail: String?
+        if let transaction {
+            try await lockSubscription(connection, transaction.originalTransactionId)
+            let link = try await self.link(connection, transaction.originalTransactionId)
+            company = try await self.company(connection, transaction: transaction, linked: link?.company)
+            if company == nil {
+                outcome = .unmatched
+            } else if case .store(let stored) = action {
+                outcome = stored == .kept ? .kept : .stored
+            } else if let last = link?.lastApplied, notification.signedDate < last {
+                outcome = .stale
+            } else if let event = event(action, notification: notification, transaction: transaction, company: company!) {
+                (outcome, detail) = try await applyGuarded(connection, event, now: now)
+            }
+            if let company {
+                let applied = outcome == .applied ? notification.signedDate : nil
+                try await connection.query(
+                    """
+                    INSERT INTO apple_transactions (original_transaction_id, company_id, last_applied_at)
+                    VALUES (\(transaction.originalTransactionId), \(company), \(applied))
+                    ON CONFLICT (original_transaction_id) DO UPDATE
+                       SET last_applied_at = GREATEST(apple_transactions.last_applied_at, EXCLUDED.last_applied_at)
+                    """,
+                    logger: logger)
+            }
+        }
+        try await store(connection, notification, company: company, outcome: outcome, detail: detail)
+        return outcome
+    }
+
+    /// Applies a transaction the app posted for `company` at once (purchase, or renewal when the
+    /// company already runs the product's plan); the notification for it later finds it applied.
+    func post(_ transaction: AppleTransaction, company: UUID, now: Date = Date()) async throws -> String {
+        let event = BillingStore.StoreEvent(
+            kind: transaction.transactionId == transaction.originalTransactionId ? .purchase : .renewal, companyID: company,
+            productID: transaction.productId, transactionID: AppleAction.eventKey(.purchase, transaction: transaction, notification: nil),
+            originalTransactionID: transaction.originalTransactionId, purchaseDate: transaction.purchaseDate,
+            expirationDate: transaction.expiresDate, payload: Self.jsonValue(["transaction": transaction]))
+        do {
+            return try await database.transaction { connection in
+                try await lockSubscription(connection, transaction.originalTransactionId)
+                if let linked = try await link(connection, transaction.originalTransactionId), linked.company != company {
+                    throw GatewayError.permission("This App Store subscription belongs to another company.")
+                }
+                try await connection.query(
+                    """
+                    INSERT INTO apple_transactions (original_transaction_id, company_id) VALUES (\(transaction.originalTransactionId), \(company))
+                    ON CONFLICT (original_transaction_id) DO NOTHING
+                    """,
+                    logger: logger)
+                return try await billing.apply(event, on: connection, now: now)
+            }
+        } catch let error as GatewayError {
+            throw error
+        } catch DatabaseError.constraint(_, let constraint, _) where constraint?.contains("transaction_id") == true {
+            return try await post(transaction, company: company, now: now)
+        } catch {
+            throw BillingStore.gatewayError(error, event: event)
+        }
+    }
+
+    /// The store event of an applied action (nil: nothing to apply).
+    func event(_ action: AppleAction, notification: AppleNotification, transaction: AppleTransaction, company: UUID)
+        -> BillingStore.StoreEvent?
+    {
+        let kind: BillingStore.StoreEvent.Kind
+        var expiration = transaction.expiresDate
+        switch action {
+        case .event(let chosen): kind = chosen
+        case .grace:
+            kind = .renewal
+            expiration = notification.renewal?.gracePeriodExpiresDate ?? transaction.expiresDate
+        case .store: return nil
+        }
+        return BillingStore.StoreEvent(
+            kind: kind, companyID: company, productID: transaction.productId,
+            transactionID: AppleAction.eventKey(
+                action == .grace ? .expire : kind, transaction: transaction, notification: notification.uuid),
+            originalTransactionID: transaction.originalTransactionId, purchaseDate: transaction.purchaseDate,
+            expirationDate: expiration,
+            payload: .obj(["notification_uuid": .string(notification.uuid), "notification_type": .string(notification.type)]))
+    }
+
+    /// Applies `event` under a savepoint: a failure (an unmapped product) is stored as `failed`
+    /// with its reason, for the operator, and the notification is still kept.
+    func applyGuarded(_ connection: PostgresConnection, _ event: BillingStore.StoreEvent, now: Date) async throws -> (
+        Outcome, String?
+    ) {
+        try await connection.query("SAVEPOINT apple_apply", logger: logger)
+        do {
+            _ = try await billing.apply(event, on: connection, now: now)
+            try await connection.query("RELEASE SAVEPOINT apple_apply", logger: logger)
+            return (.applied, nil)
+        } catch {
+            // A lost connection, or a concurrent delivery's unique row: the whole transaction goes.
+            if let psql = error as? PSQLError, psql.serverInfo == nil || psql.serverInfo?[.sqlState] == "23505" { throw error }
+            try await connection.query("ROLLBACK TO SAVEPOINT apple_apply", logger: logger)
+            let mapped = BillingStore.gatewayError(error, event: event)
+            let reason = (mapped as? GatewayError).map { $0.message } ?? String(describing: mapped)
+            logger.warning("App Store notification not applied", metadata: ["reason": "\(reason)"])
+            return (.failed, reason)
+        }
+    }
+
+    /// One subscription's notifications are applied one at a time.
+    func lockSubscription(_ connection: PostgresConnection, _ original: String) async throws {
+        try await connection.query("SELECT pg_advisory_xact_lock(hashtextextended('apple:' || \(original), 0))", logger: logger)
+    }
+
+    func link(_ connection: PostgresConnection, _ original: String) async throws -> (company: UUID, lastApplied: Date?)? {
+        try await connection.query(
+            "SELECT company_id, last_applied_at FROM apple_transactions WHERE original_transaction_id = \(original)", logger: logger
+        ).decode((UUID, Date?).self).collect().first.map { (company: $0.0, lastApplied: $0.1) }
+    }
+
+    /// The transaction's `appAccountToken` when it names a company, else the linked company.
+    func company(_ connection: PostgresConnection, transaction: AppleTransaction, linked: UUID?) async throws -> UUID? {
+        if let token = transaction.accountToken {
+            let found = try await connection.query("SELECT id FROM companies WHERE id = \(token)", logger: logger)
+                .decode(UUID.self).collect()
+            if let id = found.first { return id }
+        }
+        return linked
+    }
+
+    func store(
+        _ connection: PostgresConnection, _ notification: AppleNotification, company: UUID?, outcome: Outcome, detail: String?
+    ) async throws {
+        let payload = Self.json(
+            [
+                "notification": notification.payload, "transaction": notification.transaction, "renewal": notification.renewal,
+            ] as [String: (any Encodable)?])
+        let transaction = notification.transaction
+        try await connection.query(
+            """
+            INSERT INTO apple_notifications (notification_uuid, company_id, notification_type, subtype, environment, signed_at,
+                original_transaction_id, transaction_id, product_id, outcome, detail, payload)
+            VALUES (\(notification.uuid), \(company), \(notification.type), \(notification.subtype), \(notification.environment),
+                \(notification.signedDate), \(transaction?.originalTransactionId), \(transaction?.transactionId),
+                \(transaction?.productId), \(outcome.rawValue), \(detail), \(payload)::jsonb)
+            """,
+            logger: logger)
+    }
+
+    /// The notifications stored without a company, newest first (`GET /admin/v1/billing/apple/unmatched`).
+    func unmatched(limit: Int = 200) async throws -> [JSON] {
+        let rows = try await database.run { client in
+            try await client.query(
+                """
+                SELECT notification_uuid, notification_type, subtype, environment, signed_at, original_transaction_id,
+                       transaction_id, product_id, received_at
+                  FROM apple_notifications WHERE company_id IS NULL AND outcome = 'unmatched'
+                 ORDER BY received_at DESC LIMIT \(limit)
+                """,
+                logger: logger
+            ).decode((String, String, String?, String, Date, String?, String?, String?, Date).self).collect()
+        }
+        return rows.map(Self.unmatchedJSON)
+    }
+
+    static func unmatchedJSON(_ row: (String, String, String?, String, Date, String?, String?, String?, Date)) -> JSON {
+        let fields: [JSON.Field] = [
+            .init("notification_uuid", .string(row.0)), .init("notification_type", .string(row.1)), .init("subtype", JSON(row.2)),
+            .init("environment", .string(row.3)), .init("signed_date", JSON(row.4)), .init("original_transaction_id", JSON(row.5)),
+            .init("transaction_id", JSON(row.6)), .init("product_id", JSON(row.7)), .init("received_at", JSON(row.8)),
+        ]
+        return .object(fields)
+    }
+
+    /// ``json(_:)`` as a ``JSON`` value.
+    static func jsonValue(_ fields: [String: (any Encodable)?]) -> JSON {
+        (try? JSON.parse(Array(json(fields).utf8))) ?? .obj([:])
+    }
+
+    /// Codable values as one JSON text (the stored payloads).
+    static func json(_ fields: [String: (any Encodable)?]) -> String {
+        struct Wrapped: Encodable {
+            let fields: [String: (any Encodable)?]
+            func encode(to encoder: any Encoder) throws {
+                var container = encoder.container(keyedBy: Key.self)
+                for (key, value) in fields.sorted(by: { $0.key < $1.key }) {
+                    if let value { try container.encode(value, forKey: Key(key)) } else { try container.encodeNil(forKey: Key(key)) }
+                }
+            }
+        }
+        struct Key: CodingKey {
+            var stringValue: String
+            var intValue: Int? { nil }
+            init(_ text: String) { stringValue = text }
+            init?(stringValue: String) { self.stringValue = stringValue }
+            init?(intValue: Int) { nil }
+        }
+        let data = (try? JSONEncoder().encode(Wrapped(fields: fields))) ?? Data("{}".utf8)
+        return String(decoding: data, as: UTF8.self)
+    }
+}

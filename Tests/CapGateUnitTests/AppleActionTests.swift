@@ -1,0 +1,35 @@
+import Foundation
+import Testing
+
+@testable import CapGate
+
+@Suite("App Store notification types to store events (SPEC §12)")
+struct AppleActionTests {
+    @Test("every notificationType / subtype of §12")
+    func mapping() {
+        let cases: [(String, String?, AppleAction)] = [
+            ("SUBSCRIBED", "INITIAL_BUY", .event(.purchase)), ("SUBSCRIBED", "RESUBSCRIBE", .event(.purchase)),
+            ("DID_RENEW", nil, .event(.renewal)), ("DID_RENEW", "BILLING_RECOVERY", .event(.renewal)),
+            ("DID_CHANGE_RENEWAL_STATUS", "AUTO_RENEW_DISABLED", .event(.cancel)),
+            ("DID_CHANGE_RENEWAL_STATUS", "AUTO_RENEW_ENABLED", .event(.resume)),
+            ("DID_CHANGE_RENEWAL_PREF", "UPGRADE", .event(.purchase)), ("DID_CHANGE_RENEWAL_PREF", "DOWNGRADE", .store(.kept)),
+            ("OFFER_REDEEMED", "INITIAL_BUY", .event(.purchase)), ("OFFER_REDEEMED", "RESUBSCRIBE", .event(.purchase)),
+            ("OFFER_REDEEMED", "UPGRADE", .event(.purchase)), ("OFFER_REDEEMED", "DOWNGRADE", .store(.kept)),
+            ("DID_FAIL_TO_RENEW", "GRACE_PERIOD", .grace), ("DID_FAIL_TO_RENEW", nil, .event(.expire)),
+            ("EXPIRED", "VOLUNTARY", .event(.expire)), ("EXPIRED", "BILLING_RETRY", .event(.expire)),
+            ("GRACE_PERIOD_EXPIRED", nil, .event(.expire)), ("REFUND", nil, .event(.refund)), ("REVOKE", nil, .event(.refund)),
+            ("REFUND_REVERSED", nil, .event(.restore)), ("ONE_TIME_CHARGE", nil, .store(.stored)), ("TEST", nil, .store(.stored)),
+            ("PRICE_INCREASE", "PENDING", .store(.stored)), ("RENEWAL_EXTENDED", nil, .store(.stored)),
+        ]
+        for (type, subtype, expected) in cases {
+            #expect(AppleAction.of(type: type, subtype: subtype, oneTime: false) == expected, "\(type) \(subtype ?? "")")
+        }
+        // A consumable's refund is a top-up's, not the subscription's.
+        #expect(AppleAction.of(type: "REFUND", subtype: nil, oneTime: true) == .store(.stored))
+    }
+
+    @Test("the admin route takes only §5's six types")
+    func postedKinds() {
+        #expect(BillingStore.StoreEvent.Kind.posted.map(\.rawValue) == ["purchase", "renewal", "cancel", "refund", "expire", "restore"])
+    }
+}
