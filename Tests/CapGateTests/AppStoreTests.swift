@@ -19,7 +19,8 @@ struct AppStoreTests {
         }
     }
 
-    @Test("verification: valid; tampered payload or nested transaction; wrong root; expired leaf; missing OIDs; bundle; environment; app id")
+    @Test(
+        "verification: valid; tampered payload or nested transaction; wrong root; expired leaf; missing OIDs; bundle; environment; app id")
     func verification() async throws {
         try await Harness.with(settings: AppleFixture.settings(environments: "Production")) { h in
             try await Self.products(h)
@@ -48,12 +49,23 @@ struct AppStoreTests {
             refused.append(
                 ("intermediate without OID", try f.notification("SUBSCRIBED", transaction: tx, chain: signer.intermediateWithoutOID)))
             refused.append(
-                ("nested transaction signed by a wrong root", try f.notification("SUBSCRIBED", transaction: try f.transaction("v2", company: company, chain: signer.otherRoot))))
+                (
+                    "nested transaction signed by a wrong root",
+                    try f.notification("SUBSCRIBED", transaction: try f.transaction("v2", company: company, chain: signer.otherRoot))
+                ))
             refused.append(("wrong bundle id", try f.notification("SUBSCRIBED", transaction: tx, bundle: "com.example.other")))
             refused.append(
-                ("nested transaction of another bundle", try f.notification("SUBSCRIBED", transaction: try f.transaction("v3", company: company, bundle: "com.example.other"))))
+                (
+                    "nested transaction of another bundle",
+                    try f.notification("SUBSCRIBED", transaction: try f.transaction("v3", company: company, bundle: "com.example.other"))
+                ))
             refused.append(
-                ("sandbox where only Production is accepted", try f.notification("SUBSCRIBED", transaction: try f.transaction("v4", company: company, environment: "Sandbox"), environment: "Sandbox")))
+                (
+                    "sandbox where only Production is accepted",
+                    try f.notification(
+                        "SUBSCRIBED", transaction: try f.transaction("v4", company: company, environment: "Sandbox"), environment: "Sandbox"
+                    )
+                ))
             refused.append(("wrong appAppleId in Production", try f.notification("SUBSCRIBED", transaction: tx, appID: 42)))
             refused.append(("no appAppleId in Production", try f.notification("SUBSCRIBED", transaction: tx, appID: nil)))
             refused.append(("not a JWS", "abc.def"))
@@ -132,25 +144,33 @@ struct AppStoreTests {
             let (a, _) = try await h.createCompany(plan: "free", users: 1)
             #expect(try await send("SUBSCRIBED", "INITIAL_BUY", try f.transaction("a1", company: a, expires: month)) == "applied")
             #expect(try await h.currentPeriod(a) == ("low", seconds(month), true))
-            #expect(try await send("DID_CHANGE_RENEWAL_STATUS", "AUTO_RENEW_DISABLED", try f.transaction("a1", company: a, expires: month)) == "applied")
+            #expect(
+                try await send("DID_CHANGE_RENEWAL_STATUS", "AUTO_RENEW_DISABLED", try f.transaction("a1", company: a, expires: month))
+                    == "applied")
             #expect(try await h.currentPeriod(a) == ("low", seconds(month), false))
-            #expect(try await send("DID_CHANGE_RENEWAL_STATUS", "AUTO_RENEW_ENABLED", try f.transaction("a1", company: a, expires: month)) == "applied")
+            #expect(
+                try await send("DID_CHANGE_RENEWAL_STATUS", "AUTO_RENEW_ENABLED", try f.transaction("a1", company: a, expires: month))
+                    == "applied")
             #expect(try await h.currentPeriod(a) == ("low", seconds(month), true))
             // Later notifications carry no appAppleToken: the subscription's link finds the company.
             #expect(
-                try await send("DID_RENEW", nil, try f.transaction("a2", original: "a1", company: nil, purchase: month, expires: twoMonths)) == "applied")
+                try await send("DID_RENEW", nil, try f.transaction("a2", original: "a1", company: nil, purchase: month, expires: twoMonths))
+                    == "applied")
             #expect(try await h.currentPeriod(a) == ("low", seconds(twoMonths), true))
             // UPGRADE: the new product at once. DOWNGRADE: kept; the renewal that follows carries it.
             let upgradeEnd = f.now + 86400 * 29
             #expect(
                 try await send(
                     "DID_CHANGE_RENEWAL_PREF", "UPGRADE",
-                    try f.transaction("a3", original: "a1", product: "app.high.monthly", company: a, purchase: f.now - 5, expires: upgradeEnd)) == "applied")
+                    try f.transaction(
+                        "a3", original: "a1", product: "app.high.monthly", company: a, purchase: f.now - 5, expires: upgradeEnd))
+                    == "applied")
             #expect(try await h.currentPeriod(a) == ("high", seconds(upgradeEnd), true))
             #expect(
                 try await send(
                     "DID_CHANGE_RENEWAL_PREF", "DOWNGRADE",
-                    try f.transaction("a3", original: "a1", product: "app.high.monthly", company: a, purchase: f.now - 5, expires: upgradeEnd),
+                    try f.transaction(
+                        "a3", original: "a1", product: "app.high.monthly", company: a, purchase: f.now - 5, expires: upgradeEnd),
                     renewal: try f.renewal(original: "a1", product: "app.high.monthly", next: "app.low.monthly")) == "kept")
             #expect(try await h.currentPeriod(a) == ("high", seconds(upgradeEnd), true))
             let afterDowngrade = upgradeEnd + 86400 * 30
@@ -202,11 +222,15 @@ struct AppStoreTests {
             let (e, _) = try await h.createCompany(plan: "free", users: 1)
             #expect(try await send("TEST", nil, nil) == "stored")
             #expect(
-                try await send("ONE_TIME_CHARGE", nil, try f.transaction("e1", product: "app.pack.1000", company: e, type: "Consumable")) == "stored")
-            #expect(try await send("REFUND", nil, try f.transaction("e1", product: "app.pack.1000", company: e, type: "Consumable")) == "stored")
+                try await send("ONE_TIME_CHARGE", nil, try f.transaction("e1", product: "app.pack.1000", company: e, type: "Consumable"))
+                    == "stored")
+            #expect(
+                try await send("REFUND", nil, try f.transaction("e1", product: "app.pack.1000", company: e, type: "Consumable")) == "stored"
+            )
             #expect(try await send("PRICE_INCREASE", "PENDING", try f.transaction("e2", company: e)) == "stored")
             #expect(try await h.currentPeriod(e).plan == "free")
-            #expect(try await h.scalar("SELECT count(*) FROM apple_notifications WHERE company_id = '\(e.text)' AND outcome = 'stored'") == 3)
+            #expect(
+                try await h.scalar("SELECT count(*) FROM apple_notifications WHERE company_id = '\(e.text)' AND outcome = 'stored'") == 3)
             // A product no plan maps: stored as failed, with the reason, and answered 200 (Apple would retry).
             #expect(try await send("SUBSCRIBED", "INITIAL_BUY", try f.transaction("e3", product: "app.nope", company: e)) == "failed")
             #expect(try await h.text("SELECT detail FROM apple_notifications WHERE transaction_id = 'e3'")?.contains("app.nope") == true)
@@ -222,7 +246,8 @@ struct AppStoreTests {
             let month = f.now + 86400 * 30
             let before = try await h.scalar("SELECT count(*) FROM billing_events WHERE company_id = '\(company.text)'")
             let subscribed = try f.notification(
-                "SUBSCRIBED", "INITIAL_BUY", uuid: "dup-1", signed: f.now - 300, transaction: try f.transaction("o1", company: company, expires: month))
+                "SUBSCRIBED", "INITIAL_BUY", uuid: "dup-1", signed: f.now - 300,
+                transaction: try f.transaction("o1", company: company, expires: month))
             #expect(try await h.appleNotification(subscribed).json["outcome"]?.stringValue == "applied")
             let again = try await h.appleNotification(subscribed)
             #expect(again.status == 200)
@@ -242,7 +267,8 @@ struct AppStoreTests {
             #expect(outcomes.filter { $0 == "duplicate" }.count == 5)
 
             // EXPIRED signed at -100 applied; a renewal signed at -150 arriving after it is stale.
-            let expired = try f.notification("EXPIRED", "VOLUNTARY", signed: f.now - 100, transaction: try f.transaction("o2", original: "o1", company: company))
+            let expired = try f.notification(
+                "EXPIRED", "VOLUNTARY", signed: f.now - 100, transaction: try f.transaction("o2", original: "o1", company: company))
             #expect(try await h.appleNotification(expired).json["outcome"]?.stringValue == "applied")
             #expect(try await h.currentPeriod(company).plan == "free")
             let late = try f.notification(
@@ -253,7 +279,8 @@ struct AppStoreTests {
             #expect(try await h.scalar("SELECT count(*) FROM apple_notifications WHERE outcome = 'stale'") == 1)
 
             // No company: an unknown appAccountToken, or none on an unlinked subscription.
-            let stranger = try f.notification("SUBSCRIBED", "INITIAL_BUY", uuid: "lost-1", transaction: try f.transaction("u1", company: UUID()))
+            let stranger = try f.notification(
+                "SUBSCRIBED", "INITIAL_BUY", uuid: "lost-1", transaction: try f.transaction("u1", company: UUID()))
             let nobody = try f.notification("SUBSCRIBED", "INITIAL_BUY", uuid: "lost-2", transaction: try f.transaction("u2", company: nil))
             for jws in [stranger, nobody] {
                 let reply = try await h.appleNotification(jws)
@@ -301,9 +328,13 @@ struct AppStoreTests {
             #expect(try await h.appleTransaction(try f.transaction("t4", original: "t1", company: b), key: bUsers[0].key).status == 403)
             #expect(try await h.currentPeriod(b).plan == "free")
             // The operator is no company's member.
-            #expect(try await h.request(.POST, "/v1/billing/apple/transactions", headers: h.asOperator, json: .obj(["signedTransaction": .string(tx)])).status == 403)
+            #expect(
+                try await h.request(
+                    .POST, "/v1/billing/apple/transactions", headers: h.asOperator, json: .obj(["signedTransaction": .string(tx)])
+                ).status == 403)
             #expect(try await h.appleTransaction("not.a.jws", key: aUsers[0].key).status == 400)
-            #expect(try await h.request(.POST, "/v1/billing/apple/transactions", json: .obj(["signedTransaction": .string(tx)])).status == 401)
+            #expect(
+                try await h.request(.POST, "/v1/billing/apple/transactions", json: .obj(["signedTransaction": .string(tx)])).status == 401)
         }
     }
 

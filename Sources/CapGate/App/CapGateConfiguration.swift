@@ -120,19 +120,20 @@ public struct CapGateConfiguration: Sendable {
     public var apple: AppleSettings
 
     /// Every key CapGate reads, with its environment variable (used by docs and `--help`).
-    public static let keys: [String] = [
-        "http.host", "http.port", "http.idleTimeout", "http.headerTimeout", "http.bodyTimeout", "http.maxConnections",
-        "database.url", "database.maxConnections", "database.timeout", "database.durability", "database.admissionQueueLimit",
-        "upstream.url", "upstream.apiKey", "upstream.timeout", "upstream.connectTimeout", "upstream.caFile",
-        "upstream.idleTimeout", "upstream.maxConnections", "operator.token", "jwt.secret", "jwt.jwksFile", "jwt.companyClaim",
-        "jwt.featureClaim", "jwt.audience", "jwt.issuer", "jwt.leeway", "jwt.maxLifetime", "proxy.maxJSONDepth", "proxy.companyShare",
-        "metrics.token", "metrics.public", "notifications.retentionDays",
-        "proxy.prefix", "proxy.maxBodyBytes", "proxy.idempotencyMaxBytes", "proxy.bodyBudgetBytes", "billing.rolloverInterval",
-        "spool.directory", "log.level", "notifications.webhookUrl", "notifications.webhookSecret", "notifications.thresholds",
-        "notifications.timeout", "notifications.retryFor", "notifications.retryDelay", "notifications.maxRetryDelay",
-        "notifications.pollInterval", "notifications.maxPerSecond", "notifications.caFile",
-        "costs.promptOverheadTokens", "costs.imageTokens", "costs.drainSeconds",
-    ] + AppleSettings.keys
+    public static let keys: [String] =
+        [
+            "http.host", "http.port", "http.idleTimeout", "http.headerTimeout", "http.bodyTimeout", "http.maxConnections",
+            "database.url", "database.maxConnections", "database.timeout", "database.durability", "database.admissionQueueLimit",
+            "upstream.url", "upstream.apiKey", "upstream.timeout", "upstream.connectTimeout", "upstream.caFile",
+            "upstream.idleTimeout", "upstream.maxConnections", "operator.token", "jwt.secret", "jwt.jwksFile", "jwt.companyClaim",
+            "jwt.featureClaim", "jwt.audience", "jwt.issuer", "jwt.leeway", "jwt.maxLifetime", "proxy.maxJSONDepth", "proxy.companyShare",
+            "metrics.token", "metrics.public", "notifications.retentionDays",
+            "proxy.prefix", "proxy.maxBodyBytes", "proxy.idempotencyMaxBytes", "proxy.bodyBudgetBytes", "billing.rolloverInterval",
+            "spool.directory", "log.level", "notifications.webhookUrl", "notifications.webhookSecret", "notifications.thresholds",
+            "notifications.timeout", "notifications.retryFor", "notifications.retryDelay", "notifications.maxRetryDelay",
+            "notifications.pollInterval", "notifications.maxPerSecond", "notifications.caFile",
+            "costs.promptOverheadTokens", "costs.imageTokens", "costs.drainSeconds",
+        ] + AppleSettings.keys
     static let secretKeys: Set<String> = [
         "database.url", "upstream.apiKey", "operator.token", "jwt.secret", "notifications.webhookSecret", "metrics.token",
     ]

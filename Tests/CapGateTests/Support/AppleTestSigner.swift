@@ -35,7 +35,9 @@ struct AppleTestSigner: Sendable {
         let root = try Self.root("CapGate Test Apple Root", key: rootKey, now: now)
         let interKey = P256.Signing.PrivateKey()
         let intermediate = try Self.intermediate(key: interKey, root: root, rootKey: rootKey, now: now, oid: true)
-        func leaf(oid: Bool = true, until: Date = now + 86400 * 365, issuer: Certificate, issuerKey: P256.Signing.PrivateKey) throws
+        func leaf(
+            oid: Bool = true, until: Date = now + 86400 * 365, issuer: Certificate, issuerKey: P256.Signing.PrivateKey
+        ) throws
             -> (Certificate, P256.Signing.PrivateKey)
         {
             let key = P256.Signing.PrivateKey()
@@ -87,7 +89,9 @@ struct AppleTestSigner: Sendable {
             issuerPrivateKey: .init(key))
     }
 
-    static func intermediate(key: P256.Signing.PrivateKey, root: Certificate, rootKey: P256.Signing.PrivateKey, now: Date, oid: Bool)
+    static func intermediate(
+        key: P256.Signing.PrivateKey, root: Certificate, rootKey: P256.Signing.PrivateKey, now: Date, oid: Bool
+    )
         throws -> Certificate
     {
         try Certificate(

@@ -43,8 +43,12 @@ struct AppStoreCrossCheckTests {
     static func cases(_ f: AppleFixture, company: UUID) throws -> [Case] {
         let signer = f.signer
         var cases: [Case] = []
-        func notification(_ name: String, _ accepted: Bool, _ jws: String) { cases.append(Case(name: name, kind: "notification", jws: jws, accepted: accepted)) }
-        func transaction(_ name: String, _ accepted: Bool, _ jws: String) { cases.append(Case(name: name, kind: "transaction", jws: jws, accepted: accepted)) }
+        func notification(_ name: String, _ accepted: Bool, _ jws: String) {
+            cases.append(Case(name: name, kind: "notification", jws: jws, accepted: accepted))
+        }
+        func transaction(_ name: String, _ accepted: Bool, _ jws: String) {
+            cases.append(Case(name: name, kind: "transaction", jws: jws, accepted: accepted))
+        }
         let tx = try f.transaction("x1", company: company)
         let renewal = try f.renewal(original: "x1")
         let fields = f.notificationFields("DID_RENEW", transaction: tx, renewal: renewal)
@@ -60,11 +64,14 @@ struct AppStoreCrossCheckTests {
         notification("tampered nested transaction", false, try signer.sign(nested))
         var forgedRenewal = nested
         forgedRenewal["data"] = (fields["data"] as! [String: Any]).merging(
-            ["signedRenewalInfo": try f.tampered(renewal, ["originalTransactionId": "x1", "environment": "Production", "signedDate": 1])]) { $1 }
+            ["signedRenewalInfo": try f.tampered(renewal, ["originalTransactionId": "x1", "environment": "Production", "signedDate": 1])]) {
+                $1
+            }
         notification("tampered nested renewal info", false, try signer.sign(forgedRenewal))
         notification("wrong root", false, try f.notification("DID_RENEW", transaction: tx, chain: signer.otherRoot))
         notification("expired leaf at signedDate", false, try f.notification("TEST", chain: signer.expiredLeaf))
-        notification("expired leaf, signed while valid", true, try f.notification("TEST", signed: f.now - 86400 * 1.5, chain: signer.expiredLeaf))
+        notification(
+            "expired leaf, signed while valid", true, try f.notification("TEST", signed: f.now - 86400 * 1.5, chain: signer.expiredLeaf))
         notification("leaf without OID", false, try f.notification("TEST", chain: signer.leafWithoutOID))
         notification("intermediate without OID", false, try f.notification("TEST", chain: signer.intermediateWithoutOID))
         notification("wrong bundle id", false, try f.notification("TEST", bundle: "com.example.other"))

@@ -101,7 +101,9 @@ struct AppleStore: Sendable {
     }
 
     /// The store event of an applied action (nil: nothing to apply).
-    func event(_ action: AppleAction, notification: AppleNotification, transaction: AppleTransaction, company: UUID)
+    func event(
+        _ action: AppleAction, notification: AppleNotification, transaction: AppleTransaction, company: UUID
+    )
         -> BillingStore.StoreEvent?
     {
         let kind: BillingStore.StoreEvent.Kind
@@ -124,7 +126,9 @@ struct AppleStore: Sendable {
 
     /// Applies `event` under a savepoint: a failure (an unmapped product) is stored as `failed`
     /// with its reason, for the operator, and the notification is still kept.
-    func applyGuarded(_ connection: PostgresConnection, _ event: BillingStore.StoreEvent, now: Date) async throws -> (
+    func applyGuarded(
+        _ connection: PostgresConnection, _ event: BillingStore.StoreEvent, now: Date
+    ) async throws -> (
         Outcome, String?
     ) {
         try await connection.query("SAVEPOINT apple_apply", logger: logger)
