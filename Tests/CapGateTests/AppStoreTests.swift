@@ -304,6 +304,10 @@ struct AppStoreTests {
             let f = AppleFixture()
             let (a, aUsers) = try await h.createCompany(plan: "free", users: 1)
             let (b, bUsers) = try await h.createCompany(plan: "free", users: 1, role: "admin")
+            // The app learns the company id for appAccountToken from GET /v1/usage.
+            let usage = try await h.request(.GET, "/v1/usage", headers: [("x-api-key", aUsers[0].key)])
+            #expect(usage.json["company_id"]?.stringValue == a.text)
+            #expect(usage.json["user_id"]?.stringValue == aUsers[0].id.text)
             let month = f.now + 86400 * 30
             let tx = try f.transaction("t1", company: a, expires: month)
             let posted = try await h.appleTransaction(tx, key: aUsers[0].key)

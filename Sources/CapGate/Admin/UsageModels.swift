@@ -81,6 +81,8 @@ extension UserUsage: Encodable {
 /// `GET /v1/usage` (SPEC §4): the caller's `usage` object (scope `user`) with the plan's
 /// features, read from one snapshot (``UsageStore/callerUsage(company:user:at:)``).
 public struct CallerUsage: Sendable {
+    /// The caller's company: what an iOS app sets as a purchase's `appAccountToken` (SPEC §12).
+    public var company: UUID
     public var user: UUID
     public var state: UsageState
     public var features: [FeatureUsage]
@@ -89,11 +91,14 @@ public struct CallerUsage: Sendable {
 }
 
 extension CallerUsage: Encodable {
-    /// The SPEC §3 `usage` object, as the 402 body writes it (``UsageState/json(scope:includeUser:featureRefusal:features:)``),
+    /// `company_id` and `user_id`, then the SPEC §3 `usage` object, as the 402 body writes it (``UsageState/json(scope:includeUser:featureRefusal:features:)``),
     /// with the read's `cost` (`company` and `user`).
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.singleValueContainer()
-        try c.encode(cost.adding(to: state.json(scope: "user", features: .array(features.map { $0.json(user: user) }))))
+        let usage = cost.adding(to: state.json(scope: "user", features: .array(features.map { $0.json(user: user) })))
+        guard case .object(let fields) = usage else { return try c.encode(usage) }
+        // The caller's ids at the top (SPEC §12: the app's `appAccountToken` is `company_id`).
+        try c.encode(JSON.object([.init("company_id", JSON(company)), .init("user_id", JSON(user))] + fields))
     }
 }
 
