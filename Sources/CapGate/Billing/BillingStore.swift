@@ -49,14 +49,24 @@ public struct BillingStore: Sendable {
 
     /// Records and applies a store event once per `transaction_id`; a repeat gets the first answer.
     /// Returns the answer's JSON text (a repeat gets the stored text, byte for byte).
-    public func apply(_ event: StoreEvent, now: Date = Date()) async throws -> String {
+    /// With an `actor`, the first application is audited as `billing_event.apply` (a repeat
+    /// changes nothing and writes no audit row).
+    public func apply(_ event: StoreEvent, now: Date = Date(), by actor: AuditActor? = nil) async throws -> String {
         do {
-            return try await database.transaction { connection in
+            return try await database.audited(actor) { connection in
                 try await PeriodStore.lockCompany(connection, logger: logger, company: event.companyID)
-                if let answer = try await recordedAnswer(connection, event) { return answer }
+                if let answer = try await recordedAnswer(connection, event) { return (answer, nil) }
+                let before = try await AuditLog.snapshot(AuditLog.period(event.companyID), on: connection, logger: logger)
                 let (planID, interval) = try await productPlan(connection, event.productID)
                 try await change(connection, event, planID: planID, interval: interval, now: now)
-                return try await record(connection, event, planID: planID, now: now)
+                let answer = try await record(connection, event, planID: planID, now: now)
+                let after = try await AuditLog.snapshot(AuditLog.period(event.companyID), on: connection, logger: logger)
+                return (
+                    answer,
+                    AuditEntry(
+                        action: "billing_event.apply", companyID: event.companyID, targetID: event.transactionID, before: before,
+                        after: after)
+                )
             }
         } catch BillingError.unknownProduct(let product) {
             throw GatewayError.notFound("Unknown product '\(product)': map it to a plan with POST /admin/v1/products first.")
@@ -76,7 +86,7 @@ public struct BillingStore: Sendable {
             throw GatewayError.conflict("Calls were counted after purchase_date, so the new period would begin now, after it ends.")
         } catch DatabaseError.constraint(_, let constraint, _) where constraint?.contains("transaction_id") == true {
             // A concurrent delivery of the same event won the race: answer with its result.
-            return try await apply(event, now: now)
+            return try await apply(event, now: now, by: actor)
         }
     }
 
