@@ -252,7 +252,8 @@ struct CostBudgetTests {
             #expect(again.status == 200 && again.body == first.body)
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 1)
             let spent = try await counters(h, company).used
-            #expect(spent > 0 && spent == (try await h.scalar("SELECT cost_micros FROM usage_ledger")))
+            let ledger = try await h.scalar("SELECT cost_micros FROM usage_ledger")
+            #expect(spent > 0 && spent == ledger)
             #expect(try await counters(h, company).held == 0)
 
             try await h.exec("UPDATE plans SET monthly_company_budget = \(spent + hold - 1)")
@@ -261,6 +262,35 @@ struct CostBudgetTests {
             try await h.exec("UPDATE plans SET monthly_company_budget = \(spent + hold)")
             #expect(try await call(h, key: key, body, headers: [("idempotency-key", "k2")]).status == 200)
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE idempotency_key = 'k2'") == 1)
+        }
+    }
+
+    @Test("a batch whose calls straddle a new price: each call is held at the price in force at its own time")
+    func batchAcrossPriceChange() async throws {
+        try await Harness.with { h in
+            let (company, user, _) = try await setUp(h, company: 1_000_000_000, user: nil)
+            // An hour from now input costs 6 instead of 3; calls a minute before, a minute after and two
+            // minutes before it, in one batch (all within the company's current period).
+            let change = Date().addingTimeInterval(3600)
+            try await h.exec(
+                """
+                INSERT INTO prices (model, effective_from, context_window, input, output, cache_write_5m, cache_write_1h, cache_read)
+                VALUES ('claude-test', '\(Timestamp.format(change))', 200000, 6000000, 15000000, 7500000, 12000000, 600000)
+                """)
+            let times = [-60.0, 60, -120].map { Timestamp.format(change.addingTimeInterval($0)) }
+            let holds = try await h.text(
+                """
+                SELECT string_agg(hold::text, ',' ORDER BY item) FROM capgate_admit_batch(
+                    array_fill(''::bytea, ARRAY[3]), array_fill('\(company.text)'::uuid, ARRAY[3]),
+                    array_fill('\(user.text)'::uuid, ARRAY[3]), array_fill(1, ARRAY[3]), array_fill('POST'::text, ARRAY[3]),
+                    array_fill('/v1/messages'::text, ARRAY[3]), array_fill('claude-test'::text, ARRAY[3]),
+                    array_fill(''::text, ARRAY[3]), ARRAY['a', 'b', 'c'], array_fill(-1::bigint, ARRAY[3]),
+                    ARRAY['\(times[0])', '\(times[1])', '\(times[2])']::timestamptz[], false,
+                    array_fill(1000::bigint, ARRAY[3]), array_fill(0::bigint, ARRAY[3]), array_fill(0::smallint, ARRAY[3]),
+                    array_fill(0::bigint, ARRAY[3]))
+                """)
+            // 1,000 prompt tokens at $3 or $6 per million, no output.
+            #expect(holds == "3000,6000,3000")
         }
     }
 

@@ -32,6 +32,12 @@ DECLARE
     v_routes bigint;
     v_thresholds integer[];
     v_low integer;
+    v_priced boolean := EXISTS (SELECT 1 FROM prices);  -- an empty book: no call is looked up
+    -- The batch's models, each priced once (see step 1): the price at the model's latest call,
+    -- and whether it is the price of every call of that model.
+    v_models text[];
+    v_prices prices[];
+    v_exact boolean[];
     v_gaps uuid[];
     v_company uuid;
     v_at timestamptz;
@@ -66,7 +72,17 @@ BEGIN
     SELECT routes, thresholds, (SELECT min(t) FROM unnest(thresholds) t) INTO v_routes, v_thresholds, v_low
       FROM config_versions WHERE singleton;
 
-    -- 1. The calls as the database knows them.
+    -- 1. The calls as the database knows them. Each model is priced once, at its latest call: a
+    --    row in force since its earliest call is every call's price (an earlier call sees a subset
+    --    of the rows, which still holds that one, the most specific); a model without a price at
+    --    its latest call has none at an earlier one; otherwise its calls are looked up one by one.
+    IF v_priced THEN
+        SELECT array_agg(d.model), array_agg(pr.q), array_agg(pr.q IS NULL OR (pr.q).effective_from <= d.lo)
+          INTO v_models, v_prices, v_exact
+          FROM (SELECT u.m AS model, min(u.at) AS lo, max(u.at) AS hi
+                  FROM unnest(p_model, p_at, p_units) AS u(m, at, units) WHERE u.m <> '' AND u.units > 0 GROUP BY u.m) d
+          LEFT JOIN LATERAL (SELECT q FROM capgate_price(d.model, d.hi) q) pr ON true;
+    END IF;
     FOR pass IN 1..2 LOOP
         SELECT array_agg(r.auth ORDER BY r.ord), array_agg(r.company ORDER BY r.ord), array_agg(r.member ORDER BY r.ord),
                array_agg(r.role ORDER BY r.ord), array_agg(r.user_ok ORDER BY r.ord), array_agg(r.stale ORDER BY r.ord),
@@ -132,8 +148,8 @@ BEGIN
                            p.monthly_company_budget AS cbudget,
                            CASE WHEN p.id IS NULL THEN NULL ELSE coalesce(u.monthly_budget, p.monthly_user_budget) END
                                AS ubudget,
-                           pr.model IS NOT NULL AS priced,
-                           capgate_hold(pr, i.prompt, i.max_tokens, i.cache, i.window) AS hold
+                           (pr.q).model IS NOT NULL AS priced,
+                           capgate_hold(pr.q, i.prompt, i.max_tokens, i.cache, i.window) AS hold
                       FROM unnest(p_key_hash, p_company, p_user, p_at, p_units, p_feature, p_routes_version, p_model,
                                   p_prompt, p_max_tokens, p_cache, p_window)
                            WITH ORDINALITY AS i0(kh, co, us, at, units, feature, version, model, prompt, max_tokens, cache,
@@ -159,7 +175,12 @@ BEGIN
                       ) p ON true
                       LEFT JOIN features f ON f.id = i.feature
                       LEFT JOIN plan_features e ON e.plan_id = p.plan_id AND e.feature_id = i.feature
-                      LEFT JOIN LATERAL capgate_price(i.model, i.at) pr ON i.units > 0
+                      LEFT JOIN LATERAL (
+                        SELECT CASE WHEN x.k IS NULL THEN NULL WHEN v_exact[x.k] THEN v_prices[x.k]
+                                    ELSE (SELECT q FROM capgate_price(i.model, i.at) q) END AS q
+                          FROM (SELECT array_position(v_models, i.model) AS k) x
+                         WHERE i.units > 0 AND v_priced
+                      ) pr ON true
                   ) x
               ) y
           ) r;

@@ -124,8 +124,9 @@ BEGIN
         RETURN r;
     END IF;
 
-    -- 0. The hold, and whether the call can be held where a budget applies.
-    IF p_model IS NOT NULL THEN
+    -- 0. The hold, and whether the call can be held where a budget applies. (An empty price book,
+    --    a caps-only gateway, costs one probe of its index, not the lookup of every prefix.)
+    IF p_model IS NOT NULL AND EXISTS (SELECT 1 FROM prices) THEN
         SELECT * INTO v_price FROM capgate_price(p_model, p_at);
     END IF;
     r.hold := capgate_hold(v_price, p_prompt, p_max_tokens, p_cache, p_window);

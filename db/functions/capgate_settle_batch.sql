@@ -24,6 +24,8 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_priced boolean := EXISTS (SELECT 1 FROM prices);  -- an empty book prices nothing
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     PERFORM 1 FROM company_usage cu
@@ -32,7 +34,8 @@ BEGIN
                FROM unnest(p_company, p_ledger) AS s(c, id)
                JOIN usage_ledger l ON l.company_id = s.c AND l.id = s.id
               WHERE l.outcome = 'charged' AND l.cost_source IS NULL AND l.units > 0
-                AND (l.hold_micros IS NOT NULL OR EXISTS (SELECT 1 FROM capgate_price(l.model, l.created_at))))
+                AND (l.hold_micros IS NOT NULL
+                     OR (v_priced AND EXISTS (SELECT 1 FROM capgate_price(l.model, l.created_at)))))
      ORDER BY cu.company_id, cu.period_id
        FOR UPDATE;
     IF NOT FOUND THEN
