@@ -161,7 +161,9 @@ struct AuditLogTests {
                     json: .obj(["id": .string(plan), "name": .string(plan)]))
                 #expect(reply.status == status, "\(plan)")
             }
-            #expect(try await h.text("SELECT string_agg(target_id || '=' || actor, ',' ORDER BY id) FROM audit_log") == "a=ci,b=deploy,c=operator")
+            #expect(
+                try await h.text("SELECT string_agg(target_id || '=' || actor, ',' ORDER BY id) FROM audit_log")
+                    == "a=ci,b=deploy,c=operator")
         }
     }
 }

@@ -33,7 +33,8 @@ struct FoundationTests {
                 "applied 0005_period_locks", "applied 0006_settle_plans", "applied 0007_admission_fast_path",
                 "applied 0008_admission_batch_one_function", "applied 0009_replay_attempts",
                 "applied 0010_idempotency_and_renewal", "applied 0011_features_and_routes", "applied 0012_notifications",
-                "applied 0013_feature_binding", "applied 0014_prices", "applied 0015_budgets", "applied 0017_audit_and_keys", "applied db/functions",
+                "applied 0013_feature_binding", "applied 0014_prices", "applied 0015_budgets", "applied 0017_audit_and_keys",
+                "applied db/functions",
             ])
         #expect(try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) == ["nothing to apply"])
         #expect(try await CapGateRunner.migrate(url: url, dryRun: true, logger: logger) == ["nothing to apply"])

@@ -38,7 +38,8 @@ struct KeyLifecycleTests {
                 ]
                 let results = await MeteringStore.admitBatch(batch, database: database, relaxed: false)
                 #expect(BatchAdmissionTests.decisions(results) == ["charged", "expired_key", "charged"])
-                let single = await MeteringStore.admitBatch([BatchAdmissionTests.call(key: users[0].key)], database: database, relaxed: false)
+                let single = await MeteringStore.admitBatch(
+                    [BatchAdmissionTests.call(key: users[0].key)], database: database, relaxed: false)
                 #expect(BatchAdmissionTests.decisions(single) == ["expired_key"])
             }
             // A key with an expiry still ahead works.
@@ -84,7 +85,8 @@ struct KeyLifecycleTests {
             let path = "/admin/v1/companies/\(company.text)/api-keys"
             let created = try await h.op(
                 .POST, path,
-                .obj(["user_id": .string(users[0].id.text), "name": "deploy", "expires_at": "2099-01-01T00:00:00Z", "features": .array([])]))
+                .obj(["user_id": .string(users[0].id.text), "name": "deploy", "expires_at": "2099-01-01T00:00:00Z", "features": .array([])])
+            )
             let oldKey = try #require(created.json["key"]?.stringValue)
             let oldID = try #require(created.json["id"]?.stringValue)
             // The company's admin rotates, with an hour's grace.
@@ -166,11 +168,14 @@ struct KeyLifecycleTests {
                 .PATCH, "/admin/v1/companies/\(a.text)/users/\(userID)", headers: adminA, json: .obj(["monthly_cap": 3, "role": "admin"]))
             #expect(patched.status == 200)
             let key = try await h.request(
-                .POST, "/admin/v1/companies/\(a.text)/api-keys", headers: adminA, json: .obj(["user_id": .string(userID), "name": "laptop"]))
+                .POST, "/admin/v1/companies/\(a.text)/api-keys", headers: adminA,
+                json: .obj(["user_id": .string(userID), "name": "laptop"]))
             #expect(key.status == 201)
             let keyID = try #require(key.json["id"]?.stringValue)
             #expect(try await h.request(.GET, "/admin/v1/companies/\(a.text)/api-keys", headers: adminA).status == 200)
-            #expect(try await h.text("SELECT actor FROM audit_log WHERE action = 'api_key.create' AND target_id = '\(keyID)'") == usersA[0].id.text)
+            #expect(
+                try await h.text("SELECT actor FROM audit_log WHERE action = 'api_key.create' AND target_id = '\(keyID)'")
+                    == usersA[0].id.text)
 
             // Another company's admin: 403 on every route, and nothing changed.
             let attempts: [(HTTPMethod, String, JSON?)] = [
@@ -190,13 +195,16 @@ struct KeyLifecycleTests {
             // B's path with A's ids: 404, nothing of A's touched.
             #expect(try await h.request(.DELETE, "/admin/v1/companies/\(b.text)/api-keys/\(keyID)", headers: adminB).status == 404)
             #expect(
-                try await h.request(.PATCH, "/admin/v1/companies/\(b.text)/users/\(userID)", headers: adminB, json: .obj(["disabled": true]))
-                    .status == 404)
+                try await h.request(
+                    .PATCH, "/admin/v1/companies/\(b.text)/users/\(userID)", headers: adminB, json: .obj(["disabled": true])
+                )
+                .status == 404)
             #expect(try await h.scalar("SELECT count(*) FROM api_keys WHERE revoked_at IS NOT NULL") == 0)
             #expect(try await h.scalar("SELECT count(*) FROM users WHERE disabled") == 0)
             // Plans and companies stay the operator's.
             #expect(try await h.request(.POST, "/admin/v1/plans", headers: adminA, json: .obj(["id": "x", "name": "X"])).status == 403)
-            #expect(try await h.request(.PUT, "/admin/v1/companies/\(a.text)/plan", headers: adminA, json: .obj(["plan": "p"])).status == 403)
+            #expect(
+                try await h.request(.PUT, "/admin/v1/companies/\(a.text)/plan", headers: adminA, json: .obj(["plan": "p"])).status == 403)
 
             let revoked = try await h.request(.DELETE, "/admin/v1/companies/\(a.text)/api-keys/\(keyID)", headers: adminA)
             #expect(revoked.status == 200)

@@ -169,7 +169,8 @@ struct UsageModelTests {
         key.key = "cg_ab_secret"
         #expect(try Self.text(key).contains(#""features":["scan"],"id":"#))
         #expect(
-            try Self.text(key).contains(#""key":"cg_ab_secret","last_used_at":null,"name":null,"prefix":"cg_ab","revoked_at":"2026-12-01T00:00:00Z""#))
+            try Self.text(key).contains(
+                #""key":"cg_ab_secret","last_used_at":null,"name":null,"prefix":"cg_ab","revoked_at":"2026-12-01T00:00:00Z""#))
         key.name = "ci"
         key.expiresAt = Self.end
         key.lastUsedAt = Self.start

@@ -97,7 +97,9 @@ struct OperatorRoutes {
             }
             let changes = TenantStore.CompanyChanges(
                 name: try fields.string("name"), timeZone: try await timeZone(fields), webhookURL: try Self.webhookURL(fields))
-            guard try await tenants.updateCompany(id, changes, by: context.auditActor) else { throw GatewayError.notFound("No company with that id.") }
+            guard try await tenants.updateCompany(id, changes, by: context.auditActor) else {
+                throw GatewayError.notFound("No company with that id.")
+            }
             return jsonResponse(try await tenants.company(id) ?? .null)
         }
         group.get("companies/{id}") { _, context in

@@ -132,7 +132,8 @@ public struct CapGateConfiguration: Sendable {
         "http.host", "http.port", "http.idleTimeout", "http.headerTimeout", "http.bodyTimeout", "http.maxConnections",
         "database.url", "database.maxConnections", "database.timeout", "database.durability", "database.admissionQueueLimit",
         "upstream.url", "upstream.apiKey", "upstream.timeout", "upstream.connectTimeout", "upstream.caFile",
-        "upstream.idleTimeout", "upstream.maxConnections", "operator.token", "operator.tokens", "jwt.secret", "jwt.jwksFile", "jwt.companyClaim",
+        "upstream.idleTimeout", "upstream.maxConnections", "operator.token", "operator.tokens", "jwt.secret", "jwt.jwksFile",
+        "jwt.companyClaim",
         "jwt.featureClaim", "jwt.audience", "jwt.issuer", "jwt.leeway", "jwt.maxLifetime", "proxy.maxJSONDepth", "proxy.companyShare",
         "metrics.token", "metrics.public", "notifications.retentionDays",
         "proxy.prefix", "proxy.maxBodyBytes", "proxy.idempotencyMaxBytes", "proxy.bodyBudgetBytes", "billing.rolloverInterval",
@@ -281,7 +282,8 @@ public struct CapGateConfiguration: Sendable {
         }
         providers.append(InMemoryProvider(name: "environment (SPEC names)", values: aliasValues))
         let secretVariables: Set<String> = [
-            "DATABASE_URL", "UPSTREAM_API_KEY", "OPERATOR_TOKEN", "OPERATOR_TOKENS", "JWT_SECRET", "NOTIFY_WEBHOOK_SECRET", "NOTIFICATIONS_WEBHOOK_SECRET",
+            "DATABASE_URL", "UPSTREAM_API_KEY", "OPERATOR_TOKEN", "OPERATOR_TOKENS", "JWT_SECRET", "NOTIFY_WEBHOOK_SECRET",
+            "NOTIFICATIONS_WEBHOOK_SECRET",
             "METRICS_TOKEN",
         ]
         providers.append(

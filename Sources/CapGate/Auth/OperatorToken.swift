@@ -21,7 +21,8 @@ public struct OperatorToken: Sendable, Equatable {
     public static func parse(_ text: String) throws(ConfigurationError) -> [OperatorToken] {
         let problem = ConfigurationError(
             key: "operator.tokens",
-            problem: #"must be a JSON array of {"name": "...", "token": "..."} objects (names of a-z, 0-9, '_', '.', '-'; tokens of 16 characters or more, each once)"#
+            problem:
+                #"must be a JSON array of {"name": "...", "token": "..."} objects (names of a-z, 0-9, '_', '.', '-'; tokens of 16 characters or more, each once)"#
         )
         guard case .array(let items)? = try? JSON.parse(Array(text.utf8)) else { throw problem }
         var out: [OperatorToken] = []

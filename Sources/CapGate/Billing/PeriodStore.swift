@@ -142,7 +142,11 @@ public struct PeriodStore: Sendable {
                 try await Self.recordAssignment(
                     connection, logger: logger, company: company, plan: plan, start: start, autoRenew: autoRenew)
                 let after = try await AuditLog.snapshot(AuditLog.period(company), on: connection, logger: logger)
-                return ((), AuditEntry(action: "company.assign_plan", companyID: company, targetID: company.lowercased, before: before, after: after))
+                return (
+                    (),
+                    AuditEntry(
+                        action: "company.assign_plan", companyID: company, targetID: company.lowercased, before: before, after: after)
+                )
             }
         } catch PeriodError.unknownCompany {
             throw GatewayError.notFound("No company with that id.")

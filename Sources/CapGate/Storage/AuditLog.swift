@@ -66,7 +66,8 @@ enum AuditLog {
     }
     static func route(_ id: String) -> PostgresQuery { "SELECT to_jsonb(r)::text FROM routes r WHERE r.id = \(id)" }
     /// The whole price book, one array.
-    static let prices: PostgresQuery = "SELECT coalesce(jsonb_agg(to_jsonb(p) ORDER BY p.model, p.effective_from), '[]')::text FROM prices p"
+    static let prices: PostgresQuery =
+        "SELECT coalesce(jsonb_agg(to_jsonb(p) ORDER BY p.model, p.effective_from), '[]')::text FROM prices p"
     /// The company's latest plan period (its plan, bounds and auto-renew).
     static func period(_ company: UUID) -> PostgresQuery {
         """

@@ -182,7 +182,8 @@ struct FeatureStore: Sendable {
                 return (nil, nil)
             }
             return (
-                removed, AuditEntry(action: "entitlement.delete", companyID: nil, targetID: "\(plan)/\(feature)", before: before, after: nil)
+                removed,
+                AuditEntry(action: "entitlement.delete", companyID: nil, targetID: "\(plan)/\(feature)", before: before, after: nil)
             )
         }
     }

@@ -130,7 +130,9 @@ public struct TenantStore: Sendable {
         }
     }
 
-    public func createProduct(productID: String, planID: String, interval: String, by actor: AuditActor? = nil) async throws
+    public func createProduct(
+        productID: String, planID: String, interval: String, by actor: AuditActor? = nil
+    ) async throws
         -> ProductRecord
     {
         guard try await plan(planID) != nil else { throw GatewayError.notFound("No plan with id '\(planID)'.") }
@@ -351,7 +353,9 @@ public struct TenantStore: Sendable {
         try await database.audited(actor) { connection in
             let record = try await Self.insertKey(company: company, user: user, settings: settings, on: connection, logger: self.logger)
             let after = try await AuditLog.snapshot(AuditLog.apiKey(company, record.id), on: connection, logger: self.logger)
-            return (record, AuditEntry(action: "api_key.create", companyID: company, targetID: record.id.lowercased, before: nil, after: after))
+            return (
+                record, AuditEntry(action: "api_key.create", companyID: company, targetID: record.id.lowercased, before: nil, after: after)
+            )
         }
     }
 
