@@ -138,6 +138,8 @@ struct AdmissionEquivalenceTests {
         try await h.exec("UPDATE users SET monthly_budget = 50000 WHERE id = '\(d.users[1].id.text)'")
         let revoked = try await h.createUser(company: a.company)
         try await h.exec("UPDATE api_keys SET revoked_at = now() WHERE user_id = '\(revoked.id.uuidString.lowercased())'")
+        let expired = try await h.createUser(company: a.company)
+        try await h.exec("UPDATE api_keys SET expires_at = now() - interval '1 minute' WHERE user_id = '\(expired.id.text)'")
         let at = Date()
         for company in [a.company, b.company, c.company, d.company] {
             try await h.exec("SELECT capgate_roll_company('\(company.uuidString.lowercased())', now())")
@@ -153,6 +155,7 @@ struct AdmissionEquivalenceTests {
             }
         }
         callers.append((revoked.key, a.company, revoked.id))
+        callers.append((expired.key, a.company, expired.id))
         callers.append(("cg_unknown_\(seed)", a.company, UUID()))
         callers.append((nil, b.company, UUID()))
         let features: [String?] = [nil, nil, "analysis", "analysis", "analysis", "chat", "vision", "gone", "missing"]

@@ -183,7 +183,12 @@ struct OperatorAPITests {
             let admin = [("x-api-key", users[0].key)]
             #expect(try await h.request(.GET, "/admin/v1/plans", headers: admin).status == 403)
             #expect(try await h.request(.POST, "/admin/v1/plans", headers: admin, json: .obj(["id": "x", "name": "x"])).status == 403)
-            #expect(try await h.request(.POST, "/admin/v1/companies/\(company.text)/users", headers: admin, json: .obj([:])).status == 403)
+            // A company's own users and keys are its admins' too (SPEC §13); its plan and name are not.
+            #expect(
+                try await h.request(.PUT, "/admin/v1/companies/\(company.text)/plan", headers: admin, json: .obj(["plan": "low"])).status
+                    == 403)
+            #expect(
+                try await h.request(.PATCH, "/admin/v1/companies/\(company.text)", headers: admin, json: .obj(["name": "x"])).status == 403)
             #expect(try await h.request(.GET, "/admin/v1/plans").status == 401)
             #expect(try await h.request(.GET, "/admin/v1/plans", headers: [("authorization", "Bearer wrong-token")]).status == 401)
         }

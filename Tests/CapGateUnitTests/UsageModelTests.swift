@@ -161,12 +161,20 @@ struct UsageModelTests {
             id: Self.id, userID: Self.id, prefix: "cg_ab", createdAt: Self.start, revokedAt: nil, features: nil, key: nil)
         #expect(
             try Self.text(key)
-                == #"{"created_at":"2026-11-01T00:00:00Z","features":null,"id":"9f2c1d7e-0000-4000-8000-00000000000a","#
+                == #"{"created_at":"2026-11-01T00:00:00Z","expires_at":null,"features":null,"#
+                + #""id":"9f2c1d7e-0000-4000-8000-00000000000a","last_used_at":null,"name":null,"#
                 + #""prefix":"cg_ab","revoked_at":null,"user_id":"9f2c1d7e-0000-4000-8000-00000000000a"}"#)
         key.features = ["scan"]
         key.revokedAt = Self.end
         key.key = "cg_ab_secret"
         #expect(try Self.text(key).contains(#""features":["scan"],"id":"#))
-        #expect(try Self.text(key).contains(#""key":"cg_ab_secret","prefix":"cg_ab","revoked_at":"2026-12-01T00:00:00Z""#))
+        #expect(
+            try Self.text(key).contains(
+                #""key":"cg_ab_secret","last_used_at":null,"name":null,"prefix":"cg_ab","revoked_at":"2026-12-01T00:00:00Z""#))
+        key.name = "ci"
+        key.expiresAt = Self.end
+        key.lastUsedAt = Self.start
+        #expect(try Self.text(key).contains(#""expires_at":"2026-12-01T00:00:00Z","features":["scan"],"#))
+        #expect(try Self.text(key).contains(#""last_used_at":"2026-11-01T00:00:00Z","name":"ci","prefix":"cg_ab""#))
     }
 }

@@ -129,6 +129,7 @@ BEGIN
                            CASE WHEN i.kh IS NULL THEN 'ok'
                                 WHEN k.company_id IS NULL THEN 'unknown_key'
                                 WHEN k.revoked_at IS NOT NULL THEN 'revoked_key'
+                                WHEN k.expires_at <= i.at THEN 'expired_key'
                                 WHEN u.disabled THEN 'disabled_user'
                                 ELSE 'ok' END AS auth,
                            coalesce(k.company_id, i.co) AS company,

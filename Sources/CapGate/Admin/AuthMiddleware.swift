@@ -24,7 +24,7 @@ struct AuthMiddleware: RouterMiddleware {
 extension AuthenticatedContext {
     /// Only the operator may pass.
     func requireOperator() throws {
-        guard identity == .operator else {
+        guard identity.isOperator else {
             throw GatewayError.permission("Only the operator may do this.")
         }
     }
@@ -40,6 +40,17 @@ extension AuthenticatedContext {
                 throw GatewayError.permission("You may only read your own company's data, as one of its admins.")
             }
         }
+    }
+
+    /// The company admin (`user_id`) or operator (token name) changing something, and the
+    /// request: what the audit row names (SPEC §13).
+    var auditActor: AuditActor {
+        let name: String
+        switch identity {
+        case .operator(let tokenName): name = tokenName
+        case .user(let user): name = user.userID.lowercased
+        }
+        return AuditActor(name: name, requestID: record.snapshot.requestID)
     }
 
     /// A client credential (a user of a company).

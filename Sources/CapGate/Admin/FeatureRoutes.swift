@@ -28,7 +28,7 @@ struct FeatureRoutes {
         group.post("features") { request, context in
             try context.requireOperator()
             let input = try Self.featureInput(try await BodyFields.read(request, context: context), id: nil, existing: nil)
-            return jsonResponse(try await features.createFeature(input), status: .created)
+            return jsonResponse(try await features.createFeature(input, by: context.auditActor), status: .created)
         }
         group.get("features/{id}") { _, context in
             try context.requireOperator()
@@ -39,7 +39,7 @@ struct FeatureRoutes {
             let existing = try await existingFeature(context)
             let fields = try await BodyFields.read(request, context: context)
             let input = try Self.featureInput(fields, id: existing["id"]?.stringValue, existing: existing)
-            guard let updated = try await features.updateFeature(input) else { throw Self.noFeature(input.id) }
+            guard let updated = try await features.updateFeature(input, by: context.auditActor) else { throw Self.noFeature(input.id) }
             return jsonResponse(updated)
         }
     }
@@ -80,14 +80,14 @@ struct FeatureRoutes {
             let fields = try await BodyFields.read(request, context: context)
             let existing = try await features.entitlement(plan: plan, feature: feature)
             let input = try Self.entitlementInput(fields, plan: plan, feature: feature, existing: existing)
-            let stored = try await features.putEntitlement(input)
+            let stored = try await features.putEntitlement(input, by: context.auditActor)
             return jsonResponse(stored, status: existing == nil ? .created : .ok)
         }
         group.delete("plans/{id}/entitlements/{featureId}") { _, context in
             try context.requireOperator()
             let plan = context.parameters.get("id") ?? ""
             let feature = context.parameters.get("featureId") ?? ""
-            guard let removed = try await features.deleteEntitlement(plan: plan, feature: feature) else {
+            guard let removed = try await features.deleteEntitlement(plan: plan, feature: feature, by: context.auditActor) else {
                 throw GatewayError.notFound("Plan '\(plan)' has no entitlement for feature '\(feature)'.")
             }
             return jsonResponse(removed)
@@ -124,7 +124,7 @@ struct FeatureRoutes {
             try context.requireOperator()
             let input = try routeInput(try await BodyFields.read(request, context: context), id: nil, existing: nil)
             try await features.checkFeaturesExist(input.headerFeatures, field: "header_features")
-            return jsonResponse(try await features.createRoute(input), status: .created)
+            return jsonResponse(try await features.createRoute(input, by: context.auditActor), status: .created)
         }
         group.get("routes/{id}") { _, context in
             try context.requireOperator()
@@ -136,13 +136,13 @@ struct FeatureRoutes {
             let input = try routeInput(
                 try await BodyFields.read(request, context: context), id: existing["id"]?.stringValue, existing: existing)
             try await features.checkFeaturesExist(input.headerFeatures, field: "header_features")
-            guard let updated = try await features.updateRoute(input) else { throw Self.noRoute(input.id) }
+            guard let updated = try await features.updateRoute(input, by: context.auditActor) else { throw Self.noRoute(input.id) }
             return jsonResponse(updated)
         }
         group.delete("routes/{id}") { _, context in
             try context.requireOperator()
             let route = try await existingRoute(context)
-            guard try await features.deleteRoute(route["id"]?.stringValue ?? "") else {
+            guard try await features.deleteRoute(route["id"]?.stringValue ?? "", by: context.auditActor) else {
                 throw Self.noRoute(route["id"]?.stringValue ?? "")
             }
             return jsonResponse(route)

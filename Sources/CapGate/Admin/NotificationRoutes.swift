@@ -27,7 +27,7 @@ struct NotificationRoutes {
             }
             guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
             let page = try await notifications.list(
-                company: id, status: status, after: cursor, limit: limit, detailed: context.identity == .operator)
+                company: id, status: status, after: cursor, limit: limit, detailed: context.identity.isOperator)
             return jsonResponse(listJSON(page.items, hasMore: page.next != nil, nextCursor: page.next?.text))
         }
     }

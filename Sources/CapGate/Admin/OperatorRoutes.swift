@@ -1,7 +1,9 @@
 import Foundation
 import Hummingbird
 
-/// SPEC §5: plans, products, companies, users, API keys and plan assignment, for the operator.
+/// SPEC §5: plans, products, companies, users, API keys and plan assignment, for the operator;
+/// a company's own users and API keys for its admins too (SPEC §13). Every change is written
+/// with its audit row (``AuditLog``), in one transaction.
 struct OperatorRoutes {
     let tenants: TenantStore
     let periods: PeriodStore
@@ -24,7 +26,7 @@ struct OperatorRoutes {
             try context.requireOperator()
             let fields = try await BodyFields.read(request, context: context)
             let input = try planInput(fields, id: nil, existing: nil)
-            return try jsonResponse(encoding: try await tenants.createPlan(input), status: .created)
+            return try jsonResponse(encoding: try await tenants.createPlan(input, by: context.auditActor), status: .created)
         }
         group.get("plans/{id}") { _, context in
             try context.requireOperator()
@@ -38,7 +40,7 @@ struct OperatorRoutes {
             guard let existing = try await tenants.plan(id) else { throw GatewayError.notFound("No plan with id '\(id)'.") }
             let fields = try await BodyFields.read(request, context: context)
             let input = try planInput(fields, id: id, existing: existing)
-            return try jsonResponse(encoding: try await tenants.updatePlan(input))
+            return try jsonResponse(encoding: try await tenants.updatePlan(input, by: context.auditActor))
         }
     }
 
@@ -58,7 +60,8 @@ struct OperatorRoutes {
                 throw GatewayError.invalidRequest("'interval' must be 'month' or 'year'.")
             }
             return try jsonResponse(
-                encoding: try await tenants.createProduct(productID: product, planID: plan, interval: interval), status: .created)
+                encoding: try await tenants.createProduct(productID: product, planID: plan, interval: interval, by: context.auditActor),
+                status: .created)
         }
     }
 
@@ -78,7 +81,8 @@ struct OperatorRoutes {
                 throw GatewayError.notFound("No plan with id '\(plan)'.")
             }
             try await periods.createCompany(
-                id: id, name: name, plan: plan, start: start, autoRenew: autoRenew, timeZone: timeZone, webhookURL: webhookURL)
+                id: id, name: name, plan: plan, start: start, autoRenew: autoRenew, timeZone: timeZone, webhookURL: webhookURL,
+                by: context.auditActor)
             return jsonResponse(try await tenants.company(id) ?? .null, status: .created)
         }
         group.patch("companies/{id}") { request, context in
@@ -93,7 +97,9 @@ struct OperatorRoutes {
             }
             let changes = TenantStore.CompanyChanges(
                 name: try fields.string("name"), timeZone: try await timeZone(fields), webhookURL: try Self.webhookURL(fields))
-            guard try await tenants.updateCompany(id, changes) else { throw GatewayError.notFound("No company with that id.") }
+            guard try await tenants.updateCompany(id, changes, by: context.auditActor) else {
+                throw GatewayError.notFound("No company with that id.")
+            }
             return jsonResponse(try await tenants.company(id) ?? .null)
         }
         group.get("companies/{id}") { _, context in
@@ -110,12 +116,13 @@ struct OperatorRoutes {
             let start = try fields.date("started_at") ?? Date()
             let autoRenew = try fields.bool("auto_renew") ?? true
             guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
-            try await periods.assignPlan(company: id, plan: plan, start: start, autoRenew: autoRenew)
+            try await periods.assignPlan(company: id, plan: plan, start: start, autoRenew: autoRenew, by: context.auditActor)
             return jsonResponse(try await tenants.company(id) ?? .null)
         }
     }
 
-    /// A company's users: `GET/POST /companies/{id}/users`, `PATCH /companies/{id}/users/{userId}`.
+    /// A company's users: `GET/POST /companies/{id}/users`, `PATCH /companies/{id}/users/{userId}`;
+    /// the operator or an admin of that company (SPEC §13).
     func registerUsers(on group: RouterGroup<AuthenticatedContext>) {
         group.get("companies/{id}/users") { _, context in
             let id = try context.parameters.uuid("id", what: "company")
@@ -124,8 +131,8 @@ struct OperatorRoutes {
             return try jsonResponse(encoding: ListPage(try await tenants.users(company: id)))
         }
         group.post("companies/{id}/users") { request, context in
-            try context.requireOperator()
             let company = try context.parameters.uuid("id", what: "company")
+            try context.requireAdmin(of: company)
             let fields = try await BodyFields.read(request, context: context)
             let id = try fields.uuid("id") ?? UUID()
             let email = try fields.string("email", maxLength: 320)
@@ -139,13 +146,13 @@ struct OperatorRoutes {
             return try jsonResponse(
                 encoding: try await tenants.createUser(
                     company: company, id: id, email: email, role: role, monthlyCap: cap, disabled: disabled,
-                    monthlyBudget: budget),
+                    monthlyBudget: budget, by: context.auditActor),
                 status: .created
             )
         }
         group.patch("companies/{id}/users/{userId}") { request, context in
-            try context.requireOperator()
             let company = try context.parameters.uuid("id", what: "company")
+            try context.requireAdmin(of: company)
             let user = try context.parameters.uuid("userId", what: "user")
             let fields = try await BodyFields.read(request, context: context)
             let role = try fields.string("role", maxLength: 10)
@@ -171,12 +178,14 @@ struct OperatorRoutes {
             return try jsonResponse(
                 encoding: try await tenants.updateUser(
                     company: company, id: user, email: email, role: role, monthlyCap: cap, disabled: disabled,
-                    monthlyBudget: budget)
+                    monthlyBudget: budget, by: context.auditActor)
             )
         }
     }
 
-    /// A company's API keys: `GET/POST /companies/{id}/api-keys`, `DELETE /companies/{id}/api-keys/{keyId}`.
+    /// A company's API keys (SPEC §5, §13): `GET/POST /companies/{id}/api-keys`,
+    /// `DELETE /companies/{id}/api-keys/{keyId}`, `POST /companies/{id}/api-keys/{keyId}/rotate`;
+    /// the operator or an admin of that company.
     func registerKeys(on group: RouterGroup<AuthenticatedContext>) {
         group.get("companies/{id}/api-keys") { _, context in
             let company = try context.parameters.uuid("id", what: "company")
@@ -185,28 +194,52 @@ struct OperatorRoutes {
             return try jsonResponse(encoding: ListPage(try await tenants.keys(company: company)))
         }
         group.post("companies/{id}/api-keys") { request, context in
-            try context.requireOperator()
             let company = try context.parameters.uuid("id", what: "company")
+            try context.requireAdmin(of: company)
             let fields = try await BodyFields.read(request, context: context)
             let user = try fields.uuid("user_id", required: true)!
             // Bound to features (SPEC §8): charged only to those; absent or null: unbound.
             let features = try fields.featureIDs("features", allowEmpty: true)
+            let name = try fields.string("name", maxLength: 200)
+            let expiresAt = try fields.date("expires_at")
+            if let expiresAt, expiresAt <= Date() {
+                throw GatewayError.invalidRequest("'expires_at' must be in the future (or null: the key does not expire).")
+            }
             guard try await tenants.companyExists(company) else { throw GatewayError.notFound("No company with that id.") }
             guard try await tenants.user(company: company, id: user) != nil else {
                 throw GatewayError.notFound("No user with that id in this company.")
             }
             try await FeatureStore(database: tenants.database).checkFeaturesExist(features, field: "features")
+            let settings = TenantStore.KeySettings(features: features, name: name, expiresAt: expiresAt)
             return try jsonResponse(
-                encoding: try await tenants.createKey(company: company, user: user, features: features), status: .created)
+                encoding: try await tenants.createKey(company: company, user: user, settings: settings, by: context.auditActor),
+                status: .created)
         }
         group.delete("companies/{id}/api-keys/{keyId}") { _, context in
-            try context.requireOperator()
             let company = try context.parameters.uuid("id", what: "company")
+            try context.requireAdmin(of: company)
             let key = try context.parameters.uuid("keyId", what: "API key")
-            guard let revoked = try await tenants.revokeKey(company: company, id: key) else {
+            guard let revoked = try await tenants.revokeKey(company: company, id: key, by: context.auditActor) else {
                 throw GatewayError.notFound("No API key with that id in this company.")
             }
             return try jsonResponse(encoding: revoked)
+        }
+        group.post("companies/{id}/api-keys/{keyId}/rotate") { request, context in
+            let company = try context.parameters.uuid("id", what: "company")
+            try context.requireAdmin(of: company)
+            let key = try context.parameters.uuid("keyId", what: "API key")
+            let fields = try await BodyFields.read(request, context: context)
+            let grace = try fields.int("grace_seconds", range: 0...(86400 * 90)) ?? 86400
+            do {
+                let fresh = try await tenants.rotateKey(company: company, id: key, grace: grace, by: context.auditActor)
+                return try jsonResponse(encoding: fresh, status: .created)
+            } catch TenantStore.RotateRefusal.unknown {
+                throw GatewayError.notFound("No API key with that id in this company.")
+            } catch TenantStore.RotateRefusal.revoked {
+                throw GatewayError.conflict("This API key was revoked; create a new key instead.")
+            } catch TenantStore.RotateRefusal.expired {
+                throw GatewayError.conflict("This API key has expired; create a new key instead.")
+            }
         }
     }
 

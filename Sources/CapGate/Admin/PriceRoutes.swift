@@ -14,7 +14,7 @@ struct PriceRoutes {
             try context.requireOperator()
             let fields = try await BodyFields.read(request, context: context, limit: PriceBookReader.maxBodyBytes)
             let book = try PriceBookReader.read(fields)
-            return try jsonResponse(encoding: PriceBook(try await prices.replace(book)))
+            return try jsonResponse(encoding: PriceBook(try await prices.replace(book, by: context.auditActor)))
         }
     }
 }

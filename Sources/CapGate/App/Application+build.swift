@@ -46,7 +46,8 @@ struct GatewayParts {
         let (database, client) = await Database.connect(
             url: databaseURL, maxConnections: configuration.databaseMaxConnections, timeout: timeout, logger: dbLogger)
         let upstream = try UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
-        let authenticator = try await Authenticator(database: database, configuration: configuration)
+        let keyUsage = KeyUsage(database: database)
+        let authenticator = try await Authenticator(database: database, configuration: configuration, keyUsage: keyUsage)
         // The spool's entries name their database by user and name (not host: a failover keeps them).
         let spool: Spool
         do {
@@ -63,7 +64,7 @@ struct GatewayParts {
         GatewayMetrics.pool(maxConnections: configuration.databaseMaxConnections)
 
         let proxy = ProxyHandler(
-            authenticator: authenticator, metering: metering, upstream: upstream, knownKeys: KnownKeys(database: database),
+            authenticator: authenticator, metering: metering, upstream: upstream, knownKeys: KnownKeys(database: database, usage: keyUsage),
             routes: RouteTable(database: database), maxBodyBytes: configuration.proxyMaxBodyBytes,
             bodyBudget: BodyBudget(limit: configuration.proxyBodyBudgetBytes),
             idempotencyMaxBytes: configuration.proxyIdempotencyMaxBytes, maxJSONDepth: configuration.proxyMaxJSONDepth,
@@ -84,6 +85,9 @@ struct GatewayParts {
             ClosingService(name: "settlements") { await metering.flush() },
         ]
         services.append(metering.idempotencyPurgeJob(interval: .seconds(600), logger: logger))
+        // API keys' last_used_at (SPEC §13): noted in memory by each call, written here; the
+        // UPDATE itself skips a key written less than a minute ago.
+        services.append(keyUsage.flushJob(interval: .seconds(5), logger: logger))
         // Threshold notifications (SPEC §9): the thresholds for every admission, the deliverer,
         // and the outbox's numbers for /metrics.
         var notificationLogger = logger
@@ -171,6 +175,7 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
     BillingRoutes(billing: services.billing).register(on: admin)
     apple.registerAdmin(on: admin)
     PriceRoutes(prices: services.prices).register(on: admin)
+    AuditRoutes(audit: AuditStore(database: database), tenants: services.tenants).register(on: admin)
     FeatureRoutes(features: FeatureStore(database: services.tenants.database), prefix: services.proxyPrefix).register(on: admin)
     console.register(on: admin)
     NotificationRoutes(notifications: NotificationStore(database: services.tenants.database), tenants: services.tenants).register(on: admin)

@@ -56,6 +56,16 @@ public struct CapGateConfiguration: Sendable {
     public var upstreamCAFile: String?
     /// `operator.token` / `OPERATOR_TOKEN` (secret): the operator's bearer token; unset disables the operator API.
     public var operatorToken: String?
+    /// `operator.tokens` / `OPERATOR_TOKENS` (secret, default none): more operator tokens, each with
+    /// the name the audit log gives its changes, as a JSON array of `{"name", "token"}` objects
+    /// (JSON text, also in the file: the file's reader takes no array of objects). Several let one
+    /// be rotated without downtime; `operator.token` stays, named `operator`.
+    public var operatorTokens: [OperatorToken]
+
+    /// Every operator token: the unnamed `operator.token` (as `operator`), then `operator.tokens`.
+    public var allOperatorTokens: [OperatorToken] {
+        (operatorToken.map { [OperatorToken(name: OperatorToken.defaultName, token: $0)] } ?? []) + operatorTokens
+    }
     /// `jwt.secret` / `JWT_SECRET` (secret): HS256 shared secret.
     public var jwtSecret: String?
     /// `jwt.jwksFile` / `JWT_JWKS_FILE`: JWKS file with RS256/ES256 public keys.
@@ -125,7 +135,7 @@ public struct CapGateConfiguration: Sendable {
             "http.host", "http.port", "http.idleTimeout", "http.headerTimeout", "http.bodyTimeout", "http.maxConnections",
             "database.url", "database.maxConnections", "database.timeout", "database.durability", "database.admissionQueueLimit",
             "upstream.url", "upstream.apiKey", "upstream.timeout", "upstream.connectTimeout", "upstream.caFile",
-            "upstream.idleTimeout", "upstream.maxConnections", "operator.token", "jwt.secret", "jwt.jwksFile", "jwt.companyClaim",
+            "upstream.idleTimeout", "upstream.maxConnections", "operator.token", "operator.tokens", "jwt.secret", "jwt.jwksFile", "jwt.companyClaim",
             "jwt.featureClaim", "jwt.audience", "jwt.issuer", "jwt.leeway", "jwt.maxLifetime", "proxy.maxJSONDepth", "proxy.companyShare",
             "metrics.token", "metrics.public", "notifications.retentionDays",
             "proxy.prefix", "proxy.maxBodyBytes", "proxy.idempotencyMaxBytes", "proxy.bodyBudgetBytes", "billing.rolloverInterval",
@@ -135,7 +145,8 @@ public struct CapGateConfiguration: Sendable {
             "costs.promptOverheadTokens", "costs.imageTokens", "costs.drainSeconds",
         ] + AppleSettings.keys
     static let secretKeys: Set<String> = [
-        "database.url", "upstream.apiKey", "operator.token", "jwt.secret", "notifications.webhookSecret", "metrics.token",
+        "database.url", "upstream.apiKey", "operator.token", "operator.tokens", "jwt.secret", "notifications.webhookSecret",
+        "metrics.token",
     ]
     /// Environment variables the SPEC names differently from the keys' own (`NOTIFICATIONS_…`).
     static let environmentAliases: [String: String] = [
@@ -178,6 +189,14 @@ public struct CapGateConfiguration: Sendable {
         upstreamMaxConnections = try Self.int(reader, "upstream.maxConnections", default: 512, range: 1...100_000)
         upstreamCAFile = Self.nonEmpty(reader.string(forKey: "upstream.caFile"))
         operatorToken = Self.nonEmpty(reader.string(forKey: "operator.token", isSecret: true))
+        operatorTokens = try Self.nonEmpty(reader.string(forKey: "operator.tokens", isSecret: true)).map(OperatorToken.parse) ?? []
+        if let operatorToken {
+            let all = [OperatorToken(name: OperatorToken.defaultName, token: operatorToken)] + operatorTokens
+            guard Set(all.map(\.name)).count == all.count, Set(all.map(\.token)).count == all.count else {
+                throw ConfigurationError(
+                    key: "operator.tokens", problem: "repeats operator.token or its name 'operator'; each token and name must appear once")
+            }
+        }
         jwtSecret = Self.nonEmpty(reader.string(forKey: "jwt.secret", isSecret: true))
         jwtJWKSFile = Self.nonEmpty(reader.string(forKey: "jwt.jwksFile"))
         jwtCompanyClaim = reader.string(forKey: "jwt.companyClaim", default: "company_id")
@@ -268,7 +287,8 @@ public struct CapGateConfiguration: Sendable {
         }
         providers.append(InMemoryProvider(name: "environment (SPEC names)", values: aliasValues))
         let secretVariables: Set<String> = [
-            "DATABASE_URL", "UPSTREAM_API_KEY", "OPERATOR_TOKEN", "JWT_SECRET", "NOTIFY_WEBHOOK_SECRET", "NOTIFICATIONS_WEBHOOK_SECRET",
+            "DATABASE_URL", "UPSTREAM_API_KEY", "OPERATOR_TOKEN", "OPERATOR_TOKENS", "JWT_SECRET", "NOTIFY_WEBHOOK_SECRET",
+            "NOTIFICATIONS_WEBHOOK_SECRET",
             "METRICS_TOKEN",
         ]
         providers.append(

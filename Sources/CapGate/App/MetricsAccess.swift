@@ -9,7 +9,7 @@ struct MetricsAccess: Sendable {
     var isPublic: Bool
 
     init(configuration: CapGateConfiguration) {
-        tokens = [configuration.operatorToken, configuration.metricsToken].compactMap { $0 }
+        tokens = configuration.allOperatorTokens.map(\.token) + [configuration.metricsToken].compactMap { $0 }
         isPublic = configuration.metricsPublic
     }
 

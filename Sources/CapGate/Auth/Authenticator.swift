@@ -12,17 +12,21 @@ import PostgresNIO
 /// to from `jwt.featureClaim`; `aud`, `iss` and the clock leeway per ``JWTClaimRules``).
 public struct Authenticator: Sendable {
     let database: Database
-    let operatorToken: String?
+    /// `operator.token` and `operator.tokens`, each with its name.
+    let operatorTokens: [OperatorToken]
     let jwtKeys: JWTKeyCollection?
     let companyClaim: String
     /// `jwt.featureClaim`: where a token names the features it may be charged to; nil: not read.
     let featureClaim: String?
     /// `exp`/`nbf` with leeway, and `aud`/`iss` when configured.
     let claimRules: JWTClaimRules
+    /// Where a key that authenticated is noted for its `last_used_at`; nil: not noted.
+    let keyUsage: KeyUsage?
 
-    public init(database: Database, configuration: CapGateConfiguration) async throws {
+    public init(database: Database, configuration: CapGateConfiguration, keyUsage: KeyUsage? = nil) async throws {
         self.database = database
-        self.operatorToken = configuration.operatorToken
+        self.keyUsage = keyUsage
+        self.operatorTokens = configuration.allOperatorTokens
         self.companyClaim = configuration.jwtCompanyClaim
         self.featureClaim = configuration.jwtFeatureClaim
         self.claimRules = JWTClaimRules(configuration: configuration)
@@ -61,8 +65,8 @@ public struct Authenticator: Sendable {
             throw GatewayError.authentication("The Authorization header must be 'Bearer <token>'.")
         }
         let token = parts[1].trimmingCharacters(in: .whitespaces)
-        if let operatorToken, ApiKeyGenerator.constantTimeEquals(token, operatorToken) {
-            return .operator
+        if let match = OperatorToken.match(token, in: operatorTokens) {
+            return .operator(name: match.name)
         }
         if token.split(separator: ".", omittingEmptySubsequences: false).count == 3 {
             return try await identity(forJWT: token)
@@ -80,7 +84,7 @@ public struct Authenticator: Sendable {
         else { return nil }
         let token = authorization.dropFirst(7).trimmingCharacters(in: .whitespaces)
         guard token.hasPrefix(ApiKeyGenerator.keyPrefix) else { return nil }
-        if let operatorToken, ApiKeyGenerator.constantTimeEquals(token, operatorToken) { return nil }
+        if OperatorToken.match(token, in: operatorTokens) != nil { return nil }
         return token
     }
 
@@ -88,6 +92,7 @@ public struct Authenticator: Sendable {
     static func keyError(_ auth: String) -> GatewayError {
         switch auth {
         case "revoked_key": GatewayError.authentication("This API key was revoked. Ask your administrator for a new one.")
+        case "expired_key": GatewayError.authentication("This API key has expired. Ask your administrator for a new one.")
         case "disabled_user": GatewayError.authentication("This user is disabled. Ask your administrator to enable it.")
         default: GatewayError.authentication("Unknown API key. Check the key, or ask your administrator for a new one.")
         }
@@ -98,17 +103,20 @@ public struct Authenticator: Sendable {
         let row = try await database.run { client in
             let rows = try await client.query(
                 """
-                SELECT k.company_id, k.user_id, u.role, u.disabled, k.revoked_at IS NOT NULL, k.features
+                SELECT k.company_id, k.user_id, u.role, u.disabled, k.revoked_at IS NOT NULL, k.features,
+                       coalesce(k.expires_at <= now(), false), k.id
                   FROM api_keys k JOIN users u ON u.company_id = k.company_id AND u.id = k.user_id
                  WHERE k.key_hash = \(hash)
                 """,
                 logger: database.logger
             )
-            for try await row in rows.decode((UUID, UUID, String, Bool, Bool, [String]?).self) { return Optional(row) }
+            for try await row in rows.decode((UUID, UUID, String, Bool, Bool, [String]?, Bool, UUID).self) { return Optional(row) }
             return nil
         }
-        guard let (company, user, role, disabled, revoked, features) = row else { throw Self.keyError("unknown_key") }
+        guard let (company, user, role, disabled, revoked, features, expired, keyID) = row else { throw Self.keyError("unknown_key") }
         if revoked { throw Self.keyError("revoked_key") }
+        if expired { throw Self.keyError("expired_key") }
+        keyUsage?.record(keyID)
         if disabled { throw Self.keyError("disabled_user") }
         return .user(
             UserIdentity(

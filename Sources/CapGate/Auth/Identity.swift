@@ -4,8 +4,15 @@ import Foundation
 public enum Identity: Sendable, Equatable {
     /// A user of one company.
     case user(UserIdentity)
-    /// The operator (configuration's `operator.token`).
-    case `operator`
+    /// The operator, by the name of the token it presented (`operator` for the unnamed
+    /// `operator.token`, else its `operator.tokens` name): the audit log names it.
+    case `operator`(name: String)
+
+    /// The operator, whichever token.
+    public var isOperator: Bool {
+        if case .operator = self { return true }
+        return false
+    }
 
     public var user: UserIdentity? {
         if case .user(let u) = self { return u }

@@ -16,48 +16,56 @@ public final class KnownKeys: Sendable {
     let database: Database
     let lifetime: Duration
     let capacity: Int
-    /// A valid key's hash → until when it is remembered, and its company.
-    private let known: Mutex<[ByteBuffer: (until: ContinuousClock.Instant, company: UUID)]> = Mutex([:])
+    /// Where a used key is noted for its `last_used_at` (SPEC §13); nil: not noted.
+    let usage: KeyUsage?
+    /// A valid key's hash → until when it is remembered, its company and its id.
+    private let known: Mutex<[ByteBuffer: (until: ContinuousClock.Instant, company: UUID, id: UUID)]> = Mutex([:])
 
-    public init(database: Database, lifetime: Duration = .seconds(600), capacity: Int = 100_000) {
+    public init(database: Database, lifetime: Duration = .seconds(600), capacity: Int = 100_000, usage: KeyUsage? = nil) {
         self.database = database
+        self.usage = usage
         self.lifetime = lifetime
         self.capacity = capacity
     }
 
     /// The key's company (for its share of the gateway, before the admission confirms it); throws
-    /// the 401 for a key that is unknown, revoked or whose user is disabled, 503 when the database
-    /// cannot say.
+    /// the 401 for a key that is unknown, revoked, expired or whose user is disabled, 503 when the
+    /// database cannot say. A key remembered as valid may have expired since: the admission, which
+    /// reads the key again, answers its 401.
     @discardableResult
     public func check(_ key: String) async throws -> UUID {
         let hash = ApiKeyGenerator.hash(key)
         let now = ContinuousClock.now
-        let fresh = known.withLock { known -> UUID? in
+        let fresh = known.withLock { known -> (company: UUID, id: UUID)? in
             guard let entry = known[hash] else { return nil }
-            if entry.until > now { return entry.company }
+            if entry.until > now { return (entry.company, entry.id) }
             known[hash] = nil
             return nil
         }
-        if let fresh { return fresh }
+        if let fresh {
+            usage?.record(fresh.id)
+            return fresh.company
+        }
         let database = self.database
-        let auth = try await database.run { client -> (String, UUID?) in
+        let auth = try await database.run { client -> (String, UUID?, UUID?) in
             let rows = try await client.query(
                 """
-                SELECT CASE WHEN k.revoked_at IS NOT NULL THEN 'revoked_key'
-                            WHEN u.disabled THEN 'disabled_user' ELSE 'ok' END, k.company_id
+                SELECT CASE WHEN k.revoked_at IS NOT NULL THEN 'revoked_key' WHEN k.expires_at <= now() THEN 'expired_key'
+                            WHEN u.disabled THEN 'disabled_user' ELSE 'ok' END, k.company_id, k.id
                   FROM api_keys k JOIN users u ON u.company_id = k.company_id AND u.id = k.user_id
                  WHERE k.key_hash = \(hash)
                 """,
                 logger: database.logger
             )
-            for try await (auth, company) in rows.decode((String, UUID).self) { return (auth, company) }
-            return ("unknown_key", nil)
+            for try await (auth, company, id) in rows.decode((String, UUID, UUID).self) { return (auth, company, id) }
+            return ("unknown_key", nil, nil)
         }
-        guard auth.0 == "ok", let company = auth.1 else { throw Authenticator.keyError(auth.0) }
+        guard auth.0 == "ok", let company = auth.1, let id = auth.2 else { throw Authenticator.keyError(auth.0) }
+        usage?.record(id)
         let until = now + lifetime
         known.withLock { known in
             if known.count >= capacity { known.removeAll(keepingCapacity: true) }
-            known[hash] = (until, company)
+            known[hash] = (until, company, id)
         }
         return company
     }

@@ -28,7 +28,7 @@ struct BillingRoutes {
                 payload: .object(fields.fields.sorted { $0.key < $1.key }.map { JSON.Field($0.key, $0.value) })
                     .replacingNUL(when: fields.containsNUL)
             )
-            let text = try await billing.apply(event)
+            let text = try await billing.apply(event, by: context.auditActor)
             var headers = HTTPFields()
             headers[.contentType] = "application/json"
             // 201 for the first delivery and for every repeat: the same answer each time.

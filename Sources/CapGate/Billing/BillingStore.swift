@@ -56,12 +56,26 @@ public struct BillingStore: Sendable {
 
     /// Records and applies a store event once per `transaction_id`; a repeat gets the first answer.
     /// Returns the answer's JSON text (a repeat gets the stored text, byte for byte).
-    public func apply(_ event: StoreEvent, now: Date = Date()) async throws -> String {
+    /// With an `actor`, the first application is audited as `billing_event.apply` (a repeat
+    /// changes nothing and writes no audit row).
+    public func apply(_ event: StoreEvent, now: Date = Date(), by actor: AuditActor? = nil) async throws -> String {
         do {
-            return try await database.transaction { connection in try await apply(event, on: connection, now: now) }
+            return try await database.audited(actor) { connection in
+                try await PeriodStore.lockCompany(connection, logger: logger, company: event.companyID)
+                if let answer = try await recordedAnswer(connection, event) { return (answer, nil) }
+                let before = try await AuditLog.snapshot(AuditLog.period(event.companyID), on: connection, logger: logger)
+                let answer = try await apply(event, on: connection, now: now)
+                let after = try await AuditLog.snapshot(AuditLog.period(event.companyID), on: connection, logger: logger)
+                return (
+                    answer,
+                    AuditEntry(
+                        action: "billing_event.apply", companyID: event.companyID, targetID: event.transactionID, before: before,
+                        after: after)
+                )
+            }
         } catch DatabaseError.constraint(_, let constraint, _) where constraint?.contains("transaction_id") == true {
             // A concurrent delivery of the same event won the race: answer with its result.
-            return try await apply(event, now: now)
+            return try await apply(event, now: now, by: actor)
         } catch {
             throw Self.gatewayError(error, event: event)
         }

@@ -92,16 +92,25 @@ public struct PeriodStore: Sendable {
     /// `POST /admin/v1/companies`: the company and, when a plan is given, its first period, in
     /// one transaction.
     public func createCompany(
-        id: UUID, name: String, plan: String?, start: Date, autoRenew: Bool, timeZone: String = "UTC", webhookURL: String? = nil
+        id: UUID, name: String, plan: String?, start: Date, autoRenew: Bool, timeZone: String = "UTC", webhookURL: String? = nil,
+        by actor: AuditActor? = nil
     ) async throws {
         do {
-            try await database.transaction { connection in
+            try await database.audited(actor) { connection in
                 try await connection.query(
                     "INSERT INTO companies (id, name, time_zone, webhook_url) VALUES (\(id), \(name), \(timeZone), \(webhookURL))",
                     logger: logger)
                 if let plan {
                     try await Self.recordAssignment(connection, logger: logger, company: id, plan: plan, start: start, autoRenew: autoRenew)
                 }
+                let after = try await AuditLog.snapshot(
+                    """
+                    SELECT (to_jsonb(c) || jsonb_build_object('period', (
+                               SELECT to_jsonb(pp) FROM plan_periods pp WHERE pp.company_id = c.id
+                                ORDER BY pp.started_at DESC LIMIT 1)))::text
+                      FROM companies c WHERE c.id = \(id)
+                    """, on: connection, logger: logger)
+                return ((), AuditEntry(action: "company.create", companyID: id, targetID: id.lowercased, before: nil, after: after))
             }
         } catch DatabaseError.constraint(let state, _, _) where state == "23505" {
             throw GatewayError.conflict("A company with id \(id.uuidString.lowercased()) already exists.")
@@ -126,11 +135,18 @@ public struct PeriodStore: Sendable {
     }
 
     /// `PUT /admin/v1/companies/{id}/plan`.
-    public func assignPlan(company: UUID, plan: String, start: Date, autoRenew: Bool) async throws {
+    public func assignPlan(company: UUID, plan: String, start: Date, autoRenew: Bool, by actor: AuditActor? = nil) async throws {
         do {
-            try await database.transaction { connection in
+            try await database.audited(actor) { connection in
+                let before = try await AuditLog.snapshot(AuditLog.period(company), on: connection, logger: logger)
                 try await Self.recordAssignment(
                     connection, logger: logger, company: company, plan: plan, start: start, autoRenew: autoRenew)
+                let after = try await AuditLog.snapshot(AuditLog.period(company), on: connection, logger: logger)
+                return (
+                    (),
+                    AuditEntry(
+                        action: "company.assign_plan", companyID: company, targetID: company.lowercased, before: before, after: after)
+                )
             }
         } catch PeriodError.unknownCompany {
             throw GatewayError.notFound("No company with that id.")

@@ -111,7 +111,7 @@ public struct AdmissionItem: Sendable {
 
 /// What an admission function answered for one call (a `capgate_admitted` row).
 public struct AdmissionRow: Sendable {
-    /// ok | unknown_key | revoked_key | disabled_user
+    /// ok | unknown_key | revoked_key | expired_key | disabled_user
     var auth: String
     var companyID: UUID?
     var userID: UUID?

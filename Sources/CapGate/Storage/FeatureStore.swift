@@ -40,12 +40,14 @@ struct FeatureStore: Sendable {
         }
     }
 
-    func createFeature(_ f: FeatureInput) async throws -> JSON {
+    func createFeature(_ f: FeatureInput, by actor: AuditActor? = nil) async throws -> JSON {
         do {
-            try await database.run { client in
-                try await client.query(
+            try await database.audited(actor) { connection in
+                try await connection.query(
                     "INSERT INTO features (id, name, is_active, sort_order) VALUES (\(f.id), \(f.name), \(f.isActive), \(f.sortOrder))",
                     logger: logger)
+                let after = try await AuditLog.snapshot(AuditLog.feature(f.id), on: connection, logger: logger)
+                return ((), AuditEntry(action: "feature.create", companyID: nil, targetID: f.id, before: nil, after: after))
             }
         } catch DatabaseError.constraint(let state, _, _) {
             guard state == "23505" else { throw GatewayError.invalidRequest("The feature's fields are not valid.") }
@@ -55,14 +57,19 @@ struct FeatureStore: Sendable {
     }
 
     /// Replaces a feature's name, `is_active` and `sort_order`; nil when there is no such feature.
-    func updateFeature(_ f: FeatureInput) async throws -> JSON? {
-        try await database.run { client in
-            let rows = try await client.query(
+    func updateFeature(_ f: FeatureInput, by actor: AuditActor? = nil) async throws -> JSON? {
+        try await database.audited(actor) { connection in
+            let before = try await AuditLog.snapshot(AuditLog.locked(AuditLog.feature(f.id)), on: connection, logger: logger)
+            let rows = try await connection.query(
                 """
                 UPDATE features SET name = \(f.name), is_active = \(f.isActive), sort_order = \(f.sortOrder), updated_at = now()
                  WHERE id = \(f.id) RETURNING id, name, is_active, sort_order
                 """, logger: logger)
-            return try await rows.decode((String, String, Bool, Int32).self).collect().first.map(Self.featureJSON)
+            guard let updated = try await rows.decode((String, String, Bool, Int32).self).collect().first.map(Self.featureJSON) else {
+                return (nil, nil)
+            }
+            let after = try await AuditLog.snapshot(AuditLog.feature(f.id), on: connection, logger: logger)
+            return (updated, AuditEntry(action: "feature.update", companyID: nil, targetID: f.id, before: before, after: after))
         }
     }
 
@@ -133,10 +140,12 @@ struct FeatureStore: Sendable {
     }
 
     /// Creates or replaces the entitlement. An unknown plan or feature is 404.
-    func putEntitlement(_ e: EntitlementInput) async throws -> JSON {
+    func putEntitlement(_ e: EntitlementInput, by actor: AuditActor? = nil) async throws -> JSON {
         do {
-            return try await database.run { client in
-                let rows = try await client.query(
+            return try await database.audited(actor) { connection in
+                let target = AuditLog.entitlement(e.plan, e.feature)
+                let before = try await AuditLog.snapshot(AuditLog.locked(target), on: connection, logger: logger)
+                let rows = try await connection.query(
                     """
                     INSERT INTO plan_features (plan_id, feature_id, enabled, daily_limit, period_limit, user_daily_limit, user_period_limit, message)
                     VALUES (\(e.plan), \(e.feature), \(e.enabled), \(e.dailyLimit), \(e.periodLimit), \(e.userDailyLimit), \(e.userPeriodLimit), \(e.message))
@@ -146,7 +155,12 @@ struct FeatureStore: Sendable {
                         message = EXCLUDED.message, updated_at = now()
                     RETURNING \(unescaped: Self.entitlementColumns)
                     """, logger: logger)
-                return try await rows.decode(EntitlementRow.self).collect().first.map(Self.entitlementJSON) ?? .null
+                let stored = try await rows.decode(EntitlementRow.self).collect().first.map(Self.entitlementJSON) ?? .null
+                let after = try await AuditLog.snapshot(target, on: connection, logger: logger)
+                return (
+                    stored,
+                    AuditEntry(action: "entitlement.put", companyID: nil, targetID: "\(e.plan)/\(e.feature)", before: before, after: after)
+                )
             }
         } catch DatabaseError.constraint(let state, let constraint, _) {
             guard state == "23503" else { throw GatewayError.invalidRequest("The entitlement's fields are not valid.") }
@@ -156,14 +170,21 @@ struct FeatureStore: Sendable {
     }
 
     /// Removes the entitlement (the feature leaves the plan) and returns it; nil when there was none.
-    func deleteEntitlement(plan: String, feature: String) async throws -> JSON? {
-        try await database.run { client in
-            let rows = try await client.query(
+    func deleteEntitlement(plan: String, feature: String, by actor: AuditActor? = nil) async throws -> JSON? {
+        try await database.audited(actor) { connection in
+            let before = try await AuditLog.snapshot(AuditLog.locked(AuditLog.entitlement(plan, feature)), on: connection, logger: logger)
+            let rows = try await connection.query(
                 """
                 DELETE FROM plan_features WHERE plan_id = \(plan) AND feature_id = \(feature)
                 RETURNING \(unescaped: Self.entitlementColumns)
                 """, logger: logger)
-            return try await rows.decode(EntitlementRow.self).collect().first.map(Self.entitlementJSON)
+            guard let removed = try await rows.decode(EntitlementRow.self).collect().first.map(Self.entitlementJSON) else {
+                return (nil, nil)
+            }
+            return (
+                removed,
+                AuditEntry(action: "entitlement.delete", companyID: nil, targetID: "\(plan)/\(feature)", before: before, after: nil)
+            )
         }
     }
 
@@ -217,8 +238,8 @@ struct FeatureStore: Sendable {
         }
     }
 
-    func createRoute(_ r: RouteInput) async throws -> JSON {
-        try await writeRoute(r) { client in
+    func createRoute(_ r: RouteInput, by actor: AuditActor? = nil) async throws -> JSON {
+        try await writeRoute(r, action: "route.create", by: actor) { client in
             try await client.query(
                 """
                 INSERT INTO routes (id, method, path, units, items_field, feature, feature_header, allowed, header_features)
@@ -230,8 +251,8 @@ struct FeatureStore: Sendable {
     }
 
     /// Replaces a route's fields; nil when there is no such route.
-    func updateRoute(_ r: RouteInput) async throws -> JSON? {
-        try await writeRoute(r) { client in
+    func updateRoute(_ r: RouteInput, by actor: AuditActor? = nil) async throws -> JSON? {
+        try await writeRoute(r, action: "route.update", by: actor) { client in
             try await client.query(
                 """
                 UPDATE routes SET method = \(r.method), path = \(r.path), units = \(r.units), items_field = \(r.itemsField),
@@ -244,20 +265,29 @@ struct FeatureStore: Sendable {
     }
 
     /// false when there was no such route.
-    func deleteRoute(_ id: String) async throws -> Bool {
-        try await database.run { client in
-            try await !client.query("DELETE FROM routes WHERE id = \(id) RETURNING 1", logger: logger).collect().isEmpty
+    func deleteRoute(_ id: String, by actor: AuditActor? = nil) async throws -> Bool {
+        try await database.audited(actor) { connection in
+            let before = try await AuditLog.snapshot(AuditLog.locked(AuditLog.route(id)), on: connection, logger: logger)
+            guard before != nil else { return (false, nil) }
+            try await connection.query("DELETE FROM routes WHERE id = \(id)", logger: logger)
+            return (true, AuditEntry(action: "route.delete", companyID: nil, targetID: id, before: before, after: nil))
         }
     }
 
     /// Runs an insert or update of a route, mapping a duplicate id or (method, path) to 409 and an
     /// unknown feature to 400.
     private func writeRoute(
-        _ r: RouteInput, _ statement: @escaping @Sendable (PostgresClient) async throws -> PostgresRowSequence
+        _ r: RouteInput, action: String, by actor: AuditActor?,
+        _ statement: @escaping @Sendable (PostgresConnection) async throws -> PostgresRowSequence
     ) async throws -> JSON? {
         do {
-            return try await database.run { client in
-                try await statement(client).decode(RouteRow.self).collect().first.map(Self.routeJSON)
+            return try await database.audited(actor) { connection in
+                let before = try await AuditLog.snapshot(AuditLog.locked(AuditLog.route(r.id)), on: connection, logger: logger)
+                guard let written = try await statement(connection).decode(RouteRow.self).collect().first.map(Self.routeJSON) else {
+                    return (nil, nil)
+                }
+                let after = try await AuditLog.snapshot(AuditLog.route(r.id), on: connection, logger: logger)
+                return (written, AuditEntry(action: action, companyID: nil, targetID: r.id, before: before, after: after))
             }
         } catch DatabaseError.constraint(let state, let constraint, _) {
             switch state {

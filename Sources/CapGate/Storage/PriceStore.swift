@@ -22,11 +22,15 @@ public struct PriceStore: Sendable {
     /// Replaces the whole book with `book` (already checked by ``PriceBookReader``) in one
     /// transaction, and answers it as stored. Concurrent replacements take turns (a table lock
     /// that readers, such as the admission, do not wait for); the last one to commit is the book.
-    public func replace(_ book: [PriceRecord]) async throws -> [PriceRecord] {
+    public func replace(_ book: [PriceRecord], by actor: AuditActor? = nil) async throws -> [PriceRecord] {
         do {
-            return try await database.transaction { connection in
+            return try await database.audited(actor) { connection in
+                try await connection.query("LOCK TABLE prices IN SHARE ROW EXCLUSIVE MODE", logger: self.logger)
+                let before = try await AuditLog.snapshot(AuditLog.prices, on: connection, logger: self.logger)
                 try await Self.replace(book, on: connection, logger: self.logger)
-                return try await Self.rows(try await connection.query(Self.select, logger: self.logger))
+                let after = try await AuditLog.snapshot(AuditLog.prices, on: connection, logger: self.logger)
+                let stored = try await Self.rows(try await connection.query(Self.select, logger: self.logger))
+                return (stored, AuditEntry(action: "price_book.replace", companyID: nil, targetID: "prices", before: before, after: after))
             }
         } catch DatabaseError.constraint(_, let constraint, _) {
             throw GatewayError.invalidRequest("The price book breaks the database rule '\(constraint ?? "?")'; nothing was changed.")

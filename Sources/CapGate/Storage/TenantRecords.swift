@@ -78,7 +78,7 @@ extension UserRecord: Encodable {
     }
 }
 
-/// An API key (SPEC §5): never its secret, except ``key`` in the answer that created it.
+/// An API key (SPEC §5, §13): never its secret, except ``key`` in the answer that created it.
 public struct ApiKeyRecord: Sendable, Equatable {
     public var id: UUID
     public var userID: UUID
@@ -89,21 +89,31 @@ public struct ApiKeyRecord: Sendable, Equatable {
     public var features: [String]?
     /// The key itself, only when just created (it is stored as a hash).
     public var key: String?
+    /// A label for people; nil: none.
+    public var name: String? = nil
+    /// When it stops working (401 after); nil: never.
+    public var expiresAt: Date? = nil
+    /// When a call last used it, to the minute (written apart from the admission); nil: never.
+    public var lastUsedAt: Date? = nil
 }
 
 extension ApiKeyRecord: Encodable {
     enum CodingKeys: String, CodingKey {
-        case id, userID = "user_id", prefix, createdAt = "created_at", revokedAt = "revoked_at", features, key
+        case id, userID = "user_id", prefix, createdAt = "created_at", revokedAt = "revoked_at", features, key, name
+        case expiresAt = "expires_at", lastUsedAt = "last_used_at"
     }
 
-    /// Every key present (`null` when not revoked or unbound), `key` only when there is one.
+    /// Every key present (`null` when not revoked, unbound, unnamed…), `key` only when there is one.
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
         try c.encode(id.uuidString.lowercased(), forKey: .id)
+        try c.encode(name, forKey: .name)
         try c.encode(userID.uuidString.lowercased(), forKey: .userID)
         try c.encode(prefix, forKey: .prefix)
         try c.encode(Timestamp.format(createdAt), forKey: .createdAt)
+        try c.encode(expiresAt.map(Timestamp.format), forKey: .expiresAt)
         try c.encode(revokedAt.map(Timestamp.format), forKey: .revokedAt)
+        try c.encode(lastUsedAt.map(Timestamp.format), forKey: .lastUsedAt)
         try c.encode(features, forKey: .features)
         try c.encodeIfPresent(key, forKey: .key)
     }

@@ -1,0 +1,65 @@
+import Foundation
+import Testing
+
+@testable import CapGate
+
+/// SPEC §13: several named operator tokens (`operator.tokens`), compared in constant time; the
+/// unnamed `operator.token` is `operator`. The audit reads' query checks.
+@Suite("Operator tokens and audit queries", .timeLimit(.minutes(1)))
+struct OperatorTokenTests {
+    static let ci = "ci-" + String(repeating: "a", count: 20)
+    static let deploy = "deploy-" + String(repeating: "b", count: 20)
+
+    @Test("operator.tokens parses a JSON list of {name, token}; a bad list names the key")
+    func parse() throws {
+        let tokens = try OperatorToken.parse(#"[{"name": "ci", "token": "\#(Self.ci)"}, {"token": "\#(Self.deploy)", "name": "deploy"}]"#)
+        #expect(tokens == [OperatorToken(name: "ci", token: Self.ci), OperatorToken(name: "deploy", token: Self.deploy)])
+        #expect(try OperatorToken.parse("[]") == [])
+        for bad in [
+            "ci=\(Self.ci)", #"{"name": "ci", "token": "\#(Self.ci)"}"#, #"[{"name": "ci"}]"#,
+            #"[{"name": "ci", "token": "short"}]"#, #"[{"name": "CI!", "token": "\#(Self.ci)"}]"#,
+            #"[{"name": "ci", "token": "\#(Self.ci)"}, {"name": "ci", "token": "\#(Self.deploy)"}]"#,
+            #"[{"name": "ci", "token": "\#(Self.ci)"}, {"name": "other", "token": "\#(Self.ci)"}]"#,
+            #"[{"name": "ci", "token": "\#(Self.ci)", "extra": 1}]"#, #"[{"name": "ci", "token": "has a space in it!!"}]"#,
+        ] {
+            #expect(throws: ConfigurationError.self, "\(bad)") { try OperatorToken.parse(bad) }
+        }
+    }
+
+    @Test("match finds the token presented, whichever of several, and nothing for a near miss")
+    func match() {
+        let tokens = [OperatorToken(name: "operator", token: "op-" + Self.ci), OperatorToken(name: "ci", token: Self.ci)]
+        #expect(OperatorToken.match(Self.ci, in: tokens)?.name == "ci")
+        #expect(OperatorToken.match("op-" + Self.ci, in: tokens)?.name == "operator")
+        #expect(OperatorToken.match(Self.ci + "x", in: tokens) == nil)
+        #expect(OperatorToken.match("", in: tokens) == nil)
+        #expect(OperatorToken.match(Self.ci, in: []) == nil)
+    }
+
+    @Test("configuration: operator.token is 'operator', operator.tokens adds named ones; a repeated token or name is refused")
+    func configuration() async throws {
+        let list = #"[{"name": "ci", "token": "\#(Self.ci)"}]"#
+        let both = try await CapGateConfiguration.load(
+            flags: ["operator.token": "op-" + Self.deploy], environment: ["OPERATOR_TOKENS": list], file: "/nonexistent.json")
+        #expect(both.allOperatorTokens.map(\.name) == ["operator", "ci"])
+        let onlyNamed = try await CapGateConfiguration.load(environment: ["OPERATOR_TOKENS": list], file: "/nonexistent.json")
+        #expect(onlyNamed.allOperatorTokens == [OperatorToken(name: "ci", token: Self.ci)])
+        await #expect(throws: ConfigurationError.self) {
+            try await CapGateConfiguration.load(
+                flags: ["operator.token": Self.ci], environment: ["OPERATOR_TOKENS": list], file: "/nonexistent.json")
+        }
+        await #expect(throws: ConfigurationError.self) {
+            try await CapGateConfiguration.load(
+                environment: ["OPERATOR_TOKENS": #"[{"name": "operator", "token": "\#(Self.deploy)"}]"#, "OPERATOR_TOKEN": Self.ci],
+                file: "/nonexistent.json")
+        }
+    }
+
+    @Test("audit action names: two lower-case words joined by a dot")
+    func actions() {
+        for good in ["user.create", "api_key.revoke", "price_book.replace"] { #expect(AuditRoutes.isAction(good)) }
+        for bad in ["", "user", "user.", ".create", "User.create", "user.create.x", "user create", "user.cr3ate"] {
+            #expect(!AuditRoutes.isAction(bad), "\(bad)")
+        }
+    }
+}
