@@ -17,11 +17,13 @@ enum TestCluster {
         return logger
     }()
 
+    /// `max_connections` 1,200: every suite runs at once, each with a gateway's pool (12) and a
+    /// client of its own (4), some with two gateways; 600 ran out once the suites grew.
     static let shared: Result<EmbeddedPostgres, any Error> = Result {
         let folder = NSTemporaryDirectory() + "capgate-tests-\(getpid())"
         let cluster = try EmbeddedPostgres.start(
             directory: folder,
-            settings: ["fsync": "off", "synchronous_commit": "off", "full_page_writes": "off", "max_connections": "600"],
+            settings: ["fsync": "off", "synchronous_commit": "off", "full_page_writes": "off", "max_connections": "1200"],
             logger: logger
         )
         clusterForExit = cluster
