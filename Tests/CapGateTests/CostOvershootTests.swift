@@ -66,6 +66,10 @@ struct CostOvershootTests {
                 #expect(seen.samples > 20, "seed \(seed): only \(seen.samples) samples")
                 #expect(seen.company <= Self.companyBudget, "seed \(seed)")
                 #expect(seen.user <= Self.userBudget, "seed \(seed)")
+                // Every call a provider served is charged, and nothing else (each gateway has its own provider).
+                let charged = try await first.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'")
+                #expect(charged == Int64(first.mock.served.count + second.mock.served.count), "seed \(seed)")
+                #expect(charged == Int64(counts[200, default: 0]), "seed \(seed)")
             }
             // Every call settled from its usage; the counters are the ledger's sums.
             let charged = try await first.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'")
