@@ -33,10 +33,16 @@ struct AdmissionEquivalenceTests {
         let cost = row.cost.map {
             "hold=\($0.hold.map(String.init) ?? "-") cost=\(counter($0.company)) \(counter($0.user)) \(row.budgetScope ?? "-")"
         }
+        func count(_ n: Int64?) -> String { n.map(String.init) ?? "-" }
+        let rate = row.rate.map {
+            "rate \($0.refused?.rawValue ?? "fits") tokens=\(count($0.tokens)) company=\(count($0.companyCalls))/\(count($0.companyTokens)) "
+                + "user=\(count($0.userCalls))/\(count($0.userTokens)) in-flight=\(count($0.userInFlight))"
+        }
         return [
             row.auth, row.decision ?? "-", row.ledgerID == nil ? "no ledger" : "ledger",
             "company=\(row.companyUsed ?? -1)/\(row.companyCap ?? -1)",
             "user=\(row.userUsed ?? -1)/\(row.userCap ?? -1)", feature ?? "no feature", upgrade ?? "no upgrade", cost ?? "no cost",
+            rate ?? "no rate",
         ].joined(separator: " ")
     }
 
@@ -55,11 +61,16 @@ struct AdmissionEquivalenceTests {
           (SELECT string_agg(concat_ws(' ', company_id, user_id, feature_id, span, starts_at, used), E'\\n'
                              ORDER BY company_id, user_id, feature_id, span, starts_at) FROM user_feature_usage WHERE used <> 0),
           (SELECT string_agg(concat_ws(' ', company_id, period_id, user_id, units, route, model, feature, feature_day, request_id,
-                                       outcome, hold_micros), E'\\n' ORDER BY request_id) FROM usage_ledger),
+                                       outcome, hold_micros, rate_minute, rate_tokens, rate_scopes), E'\\n' ORDER BY request_id)
+             FROM usage_ledger),
+          (SELECT string_agg(concat_ws(' ', company_id, user_id, minute, calls, tokens), E'\\n' ORDER BY company_id, user_id)
+             FROM rate_windows WHERE calls <> 0),
+          (SELECT string_agg(concat_ws(' ', s.company_id, s.user_id, l.request_id), E'\\n' ORDER BY l.request_id)
+             FROM call_slots s JOIN usage_ledger l ON l.company_id = s.company_id AND l.id = s.ledger_id),
           (SELECT count(*)::text FROM notifications))
         """
 
-    @Test("one random sequence of 500 calls: the same decision, counters and usage for each call, the same rows after")
+    @Test("one random sequence of 800 calls: the same decision, counters and usage for each call, the same rows after")
     func agree() async throws {
         let seed = UInt64.random(in: 1...UInt64.max)
         try await Harness.with { h in
@@ -96,7 +107,7 @@ struct AdmissionEquivalenceTests {
             for expected in [
                 "charged", "company_cap", "user_cap", "no_active_plan", "unknown_user", "unknown_feature",
                 "feature_not_in_plan", "feature_limit_exceeded", "budget_exceeded", "unpriced_model", "max_tokens_required",
-                "unbounded_call",
+                "unbounded_call", "rate_limited",
             ] {
                 #expect(decisions.contains(expected), "seed \(seed): no \(expected) in \(decisions.sorted())")
             }
@@ -104,12 +115,14 @@ struct AdmissionEquivalenceTests {
             for scope in ["company", "user"] {
                 #expect(single.contains { $0.budgetScope == scope }, "seed \(seed): no \(scope) budget refusal")
             }
+            let windows = Set(single.compactMap { $0.rate?.refused })
+            #expect(windows.count >= 4, "seed \(seed): rate windows refused: \(windows)")
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0, "the runs were rolled back")
         }
     }
 
     /// The fixtures (plans, features, budgets, prices, companies, callers) and a random sequence of
-    /// 500 calls over them, then two that each budget refuses.
+    /// 800 calls over them, then two that each budget refuses.
     static func calls(_ h: Harness, seed: UInt64, random: inout SeededGenerator) async throws -> [AdmissionItem] {
         var random = SeededGenerator(state: seed)
         try await h.createPlan("p", company: 40, user: 15, sort: 1)
@@ -135,20 +148,32 @@ struct AdmissionEquivalenceTests {
         let b = try await h.createCompany(plan: "p", users: 2)
         let c = try await h.createCompany(plan: nil, users: 1)
         let d = try await h.createCompany(plan: "big", users: 2)
+        // Rate windows (SPEC §14) on two plans of their own, so the caps above are still reached.
+        try await h.createPlan("fast", company: nil, user: nil, sort: 3)
+        try await h.createPlan("lean", company: nil, user: nil, sort: 4)
+        try await h.exec(
+            """
+            UPDATE plans SET company_rpm = 14, user_rpm = 5, user_tpm = 60000 WHERE id = 'fast';
+            UPDATE plans SET company_tpm = 150000, user_concurrency = 3 WHERE id = 'lean';
+            INSERT INTO plan_features (plan_id, feature_id, daily_limit, period_limit, user_daily_limit, user_period_limit)
+            VALUES ('fast', 'analysis', NULL, NULL, NULL, NULL), ('lean', 'chat', NULL, NULL, NULL, NULL)
+            """)
+        let e = try await h.createCompany(plan: "fast", users: 3)
+        let f = try await h.createCompany(plan: "lean", users: 3)
         try await h.exec("UPDATE users SET monthly_budget = 50000 WHERE id = '\(d.users[1].id.text)'")
         let revoked = try await h.createUser(company: a.company)
         try await h.exec("UPDATE api_keys SET revoked_at = now() WHERE user_id = '\(revoked.id.uuidString.lowercased())'")
         let expired = try await h.createUser(company: a.company)
         try await h.exec("UPDATE api_keys SET expires_at = now() - interval '1 minute' WHERE user_id = '\(expired.id.text)'")
         let at = Date()
-        for company in [a.company, b.company, c.company, d.company] {
+        for company in [a.company, b.company, c.company, d.company, e.company, f.company] {
             try await h.exec("SELECT capgate_roll_company('\(company.uuidString.lowercased())', now())")
         }
 
         // Who calls: keys (also a revoked and an unknown one) and verified tokens (also a user
         // the company does not have).
         var callers: [(key: String?, company: UUID, user: UUID)] = []
-        for (company, users) in [a, b, c, d] {
+        for (company, users) in [a, b, c, d, e, f] {
             for user in users {
                 callers.append((user.key, company, user.id))
                 callers.append((nil, company, user.id))
@@ -159,7 +184,7 @@ struct AdmissionEquivalenceTests {
         callers.append(("cg_unknown_\(seed)", a.company, UUID()))
         callers.append((nil, b.company, UUID()))
         let features: [String?] = [nil, nil, "analysis", "analysis", "analysis", "chat", "vision", "gone", "missing"]
-        var items = (0..<500).map { i -> AdmissionItem in
+        var items = (0..<800).map { i -> AdmissionItem in
             let caller = callers.randomElement(using: &random)!
             let request = AdmissionRequest(
                 companyID: caller.company, userID: caller.user, units: [0, 1, 1, 1, 2, 3].randomElement(using: &random)!,

@@ -206,7 +206,8 @@ struct CostBudgetTests {
                 try await Task.sleep(for: .milliseconds(50))
                 counted = try await overHolds(h)
             }
-            #expect(counted == before + 1)
+            // (At least: the counter is the process's, and other suites' calls may add to it meanwhile.)
+            #expect(counted >= before + 1)
         }
     }
 

@@ -17,6 +17,10 @@
 -- p_max_tokens, p_cache, p_window; -2, -1, 0, 0 when it has none) is read with the call in step 1,
 -- the cost counters are locked with the unit counters, and a call that cannot be held where a
 -- budget applies is refused before the counters, one whose hold does not fit after them.
+-- Rate windows (SPEC §14) as capgate_charge: the plan's limits and each call's token bound
+-- (capgate_rate_tokens) are read in step 1; a call that passed every counter is counted in its
+-- windows by capgate_rate_take in step 3, in arrival order (its company's counters are locked
+-- already, which orders every writer of those windows), or refused rate_limited.
 CREATE FUNCTION capgate_admit_batch(
     p_key_hash bytea[], p_company uuid[], p_user uuid[], p_units integer[], p_method text[], p_route text[],
     p_model text[], p_feature text[], p_request_id text[], p_routes_version bigint[], p_at timestamptz[],
@@ -62,6 +66,11 @@ DECLARE
     cs integer; us integer; fps integer; fds integer; ups integer; uds integer;
     u integer;
     h bigint;
+    v_lease integer;
+    v_rate capgate_rate;
+    a_crpm integer[]; a_ctpm bigint[]; a_urpm integer[]; a_utpm bigint[]; a_uconc integer[]; a_rtok bigint[];
+    a_rref text[]; a_rmin timestamptz[]; a_rscopes smallint[]; a_crc bigint[]; a_crt bigint[]; a_urc bigint[];
+    a_urt bigint[]; a_us bigint[];
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -69,7 +78,8 @@ BEGIN
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    SELECT routes, thresholds, (SELECT min(t) FROM unnest(thresholds) t) INTO v_routes, v_thresholds, v_low
+    SELECT routes, thresholds, (SELECT min(t) FROM unnest(thresholds) t), slot_lease_seconds
+      INTO v_routes, v_thresholds, v_low, v_lease
       FROM config_versions WHERE singleton;
 
     -- 1. The calls as the database knows them. Each model is priced once, at its latest call: a
@@ -102,11 +112,13 @@ BEGIN
                array_agg(CASE WHEN r.fe THEN r.ups END ORDER BY r.ord),
                array_agg(CASE WHEN r.fe THEN r.uds END ORDER BY r.ord),
                array_agg(r.cbudget ORDER BY r.ord), array_agg(r.ubudget ORDER BY r.ord),
-               array_agg(r.priced ORDER BY r.ord), array_agg(r.hold ORDER BY r.ord)
+               array_agg(r.priced ORDER BY r.ord), array_agg(r.hold ORDER BY r.ord),
+               array_agg(r.crpm ORDER BY r.ord), array_agg(r.ctpm ORDER BY r.ord), array_agg(r.urpm ORDER BY r.ord),
+               array_agg(r.utpm ORDER BY r.ord), array_agg(r.uconc ORDER BY r.ord), array_agg(r.rtok ORDER BY r.ord)
           INTO a_auth, a_company, a_user, a_role, a_user_ok, a_stale, a_period, a_plan, a_plan_name, a_start, a_end,
                a_ccap, a_ucap, a_cslot, a_uslot, a_feature, a_fname, a_factive, a_fenabled, a_fmsg, a_bound,
                a_lp, a_ld, a_lup, a_lud, a_dstart, a_dend, a_fps, a_fds, a_ups, a_uds,
-               a_cbudget, a_ubudget, a_priced, a_hold
+               a_cbudget, a_ubudget, a_priced, a_hold, a_crpm, a_ctpm, a_urpm, a_utpm, a_uconc, a_rtok
           FROM (
             SELECT y.*,
                    dense_rank() OVER (PARTITION BY y.eligible ORDER BY y.company, y.period)::integer AS cslot,
@@ -149,7 +161,9 @@ BEGIN
                            CASE WHEN p.id IS NULL THEN NULL ELSE coalesce(u.monthly_budget, p.monthly_user_budget) END
                                AS ubudget,
                            (pr.q).model IS NOT NULL AS priced,
-                           capgate_hold(pr.q, i.prompt, i.max_tokens, i.cache, i.window) AS hold
+                           capgate_hold(pr.q, i.prompt, i.max_tokens, i.cache, i.window) AS hold,
+                           p.company_rpm AS crpm, p.company_tpm AS ctpm, p.user_rpm AS urpm, p.user_tpm AS utpm,
+                           p.user_concurrency AS uconc, capgate_rate_tokens(pr.q, i.prompt, i.max_tokens, i.window) AS rtok
                       FROM unnest(p_key_hash, p_company, p_user, p_at, p_units, p_feature, p_routes_version, p_model,
                                   p_prompt, p_max_tokens, p_cache, p_window)
                            WITH ORDINALITY AS i0(kh, co, us, at, units, feature, version, model, prompt, max_tokens, cache,
@@ -166,7 +180,8 @@ BEGIN
                       LEFT JOIN users u ON u.company_id = coalesce(k.company_id, i.co) AND u.id = coalesce(k.user_id, i.us)
                       LEFT JOIN LATERAL (
                         SELECT pp.id, pp.plan_id, pl.name, pp.started_at, pp.ends_at, pl.monthly_company_cap,
-                               pl.monthly_user_cap, c.time_zone, pl.monthly_company_budget, pl.monthly_user_budget
+                               pl.monthly_user_cap, c.time_zone, pl.monthly_company_budget, pl.monthly_user_budget,
+                               pl.company_rpm, pl.company_tpm, pl.user_rpm, pl.user_tpm, pl.user_concurrency
                           FROM plan_periods pp
                           JOIN plans pl ON pl.id = pp.plan_id
                           JOIN companies c ON c.id = pp.company_id
@@ -308,6 +323,14 @@ BEGIN
     a_cch := array_fill(NULL::bigint, ARRAY[n]);
     a_ucu := array_fill(NULL::bigint, ARRAY[n]);
     a_uch := array_fill(NULL::bigint, ARRAY[n]);
+    a_rref := array_fill(NULL::text, ARRAY[n]);
+    a_rmin := array_fill(NULL::timestamptz, ARRAY[n]);
+    a_rscopes := array_fill(NULL::smallint, ARRAY[n]);
+    a_crc := array_fill(NULL::bigint, ARRAY[n]);
+    a_crt := array_fill(NULL::bigint, ARRAY[n]);
+    a_urc := array_fill(NULL::bigint, ARRAY[n]);
+    a_urt := array_fill(NULL::bigint, ARRAY[n]);
+    a_us := array_fill(NULL::bigint, ARRAY[n]);
     FOR i IN 1..n LOOP
         CONTINUE WHEN a_auth[i] <> 'ok';
         IF a_stale[i] THEN
@@ -332,6 +355,10 @@ BEGIN
               AND (NOT a_priced[i] OR p_prompt[i] < -1 OR p_max_tokens[i] < 0) THEN
             a_decision[i] := CASE WHEN p_prompt[i] < -1 THEN 'unbounded_call' WHEN NOT a_priced[i] THEN 'unpriced_model'
                                   ELSE 'max_tokens_required' END;
+            CONTINUE;
+        ELSIF p_units[i] > 0 AND (a_ctpm[i] IS NOT NULL OR a_utpm[i] IS NOT NULL) AND a_rtok[i] IS NULL THEN
+            a_decision[i] := CASE WHEN p_prompt[i] >= -1 AND p_max_tokens[i] < 0 THEN 'max_tokens_required'
+                                  ELSE 'unbounded_call' END;
             CONTINUE;
         END IF;
         cs := a_cslot[i]; us := a_uslot[i];
@@ -361,6 +388,27 @@ BEGIN
             a_decision[i] := 'budget_exceeded';
             a_scope[i] := 'user';
         ELSE
+            a_decision[i] := 'charged';
+        END IF;
+        -- The rate windows (SPEC §14) of a call every counter takes.
+        IF a_decision[i] = 'charged' AND u > 0 AND (a_crpm[i] IS NOT NULL OR a_ctpm[i] IS NOT NULL OR a_urpm[i] IS NOT NULL
+                                                   OR a_utpm[i] IS NOT NULL OR a_uconc[i] IS NOT NULL) THEN
+            a_rtok[i] := coalesce(a_rtok[i], 0);
+            v_rate := capgate_rate_take(a_company[i], a_user[i], p_at[i], a_rtok[i], a_crpm[i], a_ctpm[i], a_urpm[i],
+                                        a_utpm[i], a_uconc[i]);
+            a_rmin[i] := v_rate.minute;
+            a_crc[i] := v_rate.c_calls; a_crt[i] := v_rate.c_tokens;
+            a_urc[i] := v_rate.u_calls; a_urt[i] := v_rate.u_tokens; a_us[i] := v_rate.u_slots;
+            IF v_rate.refused IS NOT NULL THEN
+                a_decision[i] := 'rate_limited';
+                a_rref[i] := v_rate.refused;
+            ELSE
+                a_rscopes[i] := v_rate.scopes | CASE WHEN a_uconc[i] IS NOT NULL THEN 4 ELSE 0 END;
+            END IF;
+        ELSE
+            a_rtok[i] := NULL;
+        END IF;
+        IF a_decision[i] = 'charged' THEN
             c_used[cs] := c_used[cs] + u;
             u_used[us] := u_used[us] + u;
             c_held[cs] := c_held[cs] + h;
@@ -374,6 +422,10 @@ BEGIN
             END IF;
             a_decision[i] := 'charged';
             a_ledger[i] := nextval('usage_ledger_id_seq'::regclass);
+            IF a_rscopes[i] IS NOT NULL AND a_uconc[i] IS NOT NULL THEN
+                INSERT INTO call_slots (company_id, ledger_id, user_id, lease_until)
+                VALUES (a_company[i], a_ledger[i], a_user[i], p_at[i] + make_interval(secs => v_lease));
+            END IF;
             -- Threshold notifications (SPEC §9), only for a counter at or past the lowest threshold.
             IF v_low IS NOT NULL AND u > 0 THEN
                 IF a_ccap[i] IS NOT NULL AND c_used[cs] * 100 >= v_low::bigint * a_ccap[i] THEN
@@ -440,13 +492,13 @@ BEGIN
            AND fu.starts_at = s.st AND fu.used <> s.used;
     END IF;
     INSERT INTO usage_ledger (id, company_id, period_id, user_id, units, method, route, model, feature, feature_day,
-                              request_id, outcome, created_at, hold_micros)
+                              request_id, outcome, created_at, hold_micros, rate_minute, rate_tokens, rate_scopes)
     OVERRIDING SYSTEM VALUE
     SELECT s.id, s.c, s.p, s.u, s.units, s.method, s.route, nullif(s.model, ''), nullif(s.feature, ''), s.fday,
-           s.request_id, 'charged', s.at, CASE WHEN s.units > 0 THEN s.hold END
+           s.request_id, 'charged', s.at, CASE WHEN s.units > 0 THEN s.hold END, s.rmin, s.rtok, s.rscopes
       FROM unnest(a_ledger, a_company, a_period, a_user, p_units, p_method, p_route, p_model, p_feature, a_fday,
-                  p_request_id, p_at, a_decision, a_hold)
-           AS s(id, c, p, u, units, method, route, model, feature, fday, request_id, at, decision, hold)
+                  p_request_id, p_at, a_decision, a_hold, a_rmin, a_rtok, a_rscopes)
+           AS s(id, c, p, u, units, method, route, model, feature, fday, request_id, at, decision, hold, rmin, rtok, rscopes)
      WHERE s.decision = 'charged';
 
     -- 5. One row per call, in the order given.
@@ -457,18 +509,22 @@ BEGIN
                s.feature, s.fname, s.refused, s.fmsg, s.dstart, s.dend,
                s.fpu, s.lp, s.fdu, s.ld, s.upu, s.lup, s.udu, s.lud,
                NULL::integer, NULL::text, NULL::bytea, o.plan_id, o.company_cap, o.user_cap, o.feature_limit,
-               CASE WHEN s.decision IN ('charged', 'company_cap', 'user_cap', 'feature_limit_exceeded', 'budget_exceeded')
+               CASE WHEN s.decision IN ('charged', 'company_cap', 'user_cap', 'feature_limit_exceeded', 'budget_exceeded',
+                                        'rate_limited')
                     THEN s.hold END,
-               s.scope, s.ccu, s.cch, s.cbudget, s.ucu, s.uch, s.ubudget
+               s.scope, s.ccu, s.cch, s.cbudget, s.ucu, s.uch, s.ubudget,
+               s.rref, s.rmin, s.rtok, s.crpm, s.ctpm, s.urpm, s.utpm, s.uconc, s.crc, s.crt, s.urc, s.urt, s.us
           FROM unnest(a_auth, a_company, a_user, a_role, a_decision, a_ledger, a_period, a_plan, a_plan_name,
                       a_start, a_end, a_cused, a_ccap, a_uused, a_ucap,
                       a_feature, a_fname, a_refused, a_fmsg, a_dstart, a_dend,
                       a_fpu, a_lp, a_fdu, a_ld, a_upu, a_lup, a_udu, a_lud,
-                      a_hold, a_scope, a_ccu, a_cch, a_cbudget, a_ucu, a_uch, a_ubudget)
+                      a_hold, a_scope, a_ccu, a_cch, a_cbudget, a_ucu, a_uch, a_ubudget,
+                      a_rref, a_rmin, a_rtok, a_crpm, a_ctpm, a_urpm, a_utpm, a_uconc, a_crc, a_crt, a_urc, a_urt, a_us)
                WITH ORDINALITY AS s(auth, c, u, role, decision, ledger, period, plan, plan_name, started, ends,
                                     cused, ccap, uused, ucap, feature, fname, refused, fmsg, dstart, dend,
                                     fpu, lp, fdu, ld, upu, lup, udu, lud,
-                                    hold, scope, ccu, cch, cbudget, ucu, uch, ubudget, ord)
+                                    hold, scope, ccu, cch, cbudget, ucu, uch, ubudget,
+                                    rref, rmin, rtok, crpm, ctpm, urpm, utpm, uconc, crc, crt, urc, urt, us, ord)
           -- A refusal's upgrade offer (the one-time filter skips the lookup for every other call).
           LEFT JOIN LATERAL (
               SELECT * FROM capgate_upgrade_offer(s.decision, s.plan, s.feature, s.refused,

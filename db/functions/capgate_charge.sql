@@ -21,6 +21,12 @@
 --    company and user counter updates as the units (cost_held), conditional on used + held + hold
 --    within the budget; after the caps and the feature counters, a budget it does not fit refuses
 --    the call (budget_exceeded, company before user) and everything this call added is given back.
+-- 7. Rate windows (SPEC §14), for a metered call whose plan sets any: a token window needs the
+--    call bounded (capgate_rate_tokens; else unbounded_call or max_tokens_required, before any
+--    counter); after the budgets, capgate_rate_take counts the call in the company's and the
+--    user's minute windows and takes a concurrency slot (call_slots, leased for
+--    config_versions.slot_lease_seconds), or refuses it (rate_limited) and everything this call
+--    added is given back.
 CREATE FUNCTION capgate_charge(
     p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
     p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz, p_bound text[] DEFAULT NULL,
@@ -41,12 +47,16 @@ DECLARE
     v_hold bigint := 0;    -- the hold as the counters take it (0: nothing held)
     v_c_short boolean := false;  -- the company budget cannot take the hold (decided after the caps and features)
     v_u_short boolean := false;
+    v_lease integer;       -- config_versions.slot_lease_seconds
+    v_rated boolean;       -- a rate window or a concurrency limit applies
+    v_rate capgate_rate;
 BEGIN
     r.item := 1;
     r.auth := 'ok';
     r.company_id := p_company;
     r.user_id := p_user;
-    SELECT routes, thresholds, (SELECT min(t) FROM unnest(thresholds) t) INTO v_routes, v_thresholds, v_low
+    SELECT routes, thresholds, (SELECT min(t) FROM unnest(thresholds) t), slot_lease_seconds
+      INTO v_routes, v_thresholds, v_low, v_lease
       FROM config_versions WHERE singleton;
     IF p_routes_version IS NOT NULL AND p_routes_version <> v_routes THEN
         r.decision := 'stale_routes';
@@ -56,9 +66,11 @@ BEGIN
     FOR pass IN 1..2 LOOP
         SELECT pp.id, pp.plan_id, pl.name, pp.started_at, pp.ends_at, pl.monthly_company_cap,
                coalesce(u.monthly_cap, pl.monthly_user_cap), u.id IS NOT NULL, c.time_zone,
-               pl.monthly_company_budget, coalesce(u.monthly_budget, pl.monthly_user_budget)
+               pl.monthly_company_budget, coalesce(u.monthly_budget, pl.monthly_user_budget),
+               pl.company_rpm, pl.company_tpm, pl.user_rpm, pl.user_tpm, pl.user_concurrency
           INTO r.period_id, r.plan_id, r.plan_name, r.period_start, r.period_end, r.company_cap, r.user_cap,
-               v_user_found, v_zone, r.cc_limit, r.uc_limit
+               v_user_found, v_zone, r.cc_limit, r.uc_limit,
+               r.company_rpm, r.company_tpm, r.user_rpm, r.user_tpm, r.user_concurrency
           FROM plan_periods pp
           JOIN plans pl ON pl.id = pp.plan_id
           JOIN companies c ON c.id = pp.company_id
@@ -138,6 +150,16 @@ BEGIN
         IF r.decision IS NOT NULL THEN
             RETURN r;
         END IF;
+    END IF;
+    v_rated := r.company_rpm IS NOT NULL OR r.company_tpm IS NOT NULL OR r.user_rpm IS NOT NULL
+               OR r.user_tpm IS NOT NULL OR r.user_concurrency IS NOT NULL;
+    IF v_rated THEN
+        r.rate_tokens := capgate_rate_tokens(v_price, p_prompt, p_max_tokens, p_window);
+        IF r.rate_tokens IS NULL AND (r.company_tpm IS NOT NULL OR r.user_tpm IS NOT NULL) THEN
+            r.decision := CASE WHEN p_prompt >= -1 AND p_max_tokens < 0 THEN 'max_tokens_required' ELSE 'unbounded_call' END;
+            RETURN r;
+        END IF;
+        r.rate_tokens := coalesce(r.rate_tokens, 0);
     END IF;
 
     -- 1. company counter (created at zero by the period's first call)
@@ -255,6 +277,24 @@ BEGIN
         RETURN r;
     END IF;
 
+    -- 3c. the rate windows (SPEC §14)
+    IF v_rated THEN
+        v_rate := capgate_rate_take(p_company, p_user, p_at, r.rate_tokens, r.company_rpm, r.company_tpm, r.user_rpm,
+                                    r.user_tpm, r.user_concurrency);
+        r.rate_minute := v_rate.minute;
+        r.cr_calls := v_rate.c_calls;
+        r.cr_tokens := v_rate.c_tokens;
+        r.ur_calls := v_rate.u_calls;
+        r.ur_tokens := v_rate.u_tokens;
+        r.u_slots := v_rate.u_slots;
+        IF v_rate.refused IS NOT NULL THEN
+            r := capgate_give_back(r, p_units, CASE WHEN p_feature IS NULL THEN 0 ELSE 4 END, v_hold, v_hold);
+            r.rate_refused := v_rate.refused;
+            r.decision := 'rate_limited';
+            RETURN r;
+        END IF;
+    END IF;
+
     -- 4. Threshold notifications (SPEC §9), only for a counter at or past the lowest threshold.
     IF v_low IS NOT NULL THEN
         IF r.company_cap IS NOT NULL AND r.company_used * 100 >= v_low::bigint * r.company_cap THEN
@@ -286,10 +326,15 @@ BEGIN
     END IF;
 
     INSERT INTO usage_ledger (company_id, period_id, user_id, units, method, route, model, feature, feature_day,
-                              request_id, outcome, created_at, hold_micros)
+                              request_id, outcome, created_at, hold_micros, rate_minute, rate_tokens, rate_scopes)
     VALUES (p_company, r.period_id, p_user, p_units, p_method, p_route, p_model, p_feature, r.day_start,
-            p_request_id, 'charged', p_at, r.hold)
+            p_request_id, 'charged', p_at, r.hold, r.rate_minute, r.rate_tokens,
+            CASE WHEN v_rated THEN v_rate.scopes | CASE WHEN r.user_concurrency IS NOT NULL THEN 4 ELSE 0 END END)
     RETURNING id INTO r.ledger_id;
+    IF v_rated AND r.user_concurrency IS NOT NULL THEN
+        INSERT INTO call_slots (company_id, ledger_id, user_id, lease_until)
+        VALUES (p_company, r.ledger_id, p_user, p_at + make_interval(secs => v_lease));
+    END IF;
     r.decision := 'charged';
     RETURN r;
 END;

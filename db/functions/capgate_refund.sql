@@ -3,7 +3,7 @@
 -- one transaction. Idempotent: a refund retried after a lost answer changes nothing.
 --
 -- Lock order: the attempt's Idempotency-Key row (marked failed, so a retry is a new attempt),
--- the company counter, the ledger row, the user counter, the feature counters.
+-- the company counter, the ledger row, the user counter, the feature counters, the rate windows.
 -- A charge replayed under 0009's rules (ledger rows written before 0010) stands until every
 -- attempt at it failed (usage_ledger_attempts).
 CREATE FUNCTION capgate_refund(p_company uuid, p_ledger_id bigint, p_upstream_status integer,
@@ -63,6 +63,17 @@ BEGIN
             UPDATE user_feature_usage SET used = used - l.units
              WHERE company_id = p_company AND user_id = l.user_id AND feature_id = l.feature AND span = 'day'
                AND starts_at = l.feature_day;
+        END IF;
+    END IF;
+    -- The rate windows (SPEC §14): the call and its tokens leave the minute they were counted in
+    -- (if it is still the row's), and its concurrency slot is freed.
+    IF l.rate_scopes IS NOT NULL THEN
+        UPDATE rate_windows SET calls = greatest(calls - 1, 0), tokens = tokens - l.rate_tokens
+         WHERE company_id = p_company AND minute = l.rate_minute
+           AND ((user_id = '00000000-0000-0000-0000-000000000000' AND (l.rate_scopes & 1) <> 0)
+                OR (user_id = l.user_id AND (l.rate_scopes & 2) <> 0));
+        IF (l.rate_scopes & 4) <> 0 THEN
+            DELETE FROM call_slots WHERE company_id = p_company AND ledger_id = p_ledger_id;
         END IF;
     END IF;
     UPDATE usage_ledger

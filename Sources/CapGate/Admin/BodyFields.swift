@@ -88,6 +88,27 @@ struct BodyFields {
         }
     }
 
+    /// A per-minute or in-flight limit (SPEC §14): a whole number from 0 to `max`, or `null` for
+    /// none; when the body leaves it out, `current`.
+    func rateLimit(_ key: String, max: Int64, keeping current: Int64?) throws -> Int64? {
+        guard let value = fields[key] else { return current }
+        if value.isNull { return nil }
+        guard let i = value.intValue, (0...max).contains(i) else {
+            throw GatewayError.invalidRequest("'\(key)' must be a whole number from 0 to \(max), or null for none.")
+        }
+        return i
+    }
+
+    /// The five limits of SPEC §14 on a plan, each kept from `current` when the body leaves it out.
+    func rateLimits(keeping current: RateState.Limits) throws -> RateState.Limits {
+        RateState.Limits(
+            companyRPM: try rateLimit("company_rpm", max: 1_000_000_000, keeping: current.companyRPM),
+            companyTPM: try rateLimit("company_tpm", max: 1_000_000_000_000, keeping: current.companyTPM),
+            userRPM: try rateLimit("user_rpm", max: 1_000_000_000, keeping: current.userRPM),
+            userTPM: try rateLimit("user_tpm", max: 1_000_000_000_000, keeping: current.userTPM),
+            userConcurrency: try rateLimit("user_concurrency", max: 1_000_000, keeping: current.userConcurrency))
+    }
+
     /// A cost budget (SPEC §11): a decimal string of US dollars or `null`; `.absent` when the key
     /// is missing.
     enum Budget: Equatable { case absent, null, value(Micros) }

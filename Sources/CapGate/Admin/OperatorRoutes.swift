@@ -303,7 +303,8 @@ struct OperatorRoutes {
             isActive: try f.bool("is_active") ?? existing?.isActive ?? true,
             sortOrder: try f.int("sort_order", range: -1_000_000...1_000_000).map { Int32($0) } ?? existing?.sortOrder ?? 0,
             companyBudget: try f.budget("monthly_company_budget", keeping: existing?.monthlyCompanyBudget),
-            userBudget: try f.budget("monthly_user_budget", keeping: existing?.monthlyUserBudget)
+            userBudget: try f.budget("monthly_user_budget", keeping: existing?.monthlyUserBudget),
+            rate: try f.rateLimits(keeping: existing?.rate ?? RateState.Limits())
         )
     }
 }

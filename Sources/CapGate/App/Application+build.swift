@@ -88,6 +88,16 @@ struct GatewayParts {
         // API keys' last_used_at (SPEC §13): noted in memory by each call, written here; the
         // UPDATE itself skips a key written less than a minute ago.
         services.append(keyUsage.flushJob(interval: .seconds(5), logger: logger))
+        // Rate windows (SPEC §14): rate.leaseSeconds where every admission reads it, at start.
+        let lease = configuration.rateLeaseSeconds
+        services.append(
+            PeriodicJob(interval: .seconds(3600)) {
+                do {
+                    try await metering.setSlotLease(seconds: lease)
+                } catch {
+                    logger.warning("rate.leaseSeconds not written; admissions use the database's", metadata: ["error": "\(error)"])
+                }
+            })
         // Threshold notifications (SPEC §9): the thresholds for every admission, the deliverer,
         // and the outbox's numbers for /metrics.
         var notificationLogger = logger

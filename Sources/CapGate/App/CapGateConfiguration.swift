@@ -128,6 +128,9 @@ public struct CapGateConfiguration: Sendable {
     public var costs: CostSettings
     /// `apple.*`: App Store signed notifications and transactions (SPEC §12; see ``AppleSettings``).
     public var apple: AppleSettings
+    /// `rate.leaseSeconds` / `RATE_LEASE_SECONDS` (default `600`): how long a concurrency slot
+    /// (SPEC §14) outlives a gateway that died before its call ended.
+    public var rateLeaseSeconds: Int
 
     /// Every key CapGate reads, with its environment variable (used by docs and `--help`).
     public static let keys: [String] =
@@ -143,7 +146,7 @@ public struct CapGateConfiguration: Sendable {
             "spool.directory", "log.level", "notifications.webhookUrl", "notifications.webhookSecret", "notifications.thresholds",
             "notifications.timeout", "notifications.retryFor", "notifications.retryDelay", "notifications.maxRetryDelay",
             "notifications.pollInterval", "notifications.maxPerSecond", "notifications.caFile",
-            "costs.promptOverheadTokens", "costs.imageTokens", "costs.drainSeconds",
+            "costs.promptOverheadTokens", "costs.imageTokens", "costs.drainSeconds", "rate.leaseSeconds",
         ] + AppleSettings.keys
     static let secretKeys: Set<String> = [
         "database.url", "upstream.apiKey", "operator.token", "operator.tokens", "jwt.secret", "notifications.webhookSecret",
@@ -228,6 +231,7 @@ public struct CapGateConfiguration: Sendable {
             imageTokens: try Self.int(reader, "costs.imageTokens", default: 5_000, range: 0...1_000_000),
             drainSeconds: try Self.int(reader, "costs.drainSeconds", default: 60, range: 0...3600))
         apple = try AppleSettings(reader: reader)
+        rateLeaseSeconds = try Self.int(reader, "rate.leaseSeconds", default: 600, range: 1...(86400 * 7))
         logLevel = reader.string(forKey: "log.level", default: "info")
         notifications = NotificationSettings(
             webhookURL: Self.nonEmpty(reader.string(forKey: "notifications.webhookUrl")),

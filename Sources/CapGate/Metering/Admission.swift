@@ -79,6 +79,8 @@ public struct Admission: Sendable {
         /// A budget applies and the body lets the provider add tokens the price book cannot bound
         /// (server tools, a message batch, a body that is not JSON) (400, nothing changed).
         case unboundedCall = "unbounded_call"
+        /// A rate window or the user's calls in flight are full (429, nothing changed; SPEC §14).
+        case rateLimited = "rate_limited"
 
         /// Charged: the call may be forwarded.
         public var admitted: Bool { self == .charged }
@@ -138,6 +140,8 @@ public struct AdmissionRow: Sendable {
     var cost: CostState? = nil
     /// Whose budget refused a `budget_exceeded`: company | user.
     var budgetScope: String? = nil
+    /// The call's rate windows (SPEC §14), once it reached them (nil: none set, or refused before).
+    var rate: RateState? = nil
 }
 
 /// The plan a refused company could move to (SPEC §3 `upgrade`), with the refused feature

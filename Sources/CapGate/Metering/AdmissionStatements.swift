@@ -12,7 +12,9 @@ let admittedColumns = """
     company_used, company_cap, user_used, user_cap, feature_id, feature_name, feature_refused, feature_message,
     day_start, day_end, fc_period_used, fc_period_limit, fc_day_used, fc_day_limit, fu_period_used, fu_period_limit,
     fu_day_used, fu_day_limit, answer_status, answer_type, answer_body, upgrade_plan, upgrade_company_cap, upgrade_user_cap,
-    upgrade_feature_limit, hold, budget_scope, cc_used, cc_held, cc_limit, uc_used, uc_held, uc_limit
+    upgrade_feature_limit, hold, budget_scope, cc_used, cc_held, cc_limit, uc_used, uc_held, uc_limit,
+    rate_refused, rate_minute, rate_tokens, company_rpm, company_tpm, user_rpm, user_tpm, user_concurrency, cr_calls, cr_tokens,
+    ur_calls, ur_tokens, u_slots
     """
 
 extension AdmissionRow {
@@ -24,7 +26,9 @@ extension AdmissionRow {
                 Int64?, Int64?, Int64?, Int64?, String?, String?, String?, String?,
                 Date?, Date?, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?,
                 Int64?, Int64?, Int32?, String?, ByteBuffer?, String?, Int64?, Int64?, Int64?,
-                Int64?, String?, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?
+                Int64?, String?, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?,
+                String?, Date?, Int64?, Int32?, Int64?, Int32?, Int64?, Int32?, Int64?, Int64?,
+                Int64?, Int64?, Int64?
             ).self)
         self.init(
             auth: c.1, companyID: c.2, userID: c.3, role: c.4, decision: c.5, ledgerID: c.6, periodID: c.7, plan: c.8,
@@ -43,6 +47,14 @@ extension AdmissionRow {
             cost = CostState(
                 company: c.39.map { CostState.Counter(used: $0, held: c.40 ?? 0, limit: c.41) },
                 user: c.42.map { CostState.Counter(used: $0, held: c.43 ?? 0, limit: c.44) }, hold: c.37)
+        }
+        if let minute = c.46 {
+            rate = RateState(
+                limits: .init(
+                    companyRPM: c.48.map(Int64.init), companyTPM: c.49, userRPM: c.50.map(Int64.init), userTPM: c.51,
+                    userConcurrency: c.52.map(Int64.init)),
+                minute: minute, companyCalls: c.53, companyTokens: c.54, userCalls: c.55, userTokens: c.56, userInFlight: c.57,
+                refused: c.45.flatMap(RateState.Window.init(rawValue:)), tokens: c.47)
         }
     }
 }

@@ -20,6 +20,8 @@ public struct MeteringStore: Sendable {
     let relaxed: Bool
     let admissions: BatchQueue<AdmissionItem, AdmissionRow>
     let settlements: BatchQueue<Settlement, Void>
+    /// Calls ending in their rate windows (SPEC §14), awaited by the call's answer.
+    let rateEnds: BatchQueue<RateEnd, Void>
     /// Where a refund, give-back, settlement or kept answer waits while the database cannot take
     /// it (`spool.directory`); nil: retried in memory only (lost if the process ends).
     let spool: Spool?
@@ -43,6 +45,7 @@ public struct MeteringStore: Sendable {
         self.settlements = BatchQueue(maxBatch: Self.maxBatch * 4, gather: Self.settlementGather) { items in
             await Self.settleBatch(items, database: database, spool: spool)
         }
+        self.rateEnds = Self.rateEndQueue(database: database)
     }
 
     /// How admission batching went so far (batches, calls, largest batch).
@@ -166,6 +169,7 @@ public struct MeteringStore: Sendable {
         )
         state.feature = row.feature
         state.cost = row.cost
+        state.rate = row.rate
         state.upgrade = row.upgrade?.upgrade
         if decision == .featureNotInPlan || decision == .featureLimitExceeded {
             state.feature?.upgradeLimit = row.upgrade?.featureLimit

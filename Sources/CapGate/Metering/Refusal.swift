@@ -35,6 +35,9 @@ public enum Refusal: Sendable, Equatable {
     case maxTokensRequired
     /// A budget applies and the price book cannot bound the call's body (400).
     case unboundedCall
+    /// A rate window is full, or the user has as many calls in flight as allowed (429
+    /// `rate_limit_error`; SPEC §14).
+    case rate(RateState.Window)
 
     /// The SPEC's `error.type` of the answer (`/v1/usage/check`'s `reason`).
     public var errorType: String {
@@ -49,6 +52,7 @@ public enum Refusal: Sendable, Equatable {
         case .idempotency(let decision, _): decision == .idempotencyMismatch ? "idempotency_key_reused" : "idempotency_conflict"
         case .budget: "budget_exceeded"
         case .unpricedModel, .maxTokensRequired, .unboundedCall: "invalid_request_error"
+        case .rate: "rate_limit_error"
         }
     }
 }

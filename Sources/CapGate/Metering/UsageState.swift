@@ -26,6 +26,8 @@ public struct UsageState: Sendable {
     public var feature: FeatureState?
     /// The cost counters and the call's hold (SPEC §11); nil before the counters were read.
     public var cost: CostState?
+    /// The call's rate windows (SPEC §14); nil when none applied.
+    public var rate: RateState?
 
     public init(
         plan: PlanRef?, periodStart: Date?, periodEnd: Date?, companyUsed: Int64, companyLimit: Int64?,
@@ -54,7 +56,7 @@ public struct UsageState: Sendable {
     /// (SPEC §8, see ``FeatureUsage``).
     public func json(
         scope: String, includeUser: Bool = true, featureRefusal: Bool = false, features: JSON? = nil,
-        budgetRefusal: Refusal.Scope? = nil
+        budgetRefusal: Refusal.Scope? = nil, rateRefusal: Bool = false, now: Date = Date()
     ) -> JSON {
         var fields: [JSON.Field] = [.init("scope", .string(scope))]
         fields.append(.init("plan", plan.map { .obj(["id": .string($0.id), "name": .string($0.name)]) } ?? .null))
@@ -94,6 +96,9 @@ public struct UsageState: Sendable {
         if let budgetRefusal, let cost {
             fields.append(.init("cost", cost.refusalJSON(scope: budgetRefusal)))
         }
+        if rateRefusal, let rate {
+            fields.append(.init("rate", rate.refusalJSON(now: now)))
+        }
         return .object(fields)
     }
 
@@ -128,6 +133,11 @@ public struct UsageState: Sendable {
         }
         if let cost {
             let entries = cost.rateLimitEntries(window: window, reset: reset)
+            policies += entries.policies
+            states += entries.states
+        }
+        if let rate {
+            let entries = rate.rateLimitEntries(now: now)
             policies += entries.policies
             states += entries.states
         }
@@ -167,6 +177,7 @@ extension UsageState {
             s.feature = feature
         }
         s.cost = s.cost?.refunded()
+        s.rate = s.rate?.refunded()
         return s
     }
 }

@@ -87,12 +87,14 @@ struct Admitter: Sendable {
         }
         if let refusal = Self.refusal(
             admission.decision, cost: cost, credential: user.credential, maxKeptBytes: idempotencyMaxBytes,
-            scope: admission.budgetScope, model: request.model)
+            scope: admission.budgetScope, model: request.model, window: admission.state.rate?.refused)
         {
             return .refused(refusal, admission.state)
         }
         let charge = admission.ledgerID.map {
-            Charge(metering: metering, companyID: user.companyID, ledgerID: $0, requestID: request.requestID)
+            Charge(
+                metering: metering, companyID: user.companyID, ledgerID: $0, requestID: request.requestID,
+                endsInWindows: admission.state.rate?.endsInWindows ?? false)
         }
         return .admitted(
             AdmittedCall(user: user, state: admission.state, units: cost.units, charge: charge, idempotencyKey: request.idempotencyKey))
@@ -101,7 +103,7 @@ struct Admitter: Sendable {
     /// The refusal an admission decided, nil for a charge (or a replay).
     static func refusal(
         _ decision: Admission.Decision, cost: CallCost, credential: UserIdentity.Credential, maxKeptBytes: Int,
-        scope: String? = nil, model: String? = nil
+        scope: String? = nil, model: String? = nil, window: RateState.Window? = nil
     ) -> Refusal? {
         let feature = cost.feature ?? "this feature"
         switch decision {
@@ -120,6 +122,7 @@ struct Admitter: Sendable {
         case .unpricedModel: return .unpricedModel(model)
         case .maxTokensRequired: return .maxTokensRequired
         case .unboundedCall: return .unboundedCall
+        case .rateLimited: return .rate(window ?? .userRPM)
         }
     }
 

@@ -9,10 +9,19 @@ struct Charge: Sendable {
     let ledgerID: Int64
     /// This attempt (a retry under the same `Idempotency-Key` is another).
     let requestID: String
+    /// It holds a concurrency slot or a token hold (SPEC §14) that its end gives back.
+    var endsInWindows = false
 
     /// The charge stands: records the provider's status and token counts (queued, not awaited).
     func settle(status: Int, usage: UsageCapture) {
         metering.settle(companyID: companyID, ledgerID: ledgerID, upstreamStatus: status, usage: usage.usage)
+    }
+
+    /// The call's answer is done (or its client gone): its concurrency slot is freed and its token
+    /// hold traded for the real count, awaited, before the answer's last byte goes out.
+    func endWindows(usage: UsageCapture) async {
+        guard endsInWindows else { return }
+        await metering.endRate(companyID: companyID, ledgerID: ledgerID, usage: usage.usage)
     }
 
     /// Reports this attempt's failure before the caller is answered: the charge is given back

@@ -57,6 +57,13 @@ extension Responder {
             return GatewayError(
                 .init(code: 402), refusal.errorType, budgetMessage(scope: scope, state: state), usage: usage(for: refusal, state: state),
                 headers: headers)
+        case .rate(let window):
+            var headers = state.rateLimitHeaders(now: now)
+            let reset = state.rate?.resetAt(window, now: now)
+            headers[.retryAfter] = retryAfter(until: reset, now: now)
+            return GatewayError(
+                .init(code: 429), refusal.errorType, rateMessage(window, state: state), usage: usage(for: refusal, state: state, now: now),
+                headers: headers)
         case .unpricedModel(let model):
             let which = model.map { "The model \"\($0)\" has no price" } ?? "The call names no model, so it has no price"
             return GatewayError.invalidRequest(
@@ -73,6 +80,21 @@ extension Responder {
         }
     }
 
+    static func rateMessage(_ window: RateState.Window, state: UsageState) -> String {
+        let limit = state.rate?.limits[window].map(String.init) ?? "its"
+        switch window {
+        case .companyRPM: return "Your company has made its \(limit) calls allowed this minute. Nothing was charged; try again in a moment."
+        case .userRPM: return "You have made your \(limit) calls allowed this minute. Nothing was charged; try again in a moment."
+        case .companyTPM:
+            return "Your company's calls this minute have reached its \(limit) tokens a minute. Nothing was charged; try again in a moment."
+        case .userTPM:
+            return "Your calls this minute have reached your \(limit) tokens a minute. Nothing was charged; try again in a moment."
+        case .userConcurrency:
+            return "You already have \(limit) calls in progress, as many as allowed at once. Nothing was charged; "
+                + "try again when one has finished."
+        }
+    }
+
     static func budgetMessage(scope: Refusal.Scope, state: UsageState) -> String {
         let counter = scope == .company ? state.cost?.company : state.cost?.user
         let limit = counter?.limit.map { "$" + Micros($0).decimal } ?? "its"
@@ -86,12 +108,14 @@ extension Responder {
 
     /// The `usage` object of a refusal (nil: the refusal is not about usage) or of an allowed dry
     /// run: the refusing scope, and for a feature's refusal its `feature` object.
-    static func usage(for refusal: Refusal?, state: UsageState) -> JSON {
+    static func usage(for refusal: Refusal?, state: UsageState, now: Date = Date()) -> JSON {
         switch refusal {
         case .noActivePlan, .featureNotInPlan: state.json(scope: "company", featureRefusal: refusal != .noActivePlan)
         case .cap(let scope): state.json(scope: scope.rawValue)
         case .featureLimit: state.json(scope: state.feature?.refused?.scope.rawValue ?? "company", featureRefusal: true)
         case .budget(let scope): state.json(scope: scope.rawValue, budgetRefusal: scope)
+        case .rate(let window):
+            state.json(scope: window == .companyRPM || window == .companyTPM ? "company" : "user", rateRefusal: true, now: now)
         default: state.json(scope: "user")
         }
     }

@@ -18,6 +18,8 @@ public struct PlanRecord: Sendable, Equatable {
     public var monthlyCompanyBudget: Micros?
     /// What each user may spend per period, unless the user has an override; `nil`: unlimited.
     public var monthlyUserBudget: Micros?
+    /// SPEC §14's per-minute and in-flight limits (nil each: none).
+    public var rate = RateState.Limits()
 
     /// A row of ``TenantStore/planColumns`` (the price read as `price::text`, so exactly).
     init(_ r: TenantStore.PlanRow) throws {
@@ -25,6 +27,7 @@ public struct PlanRecord: Sendable, Equatable {
         self.init(
             id: r.0, name: r.1, monthlyCompanyCap: r.2, monthlyUserCap: r.3, price: price, currency: r.5, isDefault: r.6,
             isActive: r.7, sortOrder: r.8, monthlyCompanyBudget: r.9.map(Micros.init), monthlyUserBudget: r.10.map(Micros.init))
+        rate = RateState.Limits(companyRPM: r.11, companyTPM: r.12, userRPM: r.13, userTPM: r.14, userConcurrency: r.15)
     }
 
     public init(
@@ -66,6 +69,8 @@ extension PlanRecord: Encodable {
         case id, name, monthlyCompanyCap = "monthly_company_cap", monthlyUserCap = "monthly_user_cap", price, currency
         case isDefault = "is_default", isActive = "is_active", sortOrder = "sort_order"
         case monthlyCompanyBudget = "monthly_company_budget", monthlyUserBudget = "monthly_user_budget"
+        case companyRPM = "company_rpm", companyTPM = "company_tpm", userRPM = "user_rpm", userTPM = "user_tpm"
+        case userConcurrency = "user_concurrency"
     }
 
     /// Every field always present: an unlimited cap or budget is `null`, not left out (synthesised
@@ -85,5 +90,10 @@ extension PlanRecord: Encodable {
         try c.encode(Int64(sortOrder), forKey: .sortOrder)
         try c.encode(monthlyCompanyBudget, forKey: .monthlyCompanyBudget)
         try c.encode(monthlyUserBudget, forKey: .monthlyUserBudget)
+        try c.encode(rate.companyRPM, forKey: .companyRPM)
+        try c.encode(rate.companyTPM, forKey: .companyTPM)
+        try c.encode(rate.userRPM, forKey: .userRPM)
+        try c.encode(rate.userTPM, forKey: .userTPM)
+        try c.encode(rate.userConcurrency, forKey: .userConcurrency)
     }
 }

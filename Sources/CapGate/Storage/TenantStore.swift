@@ -16,11 +16,14 @@ public struct TenantStore: Sendable {
 
     static let planColumns = """
         id, name, monthly_company_cap, monthly_user_cap, price::text, currency, is_default, is_active, sort_order,
-        monthly_company_budget, monthly_user_budget
+        monthly_company_budget, monthly_user_budget, company_rpm::bigint, company_tpm, user_rpm::bigint, user_tpm,
+        user_concurrency::bigint
         """
 
-    /// A row of ``planColumns`` (budgets in micro-dollars).
-    typealias PlanRow = (String, String, Int64?, Int64?, String, String, Bool, Bool, Int32, Int64?, Int64?)
+    /// A row of ``planColumns`` (budgets in micro-dollars, then the rate limits of SPEC §14).
+    typealias PlanRow = (
+        String, String, Int64?, Int64?, String, String, Bool, Bool, Int32, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?
+    )
 
     public func plans() async throws -> [PlanRecord] {
         try await database.run { client in
@@ -62,6 +65,8 @@ public struct TenantStore: Sendable {
         /// SPEC §11's budgets; nil: unlimited.
         public var companyBudget: Micros? = nil
         public var userBudget: Micros? = nil
+        /// SPEC §14's per-minute and in-flight limits; nil each: none.
+        public var rate = RateState.Limits()
     }
 
     /// Creates a plan. `is_default: true` makes it the default: the plan that was the default stops
@@ -73,9 +78,11 @@ public struct TenantStore: Sendable {
                 try await connection.query(
                     """
                     INSERT INTO plans (id, name, monthly_company_cap, monthly_user_cap, price, currency, is_default, is_active, sort_order,
-                                       monthly_company_budget, monthly_user_budget)
+                                       monthly_company_budget, monthly_user_budget, company_rpm, company_tpm, user_rpm, user_tpm,
+                                       user_concurrency)
                     VALUES (\(p.id), \(p.name), \(p.companyCap), \(p.userCap), \(PlanRecord.text(p.price))::numeric, \(p.currency), \(p.isDefault), \(p.isActive), \(p.sortOrder),
-                            \(p.companyBudget?.value), \(p.userBudget?.value))
+                            \(p.companyBudget?.value), \(p.userBudget?.value), \(p.rate.companyRPM), \(p.rate.companyTPM),
+                            \(p.rate.userRPM), \(p.rate.userTPM), \(p.rate.userConcurrency))
                     """,
                     logger: self.logger
                 )
@@ -99,7 +106,9 @@ public struct TenantStore: Sendable {
                 UPDATE plans SET name = \(p.name), monthly_company_cap = \(p.companyCap), monthly_user_cap = \(p.userCap),
                        price = \(PlanRecord.text(p.price))::numeric, currency = \(p.currency), is_default = \(p.isDefault),
                        is_active = \(p.isActive), sort_order = \(p.sortOrder), monthly_company_budget = \(p.companyBudget?.value),
-                       monthly_user_budget = \(p.userBudget?.value), updated_at = now()
+                       monthly_user_budget = \(p.userBudget?.value), company_rpm = \(p.rate.companyRPM),
+                       company_tpm = \(p.rate.companyTPM), user_rpm = \(p.rate.userRPM), user_tpm = \(p.rate.userTPM),
+                       user_concurrency = \(p.rate.userConcurrency), updated_at = now()
                  WHERE id = \(p.id)
                 """,
                 logger: self.logger

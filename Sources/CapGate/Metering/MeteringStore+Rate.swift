@@ -1,0 +1,69 @@
+import Foundation
+import Logging
+import PostgresNIO
+
+/// A call that ends in its rate windows (SPEC §14): its concurrency slot to free and its token
+/// hold to trade for the real count (-1: not known, the hold stays).
+struct RateEnd: Sendable {
+    var companyID: UUID
+    var ledgerID: Int64
+    var tokens: Int64
+}
+
+extension MeteringStore {
+    /// Rate ends are written in batches while one is in flight (no gathering wait: the caller's
+    /// answer ends only after its own is written).
+    static func rateEndQueue(database: Database) -> BatchQueue<RateEnd, Void> {
+        BatchQueue(maxBatch: Self.maxBatch) { items in
+            do {
+                try await database.run { client in
+                    _ = try await client.execute(RateEndStatement(items: items), logger: database.logger).collect()
+                }
+                return items.map { _ in .success(()) }
+            } catch {
+                // The slot comes back at its lease (rate.leaseSeconds), the hold with the minute's end.
+                database.logger.warning("could not end calls in their rate windows", metadata: ["calls": "\(items.count)"])
+                return items.map { _ in .failure(error) }
+            }
+        }
+    }
+
+    /// Ends a charged call in its rate windows before its answer ends, so that a caller who saw
+    /// the answer end finds the slot free: its concurrency slot freed, its token hold traded for
+    /// the `usage`'s real count (input, cache writes and reads, output). A failure is logged, not
+    /// thrown: the slot then frees at its lease.
+    public func endRate(companyID: UUID, ledgerID: Int64, usage: ProviderUsage) async {
+        let counts = [usage.inputTokens, usage.outputTokens, usage.cacheWrite5m, usage.cacheWrite1h, usage.cacheRead]
+        let tokens = usage.known ? counts.reduce(Int64(0)) { $0 + max(0, $1 ?? 0) } : -1
+        _ = try? await rateEnds.submit(RateEnd(companyID: companyID, ledgerID: ledgerID, tokens: tokens))
+    }
+
+    /// Writes `rate.leaseSeconds` where the admission functions read it (config_versions).
+    public func setSlotLease(seconds: Int) async throws {
+        let value = Int32(clamping: seconds)
+        try await database.run { client in
+            _ = try await client.query(
+                "UPDATE config_versions SET slot_lease_seconds = \(value) WHERE singleton AND slot_lease_seconds <> \(value)",
+                logger: database.logger
+            ).collect()
+        }
+    }
+}
+
+/// `capgate_rate_end`: many calls ended in their rate windows at once.
+struct RateEndStatement: PostgresPreparedStatement {
+    static let sql = "SELECT capgate_rate_end($1, $2, $3)"
+    typealias Row = Void
+
+    var items: [RateEnd]
+
+    func makeBindings() throws -> PostgresBindings {
+        var bindings = PostgresBindings(capacity: 3)
+        bindings.append(items.map(\.companyID))
+        bindings.append(items.map(\.ledgerID))
+        bindings.append(items.map(\.tokens))
+        return bindings
+    }
+
+    func decodeRow(_ row: PostgresRow) throws {}
+}

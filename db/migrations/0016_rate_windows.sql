@@ -1,0 +1,50 @@
+-- Rate windows and concurrency (SPEC §14): how fast a company and each of its users may call,
+-- kept where the caps are so that every gateway admits against the same rows.
+--
+-- Per fixed UTC minute: company_rpm / user_rpm (calls), company_tpm / user_tpm (tokens: held as
+-- the call's prompt bound plus max_tokens, settled to the real count); user_concurrency (calls in
+-- flight at once). NULL: none.
+ALTER TABLE plans
+    ADD COLUMN company_rpm integer CHECK (company_rpm BETWEEN 0 AND 1000000000),
+    ADD COLUMN user_rpm integer CHECK (user_rpm BETWEEN 0 AND 1000000000),
+    ADD COLUMN company_tpm bigint CHECK (company_tpm BETWEEN 0 AND 1000000000000),
+    ADD COLUMN user_tpm bigint CHECK (user_tpm BETWEEN 0 AND 1000000000000),
+    ADD COLUMN user_concurrency integer CHECK (user_concurrency BETWEEN 0 AND 1000000);
+
+-- One row per window owner, not per minute: the company's (user_id the nil UUID) and each user's.
+-- `minute` is the window the counts belong to; the first call of a later minute starts it again
+-- at zero in the same update, so the table holds one row per company and per user who called
+-- with a window set, and nothing is ever purged. Counts of a refused call are never added.
+CREATE TABLE rate_windows (
+    company_id uuid NOT NULL REFERENCES companies (id) ON DELETE CASCADE,
+    user_id uuid NOT NULL,
+    minute timestamptz NOT NULL,
+    calls bigint NOT NULL CHECK (calls >= 0),
+    tokens bigint NOT NULL,
+    PRIMARY KEY (company_id, user_id)
+);
+
+-- The calls in flight of users whose plan sets user_concurrency: a row from admission until the
+-- call ends (answer done, client gone, upstream failed); a gateway that dies leaves its rows,
+-- which stop counting at lease_until (rate.leaseSeconds after the admission) and are removed by
+-- the user's next admission.
+CREATE TABLE call_slots (
+    company_id uuid NOT NULL REFERENCES companies (id) ON DELETE CASCADE,
+    ledger_id bigint NOT NULL,
+    user_id uuid NOT NULL,
+    lease_until timestamptz NOT NULL,
+    PRIMARY KEY (company_id, ledger_id)
+);
+CREATE INDEX call_slots_user ON call_slots (company_id, user_id, lease_until);
+
+-- What a call put in the windows, for its settlement and its refund: the minute, the tokens it
+-- counts there (its hold until settled, then its real count) and which rows it is in
+-- (1: the company's window, 2: the user's, 4: a concurrency slot). NULL: no window applied.
+ALTER TABLE usage_ledger
+    ADD COLUMN rate_minute timestamptz,
+    ADD COLUMN rate_tokens bigint,
+    ADD COLUMN rate_scopes smallint;
+
+-- rate.leaseSeconds, as the gateways last wrote it at start (the admission reads it with the
+-- route version and the thresholds).
+ALTER TABLE config_versions ADD COLUMN slot_lease_seconds integer NOT NULL DEFAULT 600 CHECK (slot_lease_seconds > 0);
