@@ -77,7 +77,8 @@ BEGIN
         END IF;
     END IF;
     UPDATE usage_ledger
-       SET outcome = 'refunded', upstream_status = p_upstream_status, settled_at = clock_timestamp()
+       SET outcome = 'refunded', upstream_status = p_upstream_status, settled_at = clock_timestamp(),
+           rate_scopes = rate_scopes & 3
      WHERE company_id = p_company AND id = p_ledger_id;
     RETURN true;
 END;

@@ -88,6 +88,8 @@ public struct CallerUsage: Sendable {
     public var features: [FeatureUsage]
     /// The company's and the caller's cost budgets (SPEC §11).
     public var cost: CostUsage = .unlimited
+    /// When it was read (the rate windows' `reset_at`).
+    public var at = Date()
 }
 
 extension CallerUsage: Encodable {
@@ -96,7 +98,9 @@ extension CallerUsage: Encodable {
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.singleValueContainer()
         let usage = cost.adding(to: state.json(scope: "user", features: .array(features.map { $0.json(user: user) })))
-        guard case .object(let fields) = usage else { return try c.encode(usage) }
+        guard case .object(var fields) = usage else { return try c.encode(usage) }
+        // The rate windows (SPEC §14): an empty list when the plan sets none.
+        fields.append(.init("rate", state.rate?.usageJSON(now: at) ?? .array([])))
         // The caller's ids at the top (SPEC §12: the app's `appAccountToken` is `company_id`).
         try c.encode(JSON.object([.init("company_id", JSON(company)), .init("user_id", JSON(user))] + fields))
     }

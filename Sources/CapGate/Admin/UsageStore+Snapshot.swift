@@ -19,7 +19,9 @@ extension UsageStore {
     /// What `user` of `company` sees in `GET /v1/usage`.
     public func callerUsage(company: UUID, user: UUID, at: Date = Date()) async throws -> CallerUsage {
         let read = try await current(company: company, user: user, at: at)
-        return CallerUsage(company: company, user: user, state: read.state, features: read.features, cost: read.cost)
+        var state = read.state
+        state.rate = try await rateWindows(company: company, user: user, at: at)
+        return CallerUsage(company: company, user: user, state: state, features: read.features, cost: read.cost, at: at)
     }
 
     /// One read of the period containing `at`. When none does, the company is first moved into

@@ -17,6 +17,13 @@ struct Charge: Sendable {
         metering.settle(companyID: companyID, ledgerID: ledgerID, upstreamStatus: status, usage: usage.usage)
     }
 
+    /// The client left while the answer streams on (read for its usage): the call's concurrency
+    /// slot is freed now (SPEC §14); its token hold is settled when the stream ends.
+    func clientLeft() async {
+        guard endsInWindows else { return }
+        await metering.endRate(companyID: companyID, ledgerID: ledgerID, usage: ProviderUsage())
+    }
+
     /// The call's answer is done (or its client gone): its concurrency slot is freed and its token
     /// hold traded for the real count, awaited, before the answer's last byte goes out.
     func endWindows(usage: UsageCapture) async {

@@ -71,10 +71,11 @@ extension Responder {
                     + "Nothing was charged. Ask your administrator to price the model.")
         case .maxTokensRequired:
             return GatewayError.invalidRequest(
-                "A cost budget applies to this call: max_tokens (a whole number) is required to bound its cost. Nothing was charged.")
+                "A cost budget or a token rate limit applies to this call: max_tokens (a whole number) is required to bound it. "
+                    + "Nothing was charged.")
         case .unboundedCall:
             return GatewayError.invalidRequest(
-                "A cost budget applies to this call, and its body lets the provider bill tokens the price book cannot bound "
+                "A cost budget or a token rate limit applies to this call, and its body lets the provider bill tokens that cannot be bounded "
                     + "(server tools such as web search or code execution, MCP servers, a message batch, or a body that is not "
                     + "a JSON call naming its model). Nothing was charged.")
         }

@@ -45,6 +45,7 @@ struct StreamedAnswer: Sendable {
                     } catch {
                         failure = error
                         drainUntil = ContinuousClock.now + drain
+                        await charge?.clientLeft()
                         if !readsOn() { break }
                     }
                 }

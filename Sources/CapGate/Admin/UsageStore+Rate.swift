@@ -1,0 +1,56 @@
+import Foundation
+import PostgresNIO
+
+/// The rate windows of `GET /v1/usage` (SPEC §14): the caller's plan's per-minute limits, what
+/// the company's and the caller's windows hold in the current UTC minute, and the caller's calls
+/// in flight. Read apart from the period snapshot: the windows move every minute anyway.
+extension UsageStore {
+    /// nil when the company's plan (of the period containing `at`) sets no rate limit.
+    func rateWindows(company: UUID, user: UUID, at: Date) async throws -> RateState? {
+        let nilUser = UUID.zero
+        let rows = try await database.run { client in
+            try await client.query(
+                """
+                SELECT pl.company_rpm::bigint, pl.company_tpm, pl.user_rpm::bigint, pl.user_tpm, pl.user_concurrency::bigint,
+                       date_trunc('minute', \(at)::timestamptz, 'UTC'),
+                       (SELECT CASE WHEN w.minute >= date_trunc('minute', \(at)::timestamptz, 'UTC') THEN w.calls ELSE 0 END
+                          FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(nilUser)),
+                       (SELECT CASE WHEN w.minute >= date_trunc('minute', \(at)::timestamptz, 'UTC') THEN w.tokens ELSE 0 END
+                          FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(nilUser)),
+                       (SELECT CASE WHEN w.minute >= date_trunc('minute', \(at)::timestamptz, 'UTC') THEN w.calls ELSE 0 END
+                          FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(user)),
+                       (SELECT CASE WHEN w.minute >= date_trunc('minute', \(at)::timestamptz, 'UTC') THEN w.tokens ELSE 0 END
+                          FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(user)),
+                       (SELECT count(*) FROM call_slots s
+                         WHERE s.company_id = pp.company_id AND s.user_id = \(user) AND s.lease_until > \(at)::timestamptz)
+                  FROM plan_periods pp JOIN plans pl ON pl.id = pp.plan_id
+                 WHERE pp.company_id = \(company) AND pp.started_at <= \(at)::timestamptz AND pp.ends_at > \(at)::timestamptz
+                """,
+                logger: logger
+            ).decode((Int64?, Int64?, Int64?, Int64?, Int64?, Date, Int64?, Int64?, Int64?, Int64?, Int64).self).collect()
+        }
+        guard let r = rows.first else { return nil }
+        let limits = RateState.Limits(companyRPM: r.0, companyTPM: r.1, userRPM: r.2, userTPM: r.3, userConcurrency: r.4)
+        guard !limits.isEmpty else { return nil }
+        return RateState(
+            limits: limits, minute: r.5, companyCalls: r.6 ?? 0, companyTokens: r.7 ?? 0, userCalls: r.8 ?? 0,
+            userTokens: r.9 ?? 0, userInFlight: r.10, refused: nil, tokens: nil)
+    }
+}
+
+extension RateState {
+    /// `GET /v1/usage`'s `rate`: one object per window the plan sets, in SPEC §14's order, as a
+    /// 429's `usage.rate` names them, with what remains.
+    func usageJSON(now: Date) -> JSON {
+        .array(
+            windows.map { window in
+                let limit = limits[window]
+                let used = self.used(window) ?? 0
+                return .obj([
+                    "window": .string(window.rawValue), "limit": JSON(limit), "used": .int(used),
+                    "remaining": JSON(limit.map { max(0, $0 - used) }),
+                    "reset_at": window == .userConcurrency ? .null : JSON(resetAt(window, now: now)),
+                ])
+            })
+    }
+}

@@ -1,0 +1,119 @@
+import AsyncHTTPClient
+import CapGate
+import Foundation
+import NIOCore
+import Testing
+
+/// SPEC §14's windows that a call holds while it runs: the user's calls in flight, and the token
+/// windows, which hold a call's bound until its answer ends and then keep its real count.
+@Suite("Rate windows: calls in flight and tokens", .timeLimit(.minutes(5)))
+struct RateInFlightTests {
+    static let body = #"{"model":"claude-test","max_tokens":1000,"stream":true,"messages":[{"role":"user","content":"Hello"}]}"#
+
+    /// A streamed call whose provider sends an event every `delay` ms, answered up to its head.
+    static func slowStream(_ h: Harness, key: String, delay: Int = 400) async throws -> HTTPClientResponse {
+        let request = h.streamingRequest(key: key, headers: [("x-mock-chunk-delay-ms", String(delay))], body: body)
+        return try await Harness.http.execute(request, timeout: .seconds(60))
+    }
+
+    static func drain(_ response: HTTPClientResponse) async throws {
+        for try await _ in response.body {}
+    }
+
+    /// A slow streamed call on a raw connection (an event a second), sent and left running.
+    static func slowCall(_ h: Harness, key: String) async throws -> RawConnection {
+        let port = try #require(URL(string: h.gatewayURL)?.port)
+        let connection = try await RawConnection.open(port: port)
+        try await connection.send(
+            "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\nx-api-key: \(key)\r\ncontent-type: application/json\r\n"
+                + "x-mock-chunk-delay-ms: 1000\r\ncontent-length: \(body.utf8.count)\r\n\r\n\(body)")
+        return connection
+    }
+
+    @Test("user_concurrency 3: a fourth call waits for 429 (Retry-After 1); a call that ends, fails or loses its client frees its slot")
+    func concurrency() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: nil, user: nil)
+            try await RateWindowTests.setLimits(h, plan: "p", .obj(["user_concurrency": 3]))
+            let (_, users) = try await h.createCompany(plan: "p", users: 2)
+            let key = users[0].key
+            let slots = "SELECT count(*) FROM call_slots"
+            var slow: [RawConnection] = []
+            for _ in 0..<3 { slow.append(try await Self.slowCall(h, key: key)) }
+            defer { for connection in slow { connection.close() } }
+            #expect(try await h.eventually(slots, equals: 3) == 3)
+
+            let refused = try await h.message(key: key)
+            #expect(refused.status == 429)
+            #expect(refused.headers.first(name: "retry-after") == "1")
+            let rate = refused.json["usage"]?["rate"]
+            #expect(rate?["window"]?.stringValue == "user-concurrency")
+            #expect(rate?["limit"]?.intValue == 3 && rate?["used"]?.intValue == 3)
+            #expect(refused.json["error"]?["type"]?.stringValue == "rate_limit_error")
+            // Another user of the company has slots of its own.
+            #expect(try await h.message(key: users[1].key).status == 200)
+
+            // A client that leaves frees its slot at once (the stream is still read for its usage).
+            slow.removeFirst().close()
+            #expect(try await h.eventually(slots, equals: 2) == 2)
+            // A call the provider fails is refunded and frees its slot before its answer.
+            #expect(try await h.message(key: key, headers: [("x-mock-status", "500")]).status == 500)
+            #expect(try await h.scalar(slots) == 2)
+            // A stream read to its end frees its slot before its last byte reaches the client.
+            let streamed = try await Self.slowStream(h, key: key, delay: 0)
+            #expect(streamed.status == .ok)
+            try await Self.drain(streamed)
+            #expect(try await h.scalar(slots) == 2)
+            let fits = try await h.message(key: key)
+            #expect(fits.status == 200)
+            #expect(fits.headers.first(name: "ratelimit")?.contains("\"user-concurrency\";r=0") == true)
+
+            for connection in slow { connection.close() }
+            #expect(try await h.eventually(slots, equals: 0) == 0)
+            #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE rate_scopes & 4 <> 0", equals: 0) == 0)
+        }
+    }
+
+    @Test("user_tpm: a running call holds its prompt bound plus max_tokens; when its stream ends the minute keeps its real count")
+    func tokens() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: nil, user: nil)
+            let (company, users) = try await h.createCompany(plan: "p", users: 1)
+            let key = users[0].key
+            // The hold: the body's bytes plus costs.promptOverheadTokens (1,000), plus max_tokens.
+            let hold = Int64(Self.body.utf8.count) + 1_000 + 1_000
+            try await RateWindowTests.setLimits(h, plan: "p", .obj(["user_tpm": .int(hold + hold / 2)]))
+            try await RateWindowTests.roomInMinute(20)
+            let window = "SELECT tokens FROM rate_windows WHERE company_id = '\(company.text)'"
+
+            let first = try await Self.slowStream(h, key: key, delay: 300)
+            #expect(first.status == .ok)
+            #expect(try await h.scalar(window) == hold)
+            let second = try await h.request(
+                .POST, "/v1/messages", headers: [("x-api-key", key), ("content-type", "application/json")], body: Self.body)
+            #expect(second.status == 429)
+            #expect(second.json["usage"]?["rate"]?["window"]?.stringValue == "user-tpm")
+            #expect(second.json["usage"]?["rate"]?["used"]?.intValue == hold)
+
+            try await Self.drain(first)
+            // The settlement (queued) writes the same usage to the ledger.
+            #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE settled_at IS NOT NULL", equals: 1) == 1)
+            let real = try await h.scalar("SELECT input_tokens + output_tokens FROM usage_ledger")
+            let counted = try await h.scalar(window)
+            #expect(counted == real && counted > 0 && counted < hold)
+            #expect(counted == (try await h.scalar("SELECT rate_tokens FROM usage_ledger")))
+            // Room again for a call of the same size.
+            let again = try await h.request(
+                .POST, "/v1/messages", headers: [("x-api-key", key), ("content-type", "application/json")], body: Self.body)
+            #expect(again.status == 200)
+
+            // A token window needs a bound: no max_tokens is 400 and changes nothing.
+            let unbounded = try await h.request(
+                .POST, "/v1/messages", headers: [("x-api-key", key), ("content-type", "application/json")],
+                body: #"{"model":"claude-test","messages":[{"role":"user","content":"Hi"}]}"#)
+            #expect(unbounded.status == 400)
+            #expect(unbounded.json["error"]?["message"]?.stringValue?.contains("max_tokens") == true)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 2)
+        }
+    }
+}

@@ -1,0 +1,117 @@
+import AsyncHTTPClient
+import CapGate
+import Foundation
+import NIOCore
+import Testing
+
+/// SPEC §14: per-minute windows and calls in flight, kept in PostgreSQL rows in the admission
+/// transaction, so exact across gateways.
+@Suite("Rate windows and concurrency", .timeLimit(.minutes(5)))
+struct RateWindowTests {
+    /// Waits, if needed, so that at least `seconds` of the current UTC minute remain: a test that
+    /// counts one minute's window must not straddle two.
+    static func roomInMinute(_ seconds: Double) async throws {
+        let into = Date().timeIntervalSince1970.truncatingRemainder(dividingBy: 60)
+        if 60 - into < seconds { try await Task.sleep(for: .seconds(60 - into + 0.2)) }
+    }
+
+    static func setLimits(_ h: Harness, plan: String, _ fields: JSON) async throws {
+        let reply = try await h.op(.PUT, "/admin/v1/plans/\(plan)", fields)
+        #expect(reply.status == 200, "\(reply.body)")
+    }
+
+    @Test("user_rpm 30, 64 concurrent callers over two gateways: exactly 30 admitted in the minute, the rest 429 with usage.rate")
+    func exactAcrossGateways() async throws {
+        try await Harness.with { first in
+            try await first.createPlan("p", company: nil, user: nil)
+            try await Self.setLimits(first, plan: "p", .obj(["user_rpm": 30]))
+            let (company, users) = try await first.createCompany(plan: "p", users: 1)
+            let key = users[0].key
+            try await Harness.with(database: first.databaseURL) { second in
+                try await Self.roomInMinute(20)
+                let replies = try await withThrowingTaskGroup(of: [Harness.Reply].self) { group in
+                    for caller in 0..<64 {
+                        let base = caller % 2 == 0 ? first.gatewayURL : second.gatewayURL
+                        group.addTask {
+                            [try await first.message(key: key, base: base), try await first.message(key: key, stream: true, base: base)]
+                        }
+                    }
+                    var all: [Harness.Reply] = []
+                    for try await replies in group { all += replies }
+                    return all
+                }
+                let admitted = replies.filter { $0.status == 200 }
+                let refused = replies.filter { $0.status == 429 }
+                #expect(admitted.count == 30)
+                #expect(refused.count == 128 - 30)
+                #expect(first.mock.served.count + second.mock.served.count == 30)
+                #expect(try await first.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'") == 30)
+                // One row for the user, none per minute; refused calls are not in it.
+                #expect(try await first.scalar("SELECT count(*) FROM rate_windows") == 1)
+                #expect(try await first.scalar("SELECT calls FROM rate_windows WHERE company_id = '\(company.text)'") == 30)
+                let answer = try #require(refused.first)
+                #expect(answer.json["error"]?["type"]?.stringValue == "rate_limit_error")
+                let rate = answer.json["usage"]?["rate"]
+                #expect(rate?["window"]?.stringValue == "user-rpm")
+                #expect(rate?["limit"]?.intValue == 30 && rate?["used"]?.intValue == 30)
+                let retry = try #require(answer.headers.first(name: "retry-after").flatMap(Int.init))
+                #expect((1...60).contains(retry))
+                let reset = try #require(rate?["reset_at"]?.stringValue.flatMap(Timestamp.parseStrict))
+                #expect(Int(reset.timeIntervalSince1970) % 60 == 0 && reset > Date() && reset <= Date().addingTimeInterval(61))
+                #expect(answer.headers.first(name: "ratelimit-policy")?.contains("\"user-rpm\";q=30;w=60") == true)
+                #expect(admitted.allSatisfy { $0.headers.first(name: "ratelimit-policy")?.contains("\"user-rpm\";q=30;w=60") == true })
+                // GET /v1/usage shows the window.
+                let usage = try await first.request(.GET, "/v1/usage", headers: [("x-api-key", key)])
+                let windows = usage.json["rate"]?.arrayValue ?? []
+                #expect(windows.count == 1 && windows.first?["window"]?.stringValue == "user-rpm")
+                #expect(windows.first?["used"]?.intValue == 30 && windows.first?["remaining"]?.intValue == 0)
+            }
+        }
+    }
+
+    @Test("company_rpm counts every user of the company; a 402 at the cap is not counted in the window")
+    func companyWindow() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: 4, user: nil)
+            try await Self.setLimits(h, plan: "p", .obj(["company_rpm": 6]))
+            let (_, users) = try await h.createCompany(plan: "p", users: 3)
+            try await Self.roomInMinute(15)
+            var statuses: [Int] = []
+            for index in 0..<9 { statuses.append(try await h.message(key: users[index % 3].key).status) }
+            // The cap (4 units) refuses first: 402 stays for an allowance used up.
+            #expect(statuses == [200, 200, 200, 200, 402, 402, 402, 402, 402])
+            #expect(try await h.scalar("SELECT calls FROM rate_windows") == 4)
+            try await h.exec("UPDATE plans SET monthly_company_cap = NULL")
+            statuses = []
+            for index in 0..<4 { statuses.append(try await h.message(key: users[index % 3].key).status) }
+            #expect(statuses == [200, 200, 429, 429])
+            let refused = try await h.message(key: users[2].key)
+            #expect(refused.json["usage"]?["rate"]?["window"]?.stringValue == "company-rpm")
+            #expect(refused.json["usage"]?["scope"]?.stringValue == "company")
+        }
+    }
+
+    @Test("a plan's rate fields: set, read back, validated with 400 naming the field, null for none")
+    func planFields() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: nil, user: nil)
+            let fields: JSON = .obj([
+                "company_rpm": 100, "user_rpm": 10, "company_tpm": 1_000_000, "user_tpm": 50_000, "user_concurrency": 3,
+            ])
+            try await Self.setLimits(h, plan: "p", fields)
+            let plan = try await h.op(.GET, "/admin/v1/plans/p").json
+            for key in ["company_rpm", "user_rpm", "company_tpm", "user_tpm", "user_concurrency"] {
+                #expect(plan[key] == fields[key], "\(key)")
+            }
+            for (key, value) in [("user_rpm", JSON.int(-1)), ("user_concurrency", .string("3")), ("company_tpm", .double(1.5))] {
+                let reply = try await h.op(.PUT, "/admin/v1/plans/p", .obj([key: value]))
+                #expect(reply.status == 400)
+                #expect(reply.json["error"]?["message"]?.stringValue?.contains(key) == true)
+            }
+            #expect(try await h.op(.GET, "/admin/v1/plans/p").json["user_rpm"]?.intValue == 10)
+            try await Self.setLimits(h, plan: "p", .obj(["user_rpm": .null]))
+            #expect(try await h.op(.GET, "/admin/v1/plans/p").json["user_rpm"] == .null)
+            #expect(try await h.op(.GET, "/admin/v1/plans/p").json["user_concurrency"]?.intValue == 3)
+        }
+    }
+}
