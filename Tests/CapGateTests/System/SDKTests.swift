@@ -103,6 +103,25 @@ struct SDKTests {
         }
     }
 
+    @Test("the Anthropic Python SDK under a concurrency limit: it retries a 429 by itself and then succeeds")
+    func anthropicSDKWithRateLimit() async throws {
+        let python = try await PythonTools.python()
+        try await Harness.with { h in
+            try await h.createPlan("low", company: nil, user: nil)
+            try await RateWindowTests.setLimits(h, plan: "low", .obj(["user_concurrency": 1]))
+            let (_, users) = try await h.createCompany(plan: "low", users: 1)
+            let (status, output) = try await Self.run(
+                python, [Self.root.appendingPathComponent("Tests/sdk/anthropic_sdk_rate.py").path],
+                environment: ["CAPGATE_URL": h.gatewayURL, "CAPGATE_KEY": users[0].key]
+            )
+            #expect(status == 0, "\(output)")
+            #expect(output.contains("sdk rate ok"))
+            // Three calls answered (the slow stream twice, the retried call once); no 429 charged.
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'") == 3)
+            #expect(try await h.eventually("SELECT count(*) FROM call_slots", equals: 0) == 0)
+        }
+    }
+
     @Test("sources follow .swift-format (swift format lint --strict)")
     func formatted() async throws {
         let (status, output) = try await Self.run("swift-format", ["lint", "--strict", "--recursive", "Sources", "Tests", "Package.swift"])
