@@ -111,15 +111,20 @@ class Page:
     def dialog_open(self):
         return self.driver.execute_script("return document.getElementById('editor').open")
 
+    def field(self, name):
+        """A field of the open dialog, once it is there (some forms read the API before they open)."""
+        self.until(lambda: self.all("#editor[open] #f-" + name), "the field " + name)
+        return self.find("#f-" + name)
+
     def type(self, name, value):
-        field = self.find("#f-" + name)
+        field = self.field(name)
         field.send_keys(Keys.CONTROL, "a")
         field.send_keys(Keys.DELETE)
         if value:
             field.send_keys(value)
 
     def pick(self, name, label):
-        Select(self.find("#f-" + name)).select_by_visible_text(label)
+        Select(self.field(name)).select_by_visible_text(label)
 
     def tick(self, selector, on=True):
         box = self.find(selector)

@@ -50,4 +50,15 @@ struct ConsoleManageTests {
                 ])
         }
     }
+
+    @Test(
+        "the operator in Chromium: creates a company and assigns plans, edits plans, features, entitlements, routes and the price book with the API's errors beside the field; App Store and audit views"
+    )
+    func catalogByOperator() async throws {
+        try await Harness.with { h in
+            try await Self.catalog(h)
+            let (a, _) = try await h.createCompany(plan: "low", users: 1, role: "admin")
+            try await Self.browserCheck("console_operator_check.py", h, ["COMPANY_A": a.text])
+        }
+    }
 }
