@@ -47,7 +47,15 @@ function actorText(actor) {
   const known = (state.company && state.company.users) || [];
   const user = known.find((u) => u.id === actor);
   if (user && user.email) return user.email;
-  return /^[0-9a-f-]{36}$/.test(actor) ? "user " + actor.slice(0, 8) : "operator " + actor;
+  if (/^[0-9a-f-]{36}$/.test(actor)) return "user " + actor.slice(0, 8);
+  return actor === "operator" ? "the operator" : "operator (" + actor + ")";
+}
+
+// What was acted on, by a name where the entry has one (a user's email, a key's name or prefix).
+function targetText(row) {
+  const shown = row.after || row.before || {};
+  const named = shown.email || shown.name || (shown.new && (shown.new.name || shown.new.prefix)) || shown.prefix;
+  return typeof named === "string" ? named : row.target_id || "—";
 }
 
 // What changed: the fields whose values differ between before and after.
@@ -72,7 +80,7 @@ function companyName(id) {
 
 function renderAudit() {
   const columns = [["Time", (r) => r.at.replace("T", " ").slice(0, 19)], ["Who", (r) => actorText(r.actor)], ["Action", (r) => r.action],
-    ["Target", (r) => r.target_id || "—"], ["Change", changeText], ["Request", (r) => r.request_id || "—"]];
+    ["Target", targetText], ["Change", changeText], ["Request", (r) => r.request_id || "—"]];
   if (!auditState.company) columns.splice(2, 0, ["Company", (r) => companyName(r.company_id)]);
   $("audit-rows").replaceChildren(table("Audit entries, newest first", columns, auditState.rows,
     (r) => ({ "data-audit": r.id, "data-action": r.action }), "No entries."));
