@@ -86,7 +86,7 @@ function renderKeys() {
       button("Revoke", () => revokeKey(k), { class: "danger", "aria-label": "Revoke " + (k.name || k.prefix) })) : "")],
   ];
   const rows = state.keys.slice().sort((a, b) => keyLive(b) - keyLive(a) || b.created_at.localeCompare(a.created_at));
-  $("people-keys").replaceChildren(table("The company's API keys", columns, rows, (k) => ({ "data-key": k.id, "data-live": keyLive(k) }),
+  $("people-keys").replaceChildren(table("The company's API keys", columns, rows, (k) => ({ "data-key": k.id, "data-live": String(keyLive(k)) }),
     "No API keys yet."));
 }
 
