@@ -4,11 +4,15 @@
 
 async function openPlan() {
   setStatus("Loading the plan…");
-  let usage, company;
+  let usage, company, users;
   try {
     usage = await companyUsage();
-    company = await api(companyPath(state.companyID));
+    [company, users] = await Promise.all([api(companyPath(state.companyID)), api(companyPath(state.companyID, "/users"))]);
   } catch (e) { return failed(e); }
+  // The plan's per-user cap is the limit of any user without an override of their own.
+  const plain = users.data.find((u) => u.monthly_cap === null);
+  const counted = plain && usage.users.find((u) => u.id === plain.id);
+  usage.planUserCap = counted ? counted.limit : undefined;
   const box = $("plan-body");
   box.replaceChildren(...planSummary(usage, company), ...featureLimits(usage.usage.features || []), ...topUps());
   if (state.me.role === "operator") box.append(...operatorPlanTools(company));
@@ -23,7 +27,7 @@ function planSummary(usage, company) {
   }
   const cards = el("div", { class: "cards", id: "plan-cards" },
     card("Plan", u.plan.name, "plan-name"), card("Company cap per period", limitText(u.company.limit), "plan-company-cap"),
-    card("Per-user cap", u.user ? limitText(u.user.limit) : "—", "plan-user-cap"),
+    card("Per-user cap", usage.planUserCap === undefined ? "—" : limitText(usage.planUserCap), "plan-user-cap"),
     card("Company budget", usage.cost ? budgetText(usage.cost.company.limit) : "—", "plan-budget"),
     card("Period", u.period ? day(u.period.start) + " to " + day(u.period.end) : "—", "plan-period"),
     card("Renewal", company.auto_renew === false ? "ends, does not renew" : "renews", "plan-renew"));

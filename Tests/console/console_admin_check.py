@@ -198,6 +198,8 @@ try:
     upgrade = usage["usage"]["upgrade"]
     check(upgrade is not None and upgrade["plan"] in page.text("#upgrade-offer"), f"upgrade: {page.text('#upgrade-offer')} vs {upgrade}")
     check(page.text("[data-field=plan-name]") == usage["usage"]["plan"]["name"], "plan name")
+    check(page.text("[data-field=plan-user-cap]") == f"{api('/admin/v1/plans/low', OPERATOR)[1]['monthly_user_cap']:,}",
+          "per-user cap: " + page.text("[data-field=plan-user-cap]"))
     check(page.all("#top-ups"), "no place for top-ups")
     page.shoot("admin-plan")
 
