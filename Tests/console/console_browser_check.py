@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime, timedelta
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -130,13 +131,21 @@ try:
         row = driver.find_element(By.CSS_SELECTOR, f"#users tr[data-user='{user['id']}']")
         check(fmt(user["used"]) + " / " in row.text, f"user {user['email']}: {row.text}")
 
-    # One bar per day with data, each the day's units.
+    # The chart spans every day of the period (days to come empty); one bar per day with data,
+    # each the day's units.
     _, daily = api(f"/admin/v1/companies/{A}/usage/daily", ADMIN)
     with_data = {d["date"]: d["units"] for d in daily if d["units"] > 0}
     check(len(with_data) >= 2, f"the test data should span several days: {daily}")
     bars = driver.find_elements(By.CSS_SELECTOR, "#daily svg g.bar")
     drawn = {b.get_attribute("data-label"): int(b.get_attribute("data-total")) for b in bars}
-    check(len(bars) == len(daily), f"{len(bars)} bars for {len(daily)} days")
+    period = usage["usage"]["period"]
+    # Every calendar day (UTC, the company's zone) the period touches, its last second included.
+    last = datetime.fromisoformat(period["end"]) - timedelta(seconds=1)
+    span = (last.date() - datetime.fromisoformat(period["start"]).date()).days + 1
+    check(len(bars) == span and span >= 28, f"{len(bars)} bars for a period of {span} days")
+    check(min(drawn) == period["start"][:10] and daily[0]["date"] == period["start"][:10], f"the chart starts {min(drawn)}")
+    widths = {float(r.get_attribute("width")) for r in driver.find_elements(By.CSS_SELECTOR, "#daily svg rect")}
+    check(max(widths) <= 40, f"bars {max(widths)} wide")
     check({d: n for d, n in drawn.items() if n > 0} == with_data, f"bars {drawn} vs API {with_data}")
     check(all(len(b.find_elements(By.TAG_NAME, "rect")) > 0 for b in bars if int(b.get_attribute("data-total")) > 0),
           "a day with data has no rectangle")
@@ -237,6 +246,8 @@ try:
     _, companies = api("/admin/v1/companies", OPERATOR)
     rows = driver.find_elements(By.CSS_SELECTOR, "#companies tbody tr[data-company]")
     check(len(rows) == len(companies["data"]), f"{len(rows)} companies shown, {len(companies['data'])} in the API")
+    check(text("#status") == f"{len(rows)} companies.", "status: " + text("#status"))
+    check(driver.execute_script("return plural(1, 'company', 'companies')") == "1 company", "one company")
 
     def shown_order():
         return [r.get_attribute("data-company") for r in driver.find_elements(By.CSS_SELECTOR, "#companies tbody tr[data-company]")]

@@ -11,9 +11,16 @@ struct ConsoleRoutes {
     let tenants: TenantStore
 
     /// The files the page is made of, by the name they are served under.
-    static let files: [String: String] = [
-        "index.html": "text/html; charset=utf-8", "console.css": "text/css; charset=utf-8",
-        "console.js": "text/javascript; charset=utf-8",
+    static let files: [String: String] = {
+        var files = ["index.html": "text/html; charset=utf-8", "console.css": "text/css; charset=utf-8"]
+        for script in scripts { files[script] = "text/javascript; charset=utf-8" }
+        return files
+    }()
+
+    /// The page's scripts, one per view or concern (`index.html` loads them in this order).
+    static let scripts = [
+        "console.js", "forms.js", "usage.js", "charts.js", "people.js", "plan.js", "audit.js", "operator.js", "catalog.js",
+        "prices.js", "boot.js",
     ]
 
     /// Only this origin, nothing inline, no frames, no forms posting elsewhere.

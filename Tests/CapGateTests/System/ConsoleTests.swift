@@ -10,10 +10,10 @@ struct ConsoleTests {
     @Test("the page's files: content types, a strict Content-Security-Policy, no caching of stale code; nothing else is served")
     func files() async throws {
         try await Harness.with { h in
-            for (path, type) in [
-                ("/console", "text/html"), ("/console/index.html", "text/html"), ("/console/console.js", "text/javascript"),
-                ("/console/console.css", "text/css"),
-            ] {
+            let scripts = ConsoleRoutes.scripts.map { ("/console/" + $0, "text/javascript") }
+            for (path, type) in [("/console", "text/html"), ("/console/index.html", "text/html"), ("/console/console.css", "text/css")]
+                + scripts
+            {
                 let reply = try await h.request(.GET, path)
                 #expect(reply.status == 200, "\(path)")
                 #expect(reply.headers.first(name: "content-type")?.hasPrefix(type) == true, "\(path)")
@@ -27,8 +27,14 @@ struct ConsoleTests {
             // Nothing off the machine: no absolute URL to another host, no inline script or style.
             #expect(!page.contains("http://") && !page.contains("https://") && !page.contains("//cdn"))
             #expect(!page.contains("<script>") && !page.contains("style=") && !page.contains("onclick"))
-            let script = try await h.request(.GET, "/console/console.js").body
-            #expect(!script.contains("innerHTML") && !script.contains("localStorage") && !script.contains("document.cookie"))
+            // Every script the page loads is one the gateway serves, and none writes HTML or keeps the key elsewhere.
+            for name in ConsoleRoutes.scripts {
+                #expect(page.contains("<script src=\"/console/\(name)\" defer></script>"), "\(name) is not loaded by the page")
+                let script = try await h.request(.GET, "/console/" + name).body
+                #expect(!script.contains("innerHTML") && !script.contains("outerHTML") && !script.contains("insertAdjacentHTML"), "\(name)")
+                #expect(!script.contains("localStorage") && !script.contains("document.cookie") && !script.contains("eval("), "\(name)")
+            }
+            #expect(page.components(separatedBy: "<script").count - 1 == ConsoleRoutes.scripts.count)
             for path in ["/console/Package.swift", "/console/..%2FPackage.swift", "/console/%2e%2e", "/console/x.js"] {
                 let reply = try await h.request(.GET, path)
                 #expect(reply.status == 404 || reply.status == 400, "\(path): \(reply.status)")

@@ -1,9 +1,10 @@
 import AsyncHTTPClient
-import CapGate
 import CapGateDev
 import Foundation
 import NIOCore
 import Testing
+
+@testable import CapGate
 
 /// `db/`, `console/` and `openapi.yaml` are built into the binary (the `EmbedResourcesPlugin`):
 /// the binary alone, copied to an empty folder and run from another, migrates and serves them.
@@ -59,10 +60,11 @@ struct StandaloneBinaryTests {
             let ready = try await Harness.ready(gateway)
             try #require(ready, "capgate serve did not become ready (its migrations are not the database's?)")
 
+            let scripts = ConsoleRoutes.scripts.map { ("/console/" + $0, "console/" + $0, "text/javascript") }
             for (route, file, type) in [
-                ("/console", "console/index.html", "text/html"), ("/console/console.js", "console/console.js", "text/javascript"),
-                ("/console/console.css", "console/console.css", "text/css"), ("/openapi.yaml", "openapi.yaml", "application/yaml"),
-            ] {
+                ("/console", "console/index.html", "text/html"), ("/console/console.css", "console/console.css", "text/css"),
+                ("/openapi.yaml", "openapi.yaml", "application/yaml"),
+            ] + scripts {
                 let reply = try await h.request(.GET, route, base: gateway)
                 #expect(reply.status == 200, "\(route)")
                 #expect(reply.headers.first(name: "content-type")?.hasPrefix(type) == true, "\(route)")
