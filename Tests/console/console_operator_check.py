@@ -91,8 +91,16 @@ try:
           f"plan: {plan}")
     page.row("#catalog-body", "data-id", "pro").find_element("css selector", "button").click()
     page.type("monthly_user_cap", "50")
+    # Rate windows (SPEC §14): a bad value first, its API message beside the field, then good ones.
+    page.type("user_rpm", "-1")
     page.submit()
-    check(op("/admin/v1/plans/pro")[1]["monthly_user_cap"] == 50, "plan edit not saved")
+    refused_beside(page, "user_rpm", "/admin/v1/plans/pro", "PUT", {"user_rpm": -1})
+    page.type("user_rpm", "30")
+    page.type("user_concurrency", "3")
+    page.submit()
+    _, plan = op("/admin/v1/plans/pro")
+    check((plan["monthly_user_cap"], plan["user_rpm"], plan["user_concurrency"], plan["company_tpm"]) == (50, 30, 3, None),
+          f"plan edit not saved: {plan}")
     page.shoot("operator-plans")
 
     # ---- a feature, then an entitlement of it in the plan.
