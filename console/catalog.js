@@ -140,6 +140,11 @@ function entitlementFields(e) {
     limitField("user_daily_limit", "Each user's limit per day", e && e.user_daily_limit),
     limitField("user_period_limit", "Each user's limit per period", e && e.user_period_limit),
     { name: "message", label: "Message shown when it refuses", kind: "text", value: e && e.message, blank: "null" },
+    limitField("company_rpm", "Company calls of it per minute", e && e.company_rpm),
+    limitField("user_rpm", "Calls of it per minute for each user", e && e.user_rpm),
+    limitField("company_tpm", "Company tokens of it per minute", e && e.company_tpm),
+    limitField("user_tpm", "Tokens of it per minute for each user", e && e.user_tpm),
+    limitField("user_concurrency", "Calls of it in flight at once for each user", e && e.user_concurrency),
   ];
 }
 

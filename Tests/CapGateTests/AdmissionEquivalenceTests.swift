@@ -34,9 +34,13 @@ struct AdmissionEquivalenceTests {
             "hold=\($0.hold.map(String.init) ?? "-") cost=\(counter($0.company)) \(counter($0.user)) \(row.budgetScope ?? "-")"
         }
         func count(_ n: Int64?) -> String { n.map(String.init) ?? "-" }
+        func counts(_ c: RateState.Counts?) -> String {
+            "company=\(count(c?.companyCalls))/\(count(c?.companyTokens)) user=\(count(c?.userCalls))/\(count(c?.userTokens)) "
+                + "in-flight=\(count(c?.userInFlight))"
+        }
         let rate = row.rate.map {
-            "rate \($0.refused?.rawValue ?? "fits") tokens=\(count($0.tokens)) company=\(count($0.companyCalls))/\(count($0.companyTokens)) "
-                + "user=\(count($0.userCalls))/\(count($0.userTokens)) in-flight=\(count($0.userInFlight))"
+            "rate \($0.refusedFeature ? "feature." : "")\($0.refused?.rawValue ?? "fits") tokens=\(count($0.tokens)) "
+                + "\(counts($0.counts)) feature \(counts($0.feature?.counts))"
         }
         return [
             row.auth, row.decision ?? "-", row.ledgerID == nil ? "no ledger" : "ledger",
@@ -63,9 +67,10 @@ struct AdmissionEquivalenceTests {
           (SELECT string_agg(concat_ws(' ', company_id, period_id, user_id, units, route, model, feature, feature_day, request_id,
                                        outcome, hold_micros, rate_minute, rate_tokens, rate_scopes), E'\\n' ORDER BY request_id)
              FROM usage_ledger),
-          (SELECT string_agg(concat_ws(' ', company_id, user_id, minute, calls, tokens), E'\\n' ORDER BY company_id, user_id)
+          (SELECT string_agg(concat_ws(' ', company_id, user_id, feature_id, minute, calls, tokens), E'\\n'
+                             ORDER BY company_id, user_id, feature_id)
              FROM rate_windows WHERE calls <> 0),
-          (SELECT string_agg(concat_ws(' ', s.company_id, s.user_id, l.request_id), E'\\n' ORDER BY l.request_id)
+          (SELECT string_agg(concat_ws(' ', s.company_id, s.user_id, s.feature_id, l.request_id), E'\\n' ORDER BY l.request_id)
              FROM call_slots s JOIN usage_ledger l ON l.company_id = s.company_id AND l.id = s.ledger_id),
           (SELECT count(*)::text FROM notifications))
         """
@@ -117,6 +122,7 @@ struct AdmissionEquivalenceTests {
             }
             let windows = Set(single.compactMap { $0.rate?.refused })
             #expect(windows.count >= 4, "seed \(seed): rate windows refused: \(windows)")
+            #expect(single.contains { $0.rate?.refusedFeature == true }, "seed \(seed): no feature window refused")
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0, "the runs were rolled back")
         }
     }
@@ -156,7 +162,9 @@ struct AdmissionEquivalenceTests {
             UPDATE plans SET company_rpm = 14, user_rpm = 5, user_tpm = 60000 WHERE id = 'fast';
             UPDATE plans SET company_tpm = 150000, user_concurrency = 3 WHERE id = 'lean';
             INSERT INTO plan_features (plan_id, feature_id, daily_limit, period_limit, user_daily_limit, user_period_limit)
-            VALUES ('fast', 'analysis', NULL, NULL, NULL, NULL), ('lean', 'chat', NULL, NULL, NULL, NULL)
+            VALUES ('fast', 'analysis', NULL, NULL, NULL, NULL), ('lean', 'chat', NULL, NULL, NULL, NULL);
+            UPDATE plan_features SET user_rpm = 3, user_concurrency = 2 WHERE plan_id = 'fast' AND feature_id = 'analysis';
+            UPDATE plan_features SET company_tpm = 30000, user_rpm = 4 WHERE plan_id = 'lean' AND feature_id = 'chat'
             """)
         let e = try await h.createCompany(plan: "fast", users: 3)
         let f = try await h.createCompany(plan: "lean", users: 3)

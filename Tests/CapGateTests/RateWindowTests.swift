@@ -114,4 +114,40 @@ struct RateWindowTests {
             #expect(try await h.op(.GET, "/admin/v1/plans/p").json["user_concurrency"]?.intValue == 3)
         }
     }
+
+    @Test("an entitlement's windows count its feature's calls apart, after the plan's; its 429 names the feature")
+    func entitlementWindows() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: nil, user: nil)
+            try await FeatureAdmissionTests.seed(h, plan: "p")
+            try await Self.setLimits(h, plan: "p", .obj(["user_rpm": 5]))
+            let put = try await h.op(.PUT, "/admin/v1/plans/p/entitlements/analysis", .obj(["user_rpm": 2, "user_concurrency": 4]))
+            #expect(put.status == 200 && put.json["user_rpm"]?.intValue == 2 && put.json["company_tpm"] == .null)
+            #expect(try await h.op(.PUT, "/admin/v1/plans/p/entitlements/chat", .obj([:])).status == 201)
+            let bad = try await h.op(.PUT, "/admin/v1/plans/p/entitlements/chat", .obj(["user_tpm": -3]))
+            #expect(bad.status == 400 && bad.json["error"]?["message"]?.stringValue?.contains("user_tpm") == true)
+            let (_, users) = try await h.createCompany(plan: "p", users: 1)
+            let key = users[0].key
+            try await Self.roomInMinute(15)
+            var statuses: [Int] = []
+            for _ in 0..<3 { statuses.append(try await h.message(key: key).status) }
+            #expect(statuses == [200, 200, 429])
+            let refused = try await h.message(key: key)
+            let rate = refused.json["usage"]?["rate"]
+            #expect(rate?["window"]?.stringValue == "user-rpm" && rate?["feature"]?.stringValue == "analysis")
+            #expect(rate?["limit"]?.intValue == 2 && rate?["used"]?.intValue == 2)
+            #expect(refused.headers.first(name: "ratelimit-policy")?.contains("\"feature.analysis.user-rpm\";q=2;w=60") == true)
+            // Chat has no window of its own: only the plan's 5 a minute, of which analysis took 2.
+            let chat = [("CapGate-Feature", "chat")]
+            statuses = []
+            for _ in 0..<4 { statuses.append(try await h.message(key: key, headers: chat).status) }
+            #expect(statuses == [200, 200, 200, 429])
+            let plan = try await h.message(key: key, headers: chat)
+            #expect(plan.json["usage"]?["rate"]?["window"]?.stringValue == "user-rpm")
+            #expect(plan.json["usage"]?["rate"]?["feature"] == nil)
+            #expect(try await h.scalar("SELECT count(*) FROM rate_windows") == 2)
+            #expect(try await h.scalar("SELECT calls FROM rate_windows WHERE feature_id = 'analysis'") == 2)
+            #expect(try await h.scalar("SELECT calls FROM rate_windows WHERE feature_id = ''") == 5)
+        }
+    }
 }

@@ -21,7 +21,9 @@
 --   rate_limited decision: company-rpm | company-tpm | user-rpm | user-tpm | user-concurrency),
 --   rate_minute (the UTC minute counted in), rate_tokens (what the call holds in the token
 --   windows), the plan's limits (NULL: none), the counts of the company's window (cr_*), the
---   user's (ur_*) and the user's calls in flight (u_slots), with the call or as they stand.
+--   user's (ur_*) and the user's calls in flight (u_slots), with the call or as they stand; the
+--   same for the call's feature where its entitlement sets limits (f_* limits, fcr_*, fur_*,
+--   fu_slots; a refusing feature window is named 'feature.<window>').
 CREATE TYPE capgate_admitted AS (
     item integer, auth text, company_id uuid, user_id uuid, role text,
     decision text, ledger_id bigint, period_id bigint, plan_id text, plan_name text,
@@ -37,5 +39,7 @@ CREATE TYPE capgate_admitted AS (
     uc_used bigint, uc_held bigint, uc_limit bigint,
     rate_refused text, rate_minute timestamptz, rate_tokens bigint, company_rpm integer, company_tpm bigint,
     user_rpm integer, user_tpm bigint, user_concurrency integer, cr_calls bigint, cr_tokens bigint,
-    ur_calls bigint, ur_tokens bigint, u_slots bigint
+    ur_calls bigint, ur_tokens bigint, u_slots bigint,
+    f_company_rpm integer, f_company_tpm bigint, f_user_rpm integer, f_user_tpm bigint, f_user_concurrency integer,
+    fcr_calls bigint, fcr_tokens bigint, fur_calls bigint, fur_tokens bigint, fu_slots bigint
 );

@@ -71,6 +71,9 @@ DECLARE
     a_crpm integer[]; a_ctpm bigint[]; a_urpm integer[]; a_utpm bigint[]; a_uconc integer[]; a_rtok bigint[];
     a_rref text[]; a_rmin timestamptz[]; a_rscopes smallint[]; a_crc bigint[]; a_crt bigint[]; a_urc bigint[];
     a_urt bigint[]; a_us bigint[];
+    a_fcrpm integer[]; a_fctpm bigint[]; a_furpm integer[]; a_futpm bigint[]; a_fconc integer[];
+    a_fcrc bigint[]; a_fcrt bigint[]; a_furc bigint[]; a_furt bigint[]; a_fus bigint[];
+    v_windows boolean;  -- the call has a rate window or a concurrency limit
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -114,11 +117,14 @@ BEGIN
                array_agg(r.cbudget ORDER BY r.ord), array_agg(r.ubudget ORDER BY r.ord),
                array_agg(r.priced ORDER BY r.ord), array_agg(r.hold ORDER BY r.ord),
                array_agg(r.crpm ORDER BY r.ord), array_agg(r.ctpm ORDER BY r.ord), array_agg(r.urpm ORDER BY r.ord),
-               array_agg(r.utpm ORDER BY r.ord), array_agg(r.uconc ORDER BY r.ord), array_agg(r.rtok ORDER BY r.ord)
+               array_agg(r.utpm ORDER BY r.ord), array_agg(r.uconc ORDER BY r.ord), array_agg(r.rtok ORDER BY r.ord),
+               array_agg(r.fcrpm ORDER BY r.ord), array_agg(r.fctpm ORDER BY r.ord), array_agg(r.furpm ORDER BY r.ord),
+               array_agg(r.futpm ORDER BY r.ord), array_agg(r.fconc ORDER BY r.ord)
           INTO a_auth, a_company, a_user, a_role, a_user_ok, a_stale, a_period, a_plan, a_plan_name, a_start, a_end,
                a_ccap, a_ucap, a_cslot, a_uslot, a_feature, a_fname, a_factive, a_fenabled, a_fmsg, a_bound,
                a_lp, a_ld, a_lup, a_lud, a_dstart, a_dend, a_fps, a_fds, a_ups, a_uds,
-               a_cbudget, a_ubudget, a_priced, a_hold, a_crpm, a_ctpm, a_urpm, a_utpm, a_uconc, a_rtok
+               a_cbudget, a_ubudget, a_priced, a_hold, a_crpm, a_ctpm, a_urpm, a_utpm, a_uconc, a_rtok,
+               a_fcrpm, a_fctpm, a_furpm, a_futpm, a_fconc
           FROM (
             SELECT y.*,
                    dense_rank() OVER (PARTITION BY y.eligible ORDER BY y.company, y.period)::integer AS cslot,
@@ -163,7 +169,9 @@ BEGIN
                            (pr.q).model IS NOT NULL AS priced,
                            capgate_hold(pr.q, i.prompt, i.max_tokens, i.cache, i.window) AS hold,
                            p.company_rpm AS crpm, p.company_tpm AS ctpm, p.user_rpm AS urpm, p.user_tpm AS utpm,
-                           p.user_concurrency AS uconc, capgate_rate_tokens(pr.q, i.prompt, i.max_tokens, i.window) AS rtok
+                           p.user_concurrency AS uconc, capgate_rate_tokens(pr.q, i.prompt, i.max_tokens, i.window) AS rtok,
+                           e.company_rpm AS fcrpm, e.company_tpm AS fctpm, e.user_rpm AS furpm, e.user_tpm AS futpm,
+                           e.user_concurrency AS fconc
                       FROM unnest(p_key_hash, p_company, p_user, p_at, p_units, p_feature, p_routes_version, p_model,
                                   p_prompt, p_max_tokens, p_cache, p_window)
                            WITH ORDINALITY AS i0(kh, co, us, at, units, feature, version, model, prompt, max_tokens, cache,
@@ -307,6 +315,28 @@ BEGIN
             ON l.company_id = slot.c AND l.user_id = slot.u AND l.feature_id = slot.f AND l.starts_at = slot.st;
     END IF;
 
+    -- 2b. The rate windows (SPEC §14) of the calls that may reach them, in key order (created at
+    --     zero when new), so that the calls below, in arrival order, take no lock out of order.
+    IF EXISTS (SELECT 1 FROM unnest(a_crpm, a_ctpm, a_urpm, a_utpm, a_uconc, a_fcrpm, a_fctpm, a_furpm, a_futpm, a_fconc)
+                      AS w(a, b, c, d, e, f, g, h, i, j)
+                WHERE coalesce(w.a, w.b, w.c, w.d, w.e, w.f, w.g, w.h, w.i, w.j) IS NOT NULL) THEN
+        INSERT INTO rate_windows AS w (company_id, user_id, feature_id, minute, calls, tokens)
+        SELECT k.c, k.owner, k.feature, k.minute, 0, 0
+          FROM (SELECT s.c, o.owner, o.feature, min(date_trunc('minute', s.at, 'UTC')) AS minute
+                  FROM unnest(a_company, a_user, a_feature, a_uslot, p_units, p_at, a_crpm, a_ctpm, a_urpm, a_utpm, a_uconc,
+                              a_fcrpm, a_fctpm, a_furpm, a_futpm, a_fconc)
+                       AS s(c, u, f, slot, units, at, crpm, ctpm, urpm, utpm, uconc, fcrpm, fctpm, furpm, futpm, fconc)
+                 CROSS JOIN LATERAL (VALUES
+                       ('00000000-0000-0000-0000-000000000000'::uuid, '', s.crpm IS NOT NULL OR s.ctpm IS NOT NULL),
+                       ('00000000-0000-0000-0000-000000000000'::uuid, s.f, s.fcrpm IS NOT NULL OR s.fctpm IS NOT NULL),
+                       (s.u, '', s.urpm IS NOT NULL OR s.utpm IS NOT NULL OR s.uconc IS NOT NULL),
+                       (s.u, s.f, s.furpm IS NOT NULL OR s.futpm IS NOT NULL OR s.fconc IS NOT NULL)) AS o(owner, feature, applies)
+                 WHERE o.applies AND o.feature IS NOT NULL AND s.slot IS NOT NULL AND s.units > 0
+                 GROUP BY s.c, o.owner, o.feature) k
+         ORDER BY k.c, k.owner, k.feature
+        ON CONFLICT (company_id, user_id, feature_id) DO UPDATE SET calls = w.calls;
+    END IF;
+
     -- 3. Decide in arrival order against the locked counters.
     a_decision := array_fill(NULL::text, ARRAY[n]);
     a_ledger := array_fill(NULL::bigint, ARRAY[n]);
@@ -331,6 +361,11 @@ BEGIN
     a_urc := array_fill(NULL::bigint, ARRAY[n]);
     a_urt := array_fill(NULL::bigint, ARRAY[n]);
     a_us := array_fill(NULL::bigint, ARRAY[n]);
+    a_fcrc := array_fill(NULL::bigint, ARRAY[n]);
+    a_fcrt := array_fill(NULL::bigint, ARRAY[n]);
+    a_furc := array_fill(NULL::bigint, ARRAY[n]);
+    a_furt := array_fill(NULL::bigint, ARRAY[n]);
+    a_fus := array_fill(NULL::bigint, ARRAY[n]);
     FOR i IN 1..n LOOP
         CONTINUE WHEN a_auth[i] <> 'ok';
         IF a_stale[i] THEN
@@ -356,7 +391,8 @@ BEGIN
             a_decision[i] := CASE WHEN p_prompt[i] < -1 THEN 'unbounded_call' WHEN NOT a_priced[i] THEN 'unpriced_model'
                                   ELSE 'max_tokens_required' END;
             CONTINUE;
-        ELSIF p_units[i] > 0 AND (a_ctpm[i] IS NOT NULL OR a_utpm[i] IS NOT NULL) AND a_rtok[i] IS NULL THEN
+        ELSIF p_units[i] > 0 AND a_rtok[i] IS NULL
+              AND (a_ctpm[i] IS NOT NULL OR a_utpm[i] IS NOT NULL OR a_fctpm[i] IS NOT NULL OR a_futpm[i] IS NOT NULL) THEN
             a_decision[i] := CASE WHEN p_prompt[i] >= -1 AND p_max_tokens[i] < 0 THEN 'max_tokens_required'
                                   ELSE 'unbounded_call' END;
             CONTINUE;
@@ -391,19 +427,25 @@ BEGIN
             a_decision[i] := 'charged';
         END IF;
         -- The rate windows (SPEC §14) of a call every counter takes.
-        IF a_decision[i] = 'charged' AND u > 0 AND (a_crpm[i] IS NOT NULL OR a_ctpm[i] IS NOT NULL OR a_urpm[i] IS NOT NULL
-                                                   OR a_utpm[i] IS NOT NULL OR a_uconc[i] IS NOT NULL) THEN
+        v_windows := a_crpm[i] IS NOT NULL OR a_ctpm[i] IS NOT NULL OR a_urpm[i] IS NOT NULL OR a_utpm[i] IS NOT NULL
+                     OR a_uconc[i] IS NOT NULL OR a_fcrpm[i] IS NOT NULL OR a_fctpm[i] IS NOT NULL OR a_furpm[i] IS NOT NULL
+                     OR a_futpm[i] IS NOT NULL OR a_fconc[i] IS NOT NULL;
+        IF a_decision[i] = 'charged' AND u > 0 AND v_windows THEN
             a_rtok[i] := coalesce(a_rtok[i], 0);
             v_rate := capgate_rate_take(a_company[i], a_user[i], p_at[i], a_rtok[i], a_crpm[i], a_ctpm[i], a_urpm[i],
-                                        a_utpm[i], a_uconc[i]);
+                                        a_utpm[i], a_uconc[i], a_feature[i], a_fcrpm[i], a_fctpm[i], a_furpm[i],
+                                        a_futpm[i], a_fconc[i]);
             a_rmin[i] := v_rate.minute;
             a_crc[i] := v_rate.c_calls; a_crt[i] := v_rate.c_tokens;
             a_urc[i] := v_rate.u_calls; a_urt[i] := v_rate.u_tokens; a_us[i] := v_rate.u_slots;
+            a_fcrc[i] := v_rate.fc_calls; a_fcrt[i] := v_rate.fc_tokens;
+            a_furc[i] := v_rate.fu_calls; a_furt[i] := v_rate.fu_tokens; a_fus[i] := v_rate.fu_slots;
             IF v_rate.refused IS NOT NULL THEN
                 a_decision[i] := 'rate_limited';
                 a_rref[i] := v_rate.refused;
             ELSE
-                a_rscopes[i] := v_rate.scopes | CASE WHEN a_uconc[i] IS NOT NULL THEN 4 ELSE 0 END;
+                a_rscopes[i] := v_rate.scopes
+                    | CASE WHEN v_rate.u_slots IS NOT NULL OR v_rate.fu_slots IS NOT NULL THEN 4 ELSE 0 END;
             END IF;
         ELSE
             a_rtok[i] := NULL;
@@ -422,9 +464,9 @@ BEGIN
             END IF;
             a_decision[i] := 'charged';
             a_ledger[i] := nextval('usage_ledger_id_seq'::regclass);
-            IF a_rscopes[i] IS NOT NULL AND a_uconc[i] IS NOT NULL THEN
-                INSERT INTO call_slots (company_id, ledger_id, user_id, lease_until)
-                VALUES (a_company[i], a_ledger[i], a_user[i], p_at[i] + make_interval(secs => v_lease));
+            IF (a_rscopes[i] & 4) <> 0 THEN
+                INSERT INTO call_slots (company_id, ledger_id, user_id, feature_id, lease_until)
+                VALUES (a_company[i], a_ledger[i], a_user[i], coalesce(a_feature[i], ''), p_at[i] + make_interval(secs => v_lease));
             END IF;
             -- Threshold notifications (SPEC §9), only for a counter at or past the lowest threshold.
             IF v_low IS NOT NULL AND u > 0 THEN
@@ -513,18 +555,21 @@ BEGIN
                                         'rate_limited')
                     THEN s.hold END,
                s.scope, s.ccu, s.cch, s.cbudget, s.ucu, s.uch, s.ubudget,
-               s.rref, s.rmin, s.rtok, s.crpm, s.ctpm, s.urpm, s.utpm, s.uconc, s.crc, s.crt, s.urc, s.urt, s.us
+               s.rref, s.rmin, s.rtok, s.crpm, s.ctpm, s.urpm, s.utpm, s.uconc, s.crc, s.crt, s.urc, s.urt, s.us,
+               s.fcrpm, s.fctpm, s.furpm, s.futpm, s.fconc, s.fcrc, s.fcrt, s.furc, s.furt, s.fus
           FROM unnest(a_auth, a_company, a_user, a_role, a_decision, a_ledger, a_period, a_plan, a_plan_name,
                       a_start, a_end, a_cused, a_ccap, a_uused, a_ucap,
                       a_feature, a_fname, a_refused, a_fmsg, a_dstart, a_dend,
                       a_fpu, a_lp, a_fdu, a_ld, a_upu, a_lup, a_udu, a_lud,
                       a_hold, a_scope, a_ccu, a_cch, a_cbudget, a_ucu, a_uch, a_ubudget,
-                      a_rref, a_rmin, a_rtok, a_crpm, a_ctpm, a_urpm, a_utpm, a_uconc, a_crc, a_crt, a_urc, a_urt, a_us)
+                      a_rref, a_rmin, a_rtok, a_crpm, a_ctpm, a_urpm, a_utpm, a_uconc, a_crc, a_crt, a_urc, a_urt, a_us,
+                      a_fcrpm, a_fctpm, a_furpm, a_futpm, a_fconc, a_fcrc, a_fcrt, a_furc, a_furt, a_fus)
                WITH ORDINALITY AS s(auth, c, u, role, decision, ledger, period, plan, plan_name, started, ends,
                                     cused, ccap, uused, ucap, feature, fname, refused, fmsg, dstart, dend,
                                     fpu, lp, fdu, ld, upu, lup, udu, lud,
                                     hold, scope, ccu, cch, cbudget, ucu, uch, ubudget,
-                                    rref, rmin, rtok, crpm, ctpm, urpm, utpm, uconc, crc, crt, urc, urt, us, ord)
+                                    rref, rmin, rtok, crpm, ctpm, urpm, utpm, uconc, crc, crt, urc, urt, us,
+                                    fcrpm, fctpm, furpm, futpm, fconc, fcrc, fcrt, furc, furt, fus, ord)
           -- A refusal's upgrade offer (the one-time filter skips the lookup for every other call).
           LEFT JOIN LATERAL (
               SELECT * FROM capgate_upgrade_offer(s.decision, s.plan, s.feature, s.refused,

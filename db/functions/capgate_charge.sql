@@ -104,6 +104,11 @@ BEGIN
         END IF;
         SELECT * INTO e FROM plan_features WHERE plan_id = r.plan_id AND feature_id = p_feature;
         r.feature_message := e.message;
+        r.f_company_rpm := e.company_rpm;
+        r.f_company_tpm := e.company_tpm;
+        r.f_user_rpm := e.user_rpm;
+        r.f_user_tpm := e.user_tpm;
+        r.f_user_concurrency := e.user_concurrency;
         IF NOT coalesce(e.enabled, false) THEN
             r.decision := 'feature_not_in_plan';
             RETURN r;
@@ -152,10 +157,13 @@ BEGIN
         END IF;
     END IF;
     v_rated := r.company_rpm IS NOT NULL OR r.company_tpm IS NOT NULL OR r.user_rpm IS NOT NULL
-               OR r.user_tpm IS NOT NULL OR r.user_concurrency IS NOT NULL;
+               OR r.user_tpm IS NOT NULL OR r.user_concurrency IS NOT NULL OR r.f_company_rpm IS NOT NULL
+               OR r.f_company_tpm IS NOT NULL OR r.f_user_rpm IS NOT NULL OR r.f_user_tpm IS NOT NULL
+               OR r.f_user_concurrency IS NOT NULL;
     IF v_rated THEN
         r.rate_tokens := capgate_rate_tokens(v_price, p_prompt, p_max_tokens, p_window);
-        IF r.rate_tokens IS NULL AND (r.company_tpm IS NOT NULL OR r.user_tpm IS NOT NULL) THEN
+        IF r.rate_tokens IS NULL AND (r.company_tpm IS NOT NULL OR r.user_tpm IS NOT NULL OR r.f_company_tpm IS NOT NULL
+                                      OR r.f_user_tpm IS NOT NULL) THEN
             r.decision := CASE WHEN p_prompt >= -1 AND p_max_tokens < 0 THEN 'max_tokens_required' ELSE 'unbounded_call' END;
             RETURN r;
         END IF;
@@ -280,13 +288,19 @@ BEGIN
     -- 3c. the rate windows (SPEC §14)
     IF v_rated THEN
         v_rate := capgate_rate_take(p_company, p_user, p_at, r.rate_tokens, r.company_rpm, r.company_tpm, r.user_rpm,
-                                    r.user_tpm, r.user_concurrency);
+                                    r.user_tpm, r.user_concurrency, p_feature, r.f_company_rpm, r.f_company_tpm,
+                                    r.f_user_rpm, r.f_user_tpm, r.f_user_concurrency);
         r.rate_minute := v_rate.minute;
         r.cr_calls := v_rate.c_calls;
         r.cr_tokens := v_rate.c_tokens;
         r.ur_calls := v_rate.u_calls;
         r.ur_tokens := v_rate.u_tokens;
         r.u_slots := v_rate.u_slots;
+        r.fcr_calls := v_rate.fc_calls;
+        r.fcr_tokens := v_rate.fc_tokens;
+        r.fur_calls := v_rate.fu_calls;
+        r.fur_tokens := v_rate.fu_tokens;
+        r.fu_slots := v_rate.fu_slots;
         IF v_rate.refused IS NOT NULL THEN
             r := capgate_give_back(r, p_units, CASE WHEN p_feature IS NULL THEN 0 ELSE 4 END, v_hold, v_hold);
             r.rate_refused := v_rate.refused;
@@ -329,11 +343,12 @@ BEGIN
                               request_id, outcome, created_at, hold_micros, rate_minute, rate_tokens, rate_scopes)
     VALUES (p_company, r.period_id, p_user, p_units, p_method, p_route, p_model, p_feature, r.day_start,
             p_request_id, 'charged', p_at, r.hold, r.rate_minute, r.rate_tokens,
-            CASE WHEN v_rated THEN v_rate.scopes | CASE WHEN r.user_concurrency IS NOT NULL THEN 4 ELSE 0 END END)
+            CASE WHEN v_rated THEN v_rate.scopes | CASE WHEN v_rate.u_slots IS NOT NULL OR v_rate.fu_slots IS NOT NULL
+                                                        THEN 4 ELSE 0 END END)
     RETURNING id INTO r.ledger_id;
-    IF v_rated AND r.user_concurrency IS NOT NULL THEN
-        INSERT INTO call_slots (company_id, ledger_id, user_id, lease_until)
-        VALUES (p_company, r.ledger_id, p_user, p_at + make_interval(secs => v_lease));
+    IF v_rate.u_slots IS NOT NULL OR v_rate.fu_slots IS NOT NULL THEN
+        INSERT INTO call_slots (company_id, ledger_id, user_id, feature_id, lease_until)
+        VALUES (p_company, r.ledger_id, p_user, coalesce(p_feature, ''), p_at + make_interval(secs => v_lease));
     END IF;
     r.decision := 'charged';
     RETURN r;

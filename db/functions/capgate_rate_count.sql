@@ -1,10 +1,10 @@
 -- One owner's minute window (capgate_rate_take): adds one call and p_tokens to the row of
--- (p_company, p_owner) when both fit (p_rpm calls, p_tpm tokens; NULL: no limit), creating the
+-- (p_company, p_owner, p_feature) when both fit (p_rpm calls, p_tpm tokens; NULL: no limit), creating the
 -- row on the owner's first call and starting it again when its minute has passed. Answers the
 -- refusing window ('<p_who>-rpm' before '<p_who>-tpm', NULL when it fits) and the counts: with
 -- the call, or as they stand. The row stays locked to the end of the transaction either way.
 CREATE FUNCTION capgate_rate_count(
-    p_company uuid, p_owner uuid, p_minute timestamptz, p_tokens bigint, p_rpm integer, p_tpm bigint, p_who text,
+    p_company uuid, p_owner uuid, p_feature text, p_minute timestamptz, p_tokens bigint, p_rpm integer, p_tpm bigint, p_who text,
     OUT refused text, OUT calls bigint, OUT tokens bigint
 )
 LANGUAGE plpgsql AS $$
@@ -15,19 +15,20 @@ BEGIN
        SET minute = greatest(w.minute, p_minute),
            calls = CASE WHEN w.minute >= p_minute THEN w.calls ELSE 0 END + 1,
            tokens = CASE WHEN w.minute >= p_minute THEN w.tokens ELSE 0 END + p_tokens
-     WHERE w.company_id = p_company AND w.user_id = p_owner
+     WHERE w.company_id = p_company AND w.user_id = p_owner AND w.feature_id = p_feature
        AND (p_rpm IS NULL OR CASE WHEN w.minute >= p_minute THEN w.calls ELSE 0 END + 1 <= p_rpm)
        AND (p_tpm IS NULL OR CASE WHEN w.minute >= p_minute THEN w.tokens ELSE 0 END + p_tokens <= p_tpm)
     RETURNING w.calls, w.tokens INTO calls, tokens;
     IF FOUND THEN
         RETURN;
     END IF;
-    INSERT INTO rate_windows (company_id, user_id, minute, calls, tokens) VALUES (p_company, p_owner, p_minute, 0, 0)
+    INSERT INTO rate_windows (company_id, user_id, feature_id, minute, calls, tokens)
+    VALUES (p_company, p_owner, p_feature, p_minute, 0, 0)
         ON CONFLICT DO NOTHING;
     SELECT CASE WHEN w.minute >= p_minute THEN w.calls ELSE 0 END, CASE WHEN w.minute >= p_minute THEN w.tokens ELSE 0 END,
            greatest(w.minute, p_minute)
       INTO calls, tokens, v_minute
-      FROM rate_windows w WHERE w.company_id = p_company AND w.user_id = p_owner FOR UPDATE;
+      FROM rate_windows w WHERE w.company_id = p_company AND w.user_id = p_owner AND w.feature_id = p_feature FOR UPDATE;
     IF p_rpm IS NOT NULL AND calls + 1 > p_rpm THEN
         refused := p_who || '-rpm';
         RETURN;
@@ -38,6 +39,6 @@ BEGIN
     calls := calls + 1;
     tokens := tokens + p_tokens;
     UPDATE rate_windows w SET minute = v_minute, calls = capgate_rate_count.calls, tokens = capgate_rate_count.tokens
-     WHERE w.company_id = p_company AND w.user_id = p_owner;
+     WHERE w.company_id = p_company AND w.user_id = p_owner AND w.feature_id = p_feature;
 END;
 $$;

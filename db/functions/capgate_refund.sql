@@ -68,17 +68,19 @@ BEGIN
     -- The rate windows (SPEC §14): the call and its tokens leave the minute they were counted in
     -- (if it is still the row's), and its concurrency slot is freed.
     IF l.rate_scopes IS NOT NULL THEN
-        UPDATE rate_windows SET calls = greatest(calls - 1, 0), tokens = tokens - l.rate_tokens
-         WHERE company_id = p_company AND minute = l.rate_minute
-           AND ((user_id = '00000000-0000-0000-0000-000000000000' AND (l.rate_scopes & 1) <> 0)
-                OR (user_id = l.user_id AND (l.rate_scopes & 2) <> 0));
+        UPDATE rate_windows w SET calls = greatest(w.calls - 1, 0), tokens = w.tokens - l.rate_tokens
+          FROM (VALUES (1, '00000000-0000-0000-0000-000000000000'::uuid, ''), (2, l.user_id, ''),
+                       (8, '00000000-0000-0000-0000-000000000000'::uuid, coalesce(l.feature, '')),
+                       (16, l.user_id, coalesce(l.feature, ''))) AS o(bit, owner, feature)
+         WHERE (l.rate_scopes & o.bit) <> 0 AND w.company_id = p_company AND w.user_id = o.owner
+           AND w.feature_id = o.feature AND w.minute = l.rate_minute;
         IF (l.rate_scopes & 4) <> 0 THEN
             DELETE FROM call_slots WHERE company_id = p_company AND ledger_id = p_ledger_id;
         END IF;
     END IF;
     UPDATE usage_ledger
        SET outcome = 'refunded', upstream_status = p_upstream_status, settled_at = clock_timestamp(),
-           rate_scopes = rate_scopes & 3
+           rate_scopes = rate_scopes & ~4::smallint
      WHERE company_id = p_company AND id = p_ledger_id;
     RETURN true;
 END;

@@ -10,21 +10,32 @@ ALTER TABLE plans
     ADD COLUMN company_tpm bigint CHECK (company_tpm BETWEEN 0 AND 1000000000000),
     ADD COLUMN user_tpm bigint CHECK (user_tpm BETWEEN 0 AND 1000000000000),
     ADD COLUMN user_concurrency integer CHECK (user_concurrency BETWEEN 0 AND 1000000);
+-- An entitlement (one plan x one feature) may set the same five for the calls of its feature:
+-- counted apart, per company and feature and per user and feature, after the plan's.
+ALTER TABLE plan_features
+    ADD COLUMN company_rpm integer CHECK (company_rpm BETWEEN 0 AND 1000000000),
+    ADD COLUMN user_rpm integer CHECK (user_rpm BETWEEN 0 AND 1000000000),
+    ADD COLUMN company_tpm bigint CHECK (company_tpm BETWEEN 0 AND 1000000000000),
+    ADD COLUMN user_tpm bigint CHECK (user_tpm BETWEEN 0 AND 1000000000000),
+    ADD COLUMN user_concurrency integer CHECK (user_concurrency BETWEEN 0 AND 1000000);
 
--- One row per window owner, not per minute: the company's (user_id the nil UUID) and each user's.
+-- One row per window owner, not per minute: the company's (user_id the nil UUID) and each user's,
+-- for the plan's windows (feature_id '') and for each feature whose entitlement sets some.
 -- `minute` is the window the counts belong to; the first call of a later minute starts it again
 -- at zero in the same update, so the table holds one row per company and per user who called
 -- with a window set, and nothing is ever purged. Counts of a refused call are never added.
 CREATE TABLE rate_windows (
     company_id uuid NOT NULL REFERENCES companies (id) ON DELETE CASCADE,
     user_id uuid NOT NULL,
+    feature_id text NOT NULL DEFAULT '',
     minute timestamptz NOT NULL,
     calls bigint NOT NULL CHECK (calls >= 0),
     tokens bigint NOT NULL,
-    PRIMARY KEY (company_id, user_id)
+    PRIMARY KEY (company_id, user_id, feature_id)
 );
 
--- The calls in flight of users whose plan sets user_concurrency: a row from admission until the
+-- The calls in flight of users whose plan (or the entitlement of the call's feature, feature_id:
+-- the call's feature, '' for none) sets user_concurrency: a row from admission until the
 -- call ends (answer done, client gone, upstream failed); a gateway that dies leaves its rows,
 -- which stop counting at lease_until (rate.leaseSeconds after the admission) and are removed by
 -- the user's next admission.
@@ -32,6 +43,7 @@ CREATE TABLE call_slots (
     company_id uuid NOT NULL REFERENCES companies (id) ON DELETE CASCADE,
     ledger_id bigint NOT NULL,
     user_id uuid NOT NULL,
+    feature_id text NOT NULL DEFAULT '',
     lease_until timestamptz NOT NULL,
     PRIMARY KEY (company_id, ledger_id)
 );
@@ -39,7 +51,8 @@ CREATE INDEX call_slots_user ON call_slots (company_id, user_id, lease_until);
 
 -- What a call put in the windows, for its settlement and its refund: the minute, the tokens it
 -- counts there (its hold until settled, then its real count) and which rows it is in
--- (1: the company's window, 2: the user's, 4: a concurrency slot). NULL: no window applied.
+-- (1: the company's window, 2: the user's, 4: a concurrency slot, 8: the company's window of the
+-- call's feature, 16: the user's window of it). NULL: no window applied.
 ALTER TABLE usage_ledger
     ADD COLUMN rate_minute timestamptz,
     ADD COLUMN rate_tokens bigint,

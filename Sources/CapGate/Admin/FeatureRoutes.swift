@@ -110,7 +110,12 @@ struct FeatureRoutes {
             dailyLimit: try f.cap("daily_limit", keeping: existing), periodLimit: try f.cap("period_limit", keeping: existing),
             userDailyLimit: try f.cap("user_daily_limit", keeping: existing),
             userPeriodLimit: try f.cap("user_period_limit", keeping: existing),
-            message: message)
+            message: message,
+            rate: try f.rateLimits(
+                keeping: RateState.Limits(
+                    companyRPM: existing?["company_rpm"]?.intValue, companyTPM: existing?["company_tpm"]?.intValue,
+                    userRPM: existing?["user_rpm"]?.intValue, userTPM: existing?["user_tpm"]?.intValue,
+                    userConcurrency: existing?["user_concurrency"]?.intValue)))
     }
 
     // MARK: routes

@@ -14,13 +14,13 @@ extension UsageStore {
                 SELECT pl.company_rpm::bigint, pl.company_tpm, pl.user_rpm::bigint, pl.user_tpm, pl.user_concurrency::bigint,
                        date_trunc('minute', \(at)::timestamptz, 'UTC'),
                        (SELECT CASE WHEN w.minute >= date_trunc('minute', \(at)::timestamptz, 'UTC') THEN w.calls ELSE 0 END
-                          FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(nilUser)),
+                          FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(nilUser) AND w.feature_id = ''),
                        (SELECT CASE WHEN w.minute >= date_trunc('minute', \(at)::timestamptz, 'UTC') THEN w.tokens ELSE 0 END
-                          FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(nilUser)),
+                          FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(nilUser) AND w.feature_id = ''),
                        (SELECT CASE WHEN w.minute >= date_trunc('minute', \(at)::timestamptz, 'UTC') THEN w.calls ELSE 0 END
-                          FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(user)),
+                          FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(user) AND w.feature_id = ''),
                        (SELECT CASE WHEN w.minute >= date_trunc('minute', \(at)::timestamptz, 'UTC') THEN w.tokens ELSE 0 END
-                          FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(user)),
+                          FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(user) AND w.feature_id = ''),
                        (SELECT count(*) FROM call_slots s
                          WHERE s.company_id = pp.company_id AND s.user_id = \(user) AND s.lease_until > \(at)::timestamptz)
                   FROM plan_periods pp JOIN plans pl ON pl.id = pp.plan_id
@@ -33,8 +33,8 @@ extension UsageStore {
         let limits = RateState.Limits(companyRPM: r.0, companyTPM: r.1, userRPM: r.2, userTPM: r.3, userConcurrency: r.4)
         guard !limits.isEmpty else { return nil }
         return RateState(
-            limits: limits, minute: r.5, companyCalls: r.6 ?? 0, companyTokens: r.7 ?? 0, userCalls: r.8 ?? 0,
-            userTokens: r.9 ?? 0, userInFlight: r.10, refused: nil, tokens: nil)
+            limits: limits, minute: r.5,
+            counts: .init(companyCalls: r.6 ?? 0, companyTokens: r.7 ?? 0, userCalls: r.8 ?? 0, userTokens: r.9 ?? 0, userInFlight: r.10))
     }
 }
 
@@ -43,9 +43,9 @@ extension RateState {
     /// 429's `usage.rate` names them, with what remains.
     func usageJSON(now: Date) -> JSON {
         .array(
-            windows.map { window in
+            limits.windows.map { window in
                 let limit = limits[window]
-                let used = self.used(window) ?? 0
+                let used = counts[window] ?? 0
                 return .obj([
                     "window": .string(window.rawValue), "limit": JSON(limit), "used": .int(used),
                     "remaining": JSON(limit.map { max(0, $0 - used) }),

@@ -14,7 +14,8 @@ let admittedColumns = """
     fu_day_used, fu_day_limit, answer_status, answer_type, answer_body, upgrade_plan, upgrade_company_cap, upgrade_user_cap,
     upgrade_feature_limit, hold, budget_scope, cc_used, cc_held, cc_limit, uc_used, uc_held, uc_limit,
     rate_refused, rate_minute, rate_tokens, company_rpm, company_tpm, user_rpm, user_tpm, user_concurrency, cr_calls, cr_tokens,
-    ur_calls, ur_tokens, u_slots
+    ur_calls, ur_tokens, u_slots, f_company_rpm, f_company_tpm, f_user_rpm, f_user_tpm, f_user_concurrency, fcr_calls,
+    fcr_tokens, fur_calls, fur_tokens, fu_slots
     """
 
 extension AdmissionRow {
@@ -28,6 +29,7 @@ extension AdmissionRow {
                 Int64?, Int64?, Int32?, String?, ByteBuffer?, String?, Int64?, Int64?, Int64?,
                 Int64?, String?, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?,
                 String?, Date?, Int64?, Int32?, Int64?, Int32?, Int64?, Int32?, Int64?, Int64?,
+                Int64?, Int64?, Int64?, Int32?, Int64?, Int32?, Int64?, Int32?, Int64?, Int64?,
                 Int64?, Int64?, Int64?
             ).self)
         self.init(
@@ -49,12 +51,22 @@ extension AdmissionRow {
                 user: c.42.map { CostState.Counter(used: $0, held: c.43 ?? 0, limit: c.44) }, hold: c.37)
         }
         if let minute = c.46 {
+            let featureLimits = RateState.Limits(
+                companyRPM: c.58.map(Int64.init), companyTPM: c.59, userRPM: c.60.map(Int64.init), userTPM: c.61,
+                userConcurrency: c.62.map(Int64.init))
+            let refused = c.45.map { $0.hasPrefix("feature.") ? (String($0.dropFirst(8)), true) : ($0, false) }
             rate = RateState(
                 limits: .init(
                     companyRPM: c.48.map(Int64.init), companyTPM: c.49, userRPM: c.50.map(Int64.init), userTPM: c.51,
                     userConcurrency: c.52.map(Int64.init)),
-                minute: minute, companyCalls: c.53, companyTokens: c.54, userCalls: c.55, userTokens: c.56, userInFlight: c.57,
-                refused: c.45.flatMap(RateState.Window.init(rawValue:)), tokens: c.47)
+                minute: minute,
+                counts: .init(companyCalls: c.53, companyTokens: c.54, userCalls: c.55, userTokens: c.56, userInFlight: c.57),
+                feature: featureLimits.isEmpty || c.16 == nil
+                    ? nil
+                    : .init(
+                        id: c.16 ?? "", limits: featureLimits,
+                        counts: .init(companyCalls: c.63, companyTokens: c.64, userCalls: c.65, userTokens: c.66, userInFlight: c.67)),
+                refused: refused.flatMap { RateState.Window(rawValue: $0.0) }, refusedFeature: refused?.1 ?? false, tokens: c.47)
         }
     }
 }

@@ -1,8 +1,9 @@
 import Foundation
 
-/// A call's rate windows (SPEC §14) as its admission saw them: the plan's per-minute limits, the
-/// counts of the company's and the user's window in the call's UTC minute, the user's calls in
-/// flight, and the window that refused it, if one did.
+/// A call's rate windows (SPEC §14) as its admission saw them: the plan's per-minute limits and
+/// the counts of the company's and the user's windows in the call's UTC minute with the user's
+/// calls in flight, the same for the call's feature where its entitlement sets limits, and the
+/// window that refused it, if one did.
 public struct RateState: Sendable, Equatable {
     /// One of the five windows, named as SPEC §14 names them (`usage.rate.window`, RateLimit).
     public enum Window: String, Sendable, CaseIterable {
@@ -11,9 +12,12 @@ public struct RateState: Sendable, Equatable {
         case userRPM = "user-rpm"
         case userTPM = "user-tpm"
         case userConcurrency = "user-concurrency"
+
+        /// Whose window it is: the company's or the user's.
+        var scope: String { self == .companyRPM || self == .companyTPM ? "company" : "user" }
     }
 
-    /// The plan's limits; nil: none.
+    /// The five limits of a plan or an entitlement; nil: none.
     public struct Limits: Sendable, Equatable {
         public var companyRPM: Int64?
         public var companyTPM: Int64?
@@ -43,31 +47,67 @@ public struct RateState: Sendable, Equatable {
             case .userConcurrency: userConcurrency
             }
         }
+
+        /// The windows set, in SPEC §14's order.
+        var windows: [Window] { Window.allCases.filter { self[$0] != nil } }
+    }
+
+    /// What one owner's windows hold in the minute (nil: that owner has no window set).
+    public struct Counts: Sendable, Equatable {
+        public var companyCalls: Int64?
+        public var companyTokens: Int64?
+        public var userCalls: Int64?
+        public var userTokens: Int64?
+        public var userInFlight: Int64?
+
+        public init(
+            companyCalls: Int64? = nil, companyTokens: Int64? = nil, userCalls: Int64? = nil, userTokens: Int64? = nil,
+            userInFlight: Int64? = nil
+        ) {
+            self.companyCalls = companyCalls
+            self.companyTokens = companyTokens
+            self.userCalls = userCalls
+            self.userTokens = userTokens
+            self.userInFlight = userInFlight
+        }
+
+        public subscript(window: Window) -> Int64? {
+            switch window {
+            case .companyRPM: companyCalls
+            case .companyTPM: companyTokens
+            case .userRPM: userCalls
+            case .userTPM: userTokens
+            case .userConcurrency: userInFlight
+            }
+        }
+
+        /// The counts without one call of `tokens` (a refund).
+        func without(tokens: Int64) -> Counts {
+            Counts(
+                companyCalls: companyCalls.map { max(0, $0 - 1) }, companyTokens: companyTokens.map { max(0, $0 - tokens) },
+                userCalls: userCalls.map { max(0, $0 - 1) }, userTokens: userTokens.map { max(0, $0 - tokens) },
+                userInFlight: userInFlight.map { max(0, $0 - 1) })
+        }
+    }
+
+    /// The windows of the call's feature (its entitlement's limits, counted per feature).
+    public struct FeatureWindows: Sendable, Equatable {
+        public var id: String
+        public var limits: Limits
+        public var counts: Counts
     }
 
     public var limits: Limits
     /// The UTC minute the counts belong to.
     public var minute: Date
-    public var companyCalls: Int64?
-    public var companyTokens: Int64?
-    public var userCalls: Int64?
-    public var userTokens: Int64?
-    public var userInFlight: Int64?
-    /// The window that refused the call (429), nil when it fits.
+    public var counts: Counts
+    public var feature: FeatureWindows?
+    /// The window that refused the call (429), nil when it fits; `refusedFeature`: it is the
+    /// window of the call's feature.
     public var refused: Window?
+    public var refusedFeature = false
     /// What the call holds in the token windows (its prompt bound plus `max_tokens`).
     public var tokens: Int64?
-
-    /// A window's count, as the admission left it.
-    public func used(_ window: Window) -> Int64? {
-        switch window {
-        case .companyRPM: companyCalls
-        case .companyTPM: companyTokens
-        case .userRPM: userCalls
-        case .userTPM: userTokens
-        case .userConcurrency: userInFlight
-        }
-    }
 
     /// When the window has room again: the minute's end, or a second from `now` for the calls in
     /// flight (a slot frees when a call ends, which cannot be foreseen).
@@ -75,53 +115,55 @@ public struct RateState: Sendable, Equatable {
         window == .userConcurrency ? now.addingTimeInterval(1) : minute.addingTimeInterval(60)
     }
 
-    /// The windows the plan sets, in SPEC §14's order.
-    public var windows: [Window] { Window.allCases.filter { limits[$0] != nil } }
-
     /// The call holds a concurrency slot or a token hold that its end gives back
     /// (`capgate_rate_end`): its answer ends only after that is written.
     public var endsInWindows: Bool {
-        refused == nil && (limits.userConcurrency != nil || limits.companyTPM != nil || limits.userTPM != nil)
+        func holds(_ l: Limits) -> Bool { l.userConcurrency != nil || l.companyTPM != nil || l.userTPM != nil }
+        return refused == nil && (holds(limits) || feature.map { holds($0.limits) } == true)
     }
 
     /// The state after the call was given back: it leaves its windows and frees its slot.
     func refunded() -> RateState {
         var s = self
-        let tokens = tokens ?? 0
-        s.companyCalls = companyCalls.map { max(0, $0 - 1) }
-        s.companyTokens = companyTokens.map { max(0, $0 - tokens) }
-        s.userCalls = userCalls.map { max(0, $0 - 1) }
-        s.userTokens = userTokens.map { max(0, $0 - tokens) }
-        s.userInFlight = userInFlight.map { max(0, $0 - 1) }
+        s.counts = counts.without(tokens: tokens ?? 0)
+        s.feature?.counts = feature?.counts.without(tokens: tokens ?? 0) ?? Counts()
         return s
     }
 
-    /// `usage.rate` of a 429: the refusing window.
+    /// `usage.rate` of a 429: the refusing window (with `feature` when it is a feature's).
     func refusalJSON(now: Date) -> JSON {
         guard let refused else { return .null }
-        return Self.windowJSON(refused, limit: limits[refused], used: used(refused), resetAt: resetAt(refused, now: now))
+        let (limits, counts) = refusedFeature ? (feature?.limits ?? Limits(), feature?.counts ?? Counts()) : (limits, counts)
+        var fields: [JSON.Field] = [
+            .init("window", .string(refused.rawValue)), .init("limit", JSON(limits[refused])),
+            .init("used", .int(counts[refused] ?? 0)), .init("reset_at", JSON(resetAt(refused, now: now))),
+        ]
+        if refusedFeature, let feature { fields.append(.init("feature", .string(feature.id))) }
+        return .object(fields)
     }
 
-    static func windowJSON(_ window: Window, limit: Int64?, used: Int64?, resetAt: Date) -> JSON {
-        .obj(["window": .string(window.rawValue), "limit": JSON(limit), "used": .int(used ?? 0), "reset_at": JSON(resetAt)])
-    }
-
-    /// The RateLimit entries (SPEC §14): one per window the plan sets; a minute window's `w` is
-    /// 60 and its `t` the seconds to the minute's end, the calls in flight have no window.
+    /// The RateLimit entries (SPEC §14): one per window set with a count; a minute window's `w` is
+    /// 60 and its `t` the seconds to the minute's end, the calls in flight have no window. A
+    /// feature's are named `feature.<id>.<window>`.
     func rateLimitEntries(now: Date) -> (policies: [String], states: [String]) {
         var policies: [String] = []
         var states: [String] = []
         let reset = max(0, Int(minute.addingTimeInterval(60).timeIntervalSince(now).rounded(.up)))
-        for window in windows {
-            // A refused call's other owner was not read: only the windows with a count.
-            guard let limit = limits[window], let used = used(window) else { continue }
-            let remaining = max(0, limit - used)
-            if window == .userConcurrency {
-                policies.append("\"\(window.rawValue)\";q=\(limit)")
-                states.append("\"\(window.rawValue)\";r=\(remaining)")
-            } else {
-                policies.append("\"\(window.rawValue)\";q=\(limit);w=60")
-                states.append("\"\(window.rawValue)\";r=\(remaining);t=\(reset)")
+        var owners = [("", limits, counts)]
+        if let feature { owners.append(("feature.\(feature.id).", feature.limits, feature.counts)) }
+        for (prefix, limits, counts) in owners {
+            for window in limits.windows {
+                // A refused call's other owners were not read: only the windows with a count.
+                guard let limit = limits[window], let used = counts[window] else { continue }
+                let name = prefix + window.rawValue
+                let remaining = max(0, limit - used)
+                if window == .userConcurrency {
+                    policies.append("\"\(name)\";q=\(limit)")
+                    states.append("\"\(name)\";r=\(remaining)")
+                } else {
+                    policies.append("\"\(name)\";q=\(limit);w=60")
+                    states.append("\"\(name)\";r=\(remaining);t=\(reset)")
+                }
             }
         }
         return (policies, states)

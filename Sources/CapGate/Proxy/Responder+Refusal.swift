@@ -82,16 +82,17 @@ extension Responder {
     }
 
     static func rateMessage(_ window: RateState.Window, state: UsageState) -> String {
-        let limit = state.rate?.limits[window].map(String.init) ?? "its"
+        let feature = state.rate?.refusedFeature == true ? state.rate?.feature : nil
+        let limit = (feature?.limits ?? state.rate?.limits)?[window].map(String.init) ?? "its"
+        let of = feature.map { " of \(state.feature?.name ?? $0.id)" } ?? ""
+        let again = " Nothing was charged; try again in a moment."
         switch window {
-        case .companyRPM: return "Your company has made its \(limit) calls allowed this minute. Nothing was charged; try again in a moment."
-        case .userRPM: return "You have made your \(limit) calls allowed this minute. Nothing was charged; try again in a moment."
-        case .companyTPM:
-            return "Your company's calls this minute have reached its \(limit) tokens a minute. Nothing was charged; try again in a moment."
-        case .userTPM:
-            return "Your calls this minute have reached your \(limit) tokens a minute. Nothing was charged; try again in a moment."
+        case .companyRPM: return "Your company has made its \(limit) calls\(of) allowed this minute.\(again)"
+        case .userRPM: return "You have made your \(limit) calls\(of) allowed this minute.\(again)"
+        case .companyTPM: return "Your company's calls\(of) this minute have reached its \(limit) tokens a minute.\(again)"
+        case .userTPM: return "Your calls\(of) this minute have reached your \(limit) tokens a minute.\(again)"
         case .userConcurrency:
-            return "You already have \(limit) calls in progress, as many as allowed at once. Nothing was charged; "
+            return "You already have \(limit) calls\(of) in progress, as many as allowed at once. Nothing was charged; "
                 + "try again when one has finished."
         }
     }
@@ -115,8 +116,7 @@ extension Responder {
         case .cap(let scope): state.json(scope: scope.rawValue)
         case .featureLimit: state.json(scope: state.feature?.refused?.scope.rawValue ?? "company", featureRefusal: true)
         case .budget(let scope): state.json(scope: scope.rawValue, budgetRefusal: scope)
-        case .rate(let window):
-            state.json(scope: window == .companyRPM || window == .companyTPM ? "company" : "user", rateRefusal: true, now: now)
+        case .rate(let window): state.json(scope: window.scope, rateRefusal: true, now: now)
         default: state.json(scope: "user")
         }
     }

@@ -104,15 +104,22 @@ struct FeatureStore: Sendable {
         var userDailyLimit: Int64?
         var userPeriodLimit: Int64?
         var message: String?
+        /// SPEC §14's limits for the calls of this feature; nil each: none.
+        var rate = RateState.Limits()
     }
 
-    static let entitlementColumns = "plan_id, feature_id, enabled, daily_limit, period_limit, user_daily_limit, user_period_limit, message"
-    typealias EntitlementRow = (String, String, Bool, Int64?, Int64?, Int64?, Int64?, String?)
+    static let entitlementColumns = """
+        plan_id, feature_id, enabled, daily_limit, period_limit, user_daily_limit, user_period_limit, message, company_rpm::bigint,
+        company_tpm, user_rpm::bigint, user_tpm, user_concurrency::bigint
+        """
+    typealias EntitlementRow = (String, String, Bool, Int64?, Int64?, Int64?, Int64?, String?, Int64?, Int64?, Int64?, Int64?, Int64?)
 
     static func entitlementJSON(_ r: EntitlementRow) -> JSON {
         .obj([
             "plan_id": .string(r.0), "feature_id": .string(r.1), "enabled": .bool(r.2), "daily_limit": JSON(r.3),
             "period_limit": JSON(r.4), "user_daily_limit": JSON(r.5), "user_period_limit": JSON(r.6), "message": JSON(r.7),
+            "company_rpm": JSON(r.8), "company_tpm": JSON(r.9), "user_rpm": JSON(r.10), "user_tpm": JSON(r.11),
+            "user_concurrency": JSON(r.12),
         ])
     }
 
@@ -122,7 +129,8 @@ struct FeatureStore: Sendable {
             let rows = try await client.query(
                 """
                 SELECT pf.plan_id, pf.feature_id, pf.enabled, pf.daily_limit, pf.period_limit, pf.user_daily_limit,
-                       pf.user_period_limit, pf.message
+                       pf.user_period_limit, pf.message, pf.company_rpm::bigint, pf.company_tpm, pf.user_rpm::bigint, pf.user_tpm,
+                       pf.user_concurrency::bigint
                   FROM plan_features pf JOIN features f ON f.id = pf.feature_id
                  WHERE pf.plan_id = \(plan) ORDER BY f.sort_order, f.id
                 """, logger: logger)
@@ -147,12 +155,16 @@ struct FeatureStore: Sendable {
                 let before = try await AuditLog.snapshot(AuditLog.locked(target), on: connection, logger: logger)
                 let rows = try await connection.query(
                     """
-                    INSERT INTO plan_features (plan_id, feature_id, enabled, daily_limit, period_limit, user_daily_limit, user_period_limit, message)
-                    VALUES (\(e.plan), \(e.feature), \(e.enabled), \(e.dailyLimit), \(e.periodLimit), \(e.userDailyLimit), \(e.userPeriodLimit), \(e.message))
+                    INSERT INTO plan_features (plan_id, feature_id, enabled, daily_limit, period_limit, user_daily_limit, user_period_limit, message,
+                                               company_rpm, company_tpm, user_rpm, user_tpm, user_concurrency)
+                    VALUES (\(e.plan), \(e.feature), \(e.enabled), \(e.dailyLimit), \(e.periodLimit), \(e.userDailyLimit), \(e.userPeriodLimit), \(e.message),
+                            \(e.rate.companyRPM), \(e.rate.companyTPM), \(e.rate.userRPM), \(e.rate.userTPM), \(e.rate.userConcurrency))
                     ON CONFLICT (plan_id, feature_id) DO UPDATE SET
                         enabled = EXCLUDED.enabled, daily_limit = EXCLUDED.daily_limit, period_limit = EXCLUDED.period_limit,
                         user_daily_limit = EXCLUDED.user_daily_limit, user_period_limit = EXCLUDED.user_period_limit,
-                        message = EXCLUDED.message, updated_at = now()
+                        message = EXCLUDED.message, company_rpm = EXCLUDED.company_rpm, company_tpm = EXCLUDED.company_tpm,
+                        user_rpm = EXCLUDED.user_rpm, user_tpm = EXCLUDED.user_tpm, user_concurrency = EXCLUDED.user_concurrency,
+                        updated_at = now()
                     RETURNING \(unescaped: Self.entitlementColumns)
                     """, logger: logger)
                 let stored = try await rows.decode(EntitlementRow.self).collect().first.map(Self.entitlementJSON) ?? .null
