@@ -464,9 +464,11 @@ BEGIN
             END IF;
             a_decision[i] := 'charged';
             a_ledger[i] := nextval('usage_ledger_id_seq'::regclass);
-            IF (a_rscopes[i] & 4) <> 0 THEN
-                INSERT INTO call_slots (company_id, ledger_id, user_id, feature_id, lease_until)
-                VALUES (a_company[i], a_ledger[i], a_user[i], coalesce(a_feature[i], ''), p_at[i] + make_interval(secs => v_lease));
+            IF (a_rscopes[i] & 4) <> 0 OR (a_rscopes[i] IS NOT NULL AND (a_ctpm[i] IS NOT NULL OR a_utpm[i] IS NOT NULL
+                                                                          OR a_fctpm[i] IS NOT NULL OR a_futpm[i] IS NOT NULL)) THEN
+                INSERT INTO rate_calls (company_id, ledger_id, user_id, feature_id, minute, tokens, scopes, lease_until)
+                VALUES (a_company[i], a_ledger[i], a_user[i], coalesce(a_feature[i], ''), a_rmin[i], a_rtok[i], a_rscopes[i],
+                        p_at[i] + make_interval(secs => v_lease));
             END IF;
             -- Threshold notifications (SPEC §9), only for a counter at or past the lowest threshold.
             IF v_low IS NOT NULL AND u > 0 THEN

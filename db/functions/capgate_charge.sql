@@ -24,7 +24,7 @@
 -- 7. Rate windows (SPEC §14), for a metered call whose plan sets any: a token window needs the
 --    call bounded (capgate_rate_tokens; else unbounded_call or max_tokens_required, before any
 --    counter); after the budgets, capgate_rate_take counts the call in the company's and the
---    user's minute windows and takes a concurrency slot (call_slots, leased for
+--    user's minute windows and takes a concurrency slot (rate_calls, leased for
 --    config_versions.slot_lease_seconds), or refuses it (rate_limited) and everything this call
 --    added is given back.
 CREATE FUNCTION capgate_charge(
@@ -346,9 +346,13 @@ BEGIN
             CASE WHEN v_rated THEN v_rate.scopes | CASE WHEN v_rate.u_slots IS NOT NULL OR v_rate.fu_slots IS NOT NULL
                                                         THEN 4 ELSE 0 END END)
     RETURNING id INTO r.ledger_id;
-    IF v_rate.u_slots IS NOT NULL OR v_rate.fu_slots IS NOT NULL THEN
-        INSERT INTO call_slots (company_id, ledger_id, user_id, feature_id, lease_until)
-        VALUES (p_company, r.ledger_id, p_user, coalesce(p_feature, ''), p_at + make_interval(secs => v_lease));
+    -- A call holding a slot or tokens in a token window is ended in the windows by capgate_rate_end.
+    IF v_rate.u_slots IS NOT NULL OR v_rate.fu_slots IS NOT NULL OR r.company_tpm IS NOT NULL OR r.user_tpm IS NOT NULL
+       OR r.f_company_tpm IS NOT NULL OR r.f_user_tpm IS NOT NULL THEN
+        INSERT INTO rate_calls (company_id, ledger_id, user_id, feature_id, minute, tokens, scopes, lease_until)
+        VALUES (p_company, r.ledger_id, p_user, coalesce(p_feature, ''), r.rate_minute, r.rate_tokens,
+                v_rate.scopes | CASE WHEN v_rate.u_slots IS NOT NULL OR v_rate.fu_slots IS NOT NULL THEN 4 ELSE 0 END,
+                p_at + make_interval(secs => v_lease));
     END IF;
     r.decision := 'charged';
     RETURN r;

@@ -1,17 +1,26 @@
--- Ends calls in their rate windows (SPEC §14), once each call's answer is done (or its client
--- gone): a token window's count trades the call's hold for its real count (p_tokens; -1: not
--- known, the hold stays), in the minute the call was counted in (a minute already over is left
--- as it is), and the call's concurrency slot is freed. Idempotent: the ledger row keeps the
--- count it now has in the windows and loses its slot flag, so a second end changes nothing.
+-- Ends calls in their rate windows (SPEC §14): each call's rate_calls row (written by its
+-- admission when it took a concurrency slot or holds tokens in a token window).
 --
--- Lock order: the ledger rows, then the window rows in key order (company_id, user_id,
--- feature_id: the order capgate_rate_take and the batch's step 2 take them), then the slots. No
--- period counter is taken: an end waits for no admission but one holding the same windows.
--- Committed without waiting for the WAL flush: an end lost in a crash leaves the hold in a minute
--- that is over by the time the gateway is back, and the slot to its lease.
+-- p_tokens, per call: the provider's real count of tokens (≥ 0) when its answer is done: the row
+-- goes, its slot with it, and the token windows trade the call's hold for that count in the
+-- minute it was counted in (a minute already over is left as it is); -1: done, the count not
+-- known: the row goes, the hold stays; -2: its client left while the stream is still read for
+-- its usage: the slot is freed now, the row stays for the end. Idempotent: a call whose row is
+-- gone changes nothing.
+--
+-- Lock order: the rate_calls rows, then the window rows in key order (company_id, user_id,
+-- feature_id: the order capgate_rate_take and the batch's step 2 take them). No ledger row and
+-- no period counter is taken, so an end waits for no settlement and no admission but one
+-- holding the same windows. Committed without waiting for the WAL flush: an end lost in a crash
+-- leaves the hold in a minute that is over by the time the gateway is back, and the slot to its
+-- lease.
 CREATE FUNCTION capgate_rate_end(p_company uuid[], p_ledger bigint[], p_tokens bigint[])
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Planned for each call (custom plans), as capgate_settle_batch: a generic plan for the array
+-- arguments may join by a sequential scan.
+SET plan_cache_mode = force_custom_plan
+AS $$
 DECLARE
     v_nil constant uuid := '00000000-0000-0000-0000-000000000000';
     v_company uuid[];
@@ -21,34 +30,31 @@ DECLARE
     v_delta bigint[];
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
+    UPDATE rate_calls c SET scopes = c.scopes & ~4::smallint
+      FROM unnest(p_company, p_ledger, p_tokens) AS s(co, id, tokens)
+     WHERE s.tokens = -2 AND c.company_id = s.co AND c.ledger_id = s.id AND (c.scopes & 4) <> 0;
     WITH ended AS (
-        SELECT l.company_id, l.id, l.user_id, coalesce(l.feature, '') AS feature, l.rate_minute, l.rate_scopes,
-               CASE WHEN s.tokens >= 0 THEN s.tokens - l.rate_tokens ELSE 0 END AS delta
-          FROM unnest(p_company, p_ledger, p_tokens) AS s(c, id, tokens)
-          JOIN usage_ledger l ON l.company_id = s.c AND l.id = s.id
-         WHERE l.rate_scopes IS NOT NULL AND l.outcome = 'charged'
-         ORDER BY l.company_id, l.id
-           FOR UPDATE OF l
-    ), ledger AS (
-        UPDATE usage_ledger l SET rate_tokens = l.rate_tokens + e.delta, rate_scopes = l.rate_scopes & ~4::smallint
-          FROM ended e
-         WHERE l.company_id = e.company_id AND l.id = e.id
+        DELETE FROM rate_calls c USING unnest(p_company, p_ledger, p_tokens) AS s(co, id, tokens)
+         WHERE s.tokens >= -1 AND c.company_id = s.co AND c.ledger_id = s.id
+        RETURNING c.company_id, c.user_id, c.feature_id, c.minute, c.scopes,
+                  CASE WHEN s.tokens >= 0 THEN s.tokens - c.tokens ELSE 0 END AS delta
     )
-    SELECT array_agg(m.company_id ORDER BY m.company_id, m.owner, m.feature), array_agg(m.owner ORDER BY m.company_id, m.owner, m.feature),
-           array_agg(m.feature ORDER BY m.company_id, m.owner, m.feature), array_agg(m.minute ORDER BY m.company_id, m.owner, m.feature),
+    SELECT array_agg(m.company_id ORDER BY m.company_id, m.owner, m.feature),
+           array_agg(m.owner ORDER BY m.company_id, m.owner, m.feature),
+           array_agg(m.feature ORDER BY m.company_id, m.owner, m.feature),
+           array_agg(m.minute ORDER BY m.company_id, m.owner, m.feature),
            array_agg(m.delta ORDER BY m.company_id, m.owner, m.feature)
       INTO v_company, v_owner, v_feature, v_minute, v_delta
-      FROM (SELECT e.company_id, o.owner, o.feature, e.rate_minute AS minute, sum(e.delta)::bigint AS delta
+      FROM (SELECT e.company_id, o.owner, o.feature, e.minute, sum(e.delta)::bigint AS delta
               FROM ended e
-             CROSS JOIN LATERAL (VALUES (1, v_nil, ''), (2, e.user_id, ''), (8, v_nil, e.feature), (16, e.user_id, e.feature))
+             CROSS JOIN LATERAL (VALUES (1, v_nil, ''), (2, e.user_id, ''), (8, v_nil, e.feature_id), (16, e.user_id, e.feature_id))
                    AS o(bit, owner, feature)
-             WHERE (e.rate_scopes & o.bit) <> 0 AND e.delta <> 0
-             GROUP BY e.company_id, o.owner, o.feature, e.rate_minute) m;
-    -- One row at a time, in key order.
+             WHERE (e.scopes & o.bit) <> 0 AND e.delta <> 0
+             GROUP BY e.company_id, o.owner, o.feature, e.minute) m;
+    -- One window row at a time, in key order.
     FOR i IN 1..coalesce(cardinality(v_company), 0) LOOP
         UPDATE rate_windows w SET tokens = w.tokens + v_delta[i]
          WHERE w.company_id = v_company[i] AND w.user_id = v_owner[i] AND w.feature_id = v_feature[i] AND w.minute = v_minute[i];
     END LOOP;
-    DELETE FROM call_slots cs USING unnest(p_company, p_ledger) AS s(c, id) WHERE cs.company_id = s.c AND cs.ledger_id = s.id;
 END;
 $$;

@@ -11,8 +11,8 @@
 -- takes the call into that minute. Each update takes its row's lock, held to commit, in key
 -- order (as capgate_rate_end takes them; the batch locks all of its calls' rows in key order
 -- before its first call), so two calls of one user are decided one after the other (the
--- in-flight counts included: the caller adds the call's slot, in call_slots, before its
--- transaction ends, and the slots past their lease are removed here).
+-- in-flight counts included: the caller adds the call's slot, in rate_calls, before its
+-- transaction ends; a slot past its lease does not count).
 -- A refusal takes back what this call added to the windows before it.
 CREATE FUNCTION capgate_rate_take(
     p_company uuid, p_user uuid, p_at timestamptz, p_tokens bigint, p_crpm integer, p_ctpm bigint,
@@ -45,8 +45,8 @@ BEGIN
         IF r.refused IS NULL THEN
             r.scopes := r.scopes | 2;
             IF p_conc IS NOT NULL THEN
-                DELETE FROM call_slots WHERE company_id = p_company AND user_id = p_user AND lease_until <= p_at;
-                SELECT count(*) INTO r.u_slots FROM call_slots WHERE company_id = p_company AND user_id = p_user;
+                SELECT count(*) INTO r.u_slots FROM rate_calls
+                 WHERE company_id = p_company AND user_id = p_user AND (scopes & 4) <> 0 AND lease_until > p_at;
                 r.refused := CASE WHEN r.u_slots >= p_conc THEN 'user-concurrency' END;
                 r.u_slots := r.u_slots + CASE WHEN r.refused IS NULL THEN 1 ELSE 0 END;
             END IF;
@@ -58,9 +58,9 @@ BEGIN
         IF r.refused IS NULL THEN
             r.scopes := r.scopes | 16;
             IF p_fconc IS NOT NULL THEN
-                DELETE FROM call_slots WHERE company_id = p_company AND user_id = p_user AND lease_until <= p_at;
-                SELECT count(*) INTO r.fu_slots FROM call_slots
-                 WHERE company_id = p_company AND user_id = p_user AND feature_id = p_feature;
+                SELECT count(*) INTO r.fu_slots FROM rate_calls
+                 WHERE company_id = p_company AND user_id = p_user AND (scopes & 4) <> 0 AND lease_until > p_at
+                   AND feature_id = p_feature;
                 r.refused := CASE WHEN r.fu_slots >= p_fconc THEN 'feature.user-concurrency' END;
                 r.fu_slots := r.fu_slots + CASE WHEN r.refused IS NULL THEN 1 ELSE 0 END;
             END IF;

@@ -3,7 +3,8 @@
 -- one transaction. Idempotent: a refund retried after a lost answer changes nothing.
 --
 -- Lock order: the attempt's Idempotency-Key row (marked failed, so a retry is a new attempt),
--- the company counter, the ledger row, the user counter, the feature counters, the rate windows.
+-- the company counter, the ledger row, the user counter, the feature counters, the call's
+-- rate_calls row, the rate windows.
 -- A charge replayed under 0009's rules (ledger rows written before 0010) stands until every
 -- attempt at it failed (usage_ledger_attempts).
 CREATE FUNCTION capgate_refund(p_company uuid, p_ledger_id bigint, p_upstream_status integer,
@@ -15,6 +16,7 @@ DECLARE
     v_period_start timestamptz;
     v_held bigint;
     v_cost bigint;
+    v_rate_tokens bigint;  -- what the call held in a token window, while it was in rate_calls
 BEGIN
     SELECT * INTO l FROM usage_ledger WHERE company_id = p_company AND id = p_ledger_id;
     IF NOT FOUND THEN
@@ -65,22 +67,19 @@ BEGIN
                AND starts_at = l.feature_day;
         END IF;
     END IF;
-    -- The rate windows (SPEC §14): the call and its tokens leave the minute they were counted in
-    -- (if it is still the row's), and its concurrency slot is freed.
+    -- The rate windows (SPEC §14): the call leaves rate_calls (its concurrency slot freed), then
+    -- it and its tokens leave the minute they were counted in (if it is still the row's).
     IF l.rate_scopes IS NOT NULL THEN
-        UPDATE rate_windows w SET calls = greatest(w.calls - 1, 0), tokens = w.tokens - l.rate_tokens
+        DELETE FROM rate_calls WHERE company_id = p_company AND ledger_id = p_ledger_id RETURNING tokens INTO v_rate_tokens;
+        UPDATE rate_windows w SET calls = greatest(w.calls - 1, 0), tokens = w.tokens - coalesce(v_rate_tokens, l.rate_tokens)
           FROM (VALUES (1, '00000000-0000-0000-0000-000000000000'::uuid, ''), (2, l.user_id, ''),
                        (8, '00000000-0000-0000-0000-000000000000'::uuid, coalesce(l.feature, '')),
                        (16, l.user_id, coalesce(l.feature, ''))) AS o(bit, owner, feature)
          WHERE (l.rate_scopes & o.bit) <> 0 AND w.company_id = p_company AND w.user_id = o.owner
            AND w.feature_id = o.feature AND w.minute = l.rate_minute;
-        IF (l.rate_scopes & 4) <> 0 THEN
-            DELETE FROM call_slots WHERE company_id = p_company AND ledger_id = p_ledger_id;
-        END IF;
     END IF;
     UPDATE usage_ledger
-       SET outcome = 'refunded', upstream_status = p_upstream_status, settled_at = clock_timestamp(),
-           rate_scopes = rate_scopes & ~4::smallint
+       SET outcome = 'refunded', upstream_status = p_upstream_status, settled_at = clock_timestamp()
      WHERE company_id = p_company AND id = p_ledger_id;
     RETURN true;
 END;

@@ -34,23 +34,29 @@ CREATE TABLE rate_windows (
     PRIMARY KEY (company_id, user_id, feature_id)
 );
 
--- The calls in flight of users whose plan (or the entitlement of the call's feature, feature_id:
--- the call's feature, '' for none) sets user_concurrency: a row from admission until the
--- call ends (answer done, client gone, upstream failed); a gateway that dies leaves its rows,
--- which stop counting at lease_until (rate.leaseSeconds after the admission) and are removed by
--- the user's next admission.
-CREATE TABLE call_slots (
+-- The calls in flight that their end must settle in the windows: those holding a concurrency
+-- slot (scopes has 4: the plan, or the entitlement of the call's feature, sets user_concurrency)
+-- or tokens in a token window. A row from admission until the call ends (answer done: deleted
+-- with its tokens settled; client gone: its slot freed; upstream failed: the refund deletes it).
+-- feature_id: the call's feature, '' for none; minute, tokens, scopes: where it is counted and
+-- what it holds there (the bits of usage_ledger.rate_scopes). A gateway that dies leaves its
+-- rows, which stop counting at lease_until (rate.leaseSeconds after the admission) and are
+-- purged by the gateways' hourly job.
+CREATE TABLE rate_calls (
     company_id uuid NOT NULL REFERENCES companies (id) ON DELETE CASCADE,
     ledger_id bigint NOT NULL,
     user_id uuid NOT NULL,
     feature_id text NOT NULL DEFAULT '',
+    minute timestamptz NOT NULL,
+    tokens bigint NOT NULL,
+    scopes smallint NOT NULL,
     lease_until timestamptz NOT NULL,
     PRIMARY KEY (company_id, ledger_id)
 );
-CREATE INDEX call_slots_user ON call_slots (company_id, user_id, lease_until);
+CREATE INDEX rate_calls_slots ON rate_calls (company_id, user_id, lease_until) WHERE (scopes & 4) <> 0;
 
--- What a call put in the windows, for its settlement and its refund: the minute, the tokens it
--- counts there (its hold until settled, then its real count) and which rows it is in
+-- What a call put in the windows, for its refund: the minute, the tokens it held there and which
+-- rows it is in
 -- (1: the company's window, 2: the user's, 4: a concurrency slot, 8: the company's window of the
 -- call's feature, 16: the user's window of it). NULL: no window applied.
 ALTER TABLE usage_ledger

@@ -21,8 +21,9 @@ extension UsageStore {
                           FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(user) AND w.feature_id = ''),
                        (SELECT CASE WHEN w.minute >= date_trunc('minute', \(at)::timestamptz, 'UTC') THEN w.tokens ELSE 0 END
                           FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(user) AND w.feature_id = ''),
-                       (SELECT count(*) FROM call_slots s
-                         WHERE s.company_id = pp.company_id AND s.user_id = \(user) AND s.lease_until > \(at)::timestamptz)
+                       (SELECT count(*) FROM rate_calls s
+                         WHERE s.company_id = pp.company_id AND s.user_id = \(user) AND (s.scopes & 4) <> 0
+                           AND s.lease_until > \(at)::timestamptz)
                   FROM plan_periods pp JOIN plans pl ON pl.id = pp.plan_id
                  WHERE pp.company_id = \(company) AND pp.started_at <= \(at)::timestamptz AND pp.ends_at > \(at)::timestamptz
                 """,

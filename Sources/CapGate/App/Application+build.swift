@@ -88,12 +88,14 @@ struct GatewayParts {
         // API keys' last_used_at (SPEC §13): noted in memory by each call, written here; the
         // UPDATE itself skips a key written less than a minute ago.
         services.append(keyUsage.flushJob(interval: .seconds(5), logger: logger))
-        // Rate windows (SPEC §14): rate.leaseSeconds where every admission reads it, at start.
+        // Rate windows (SPEC §14): rate.leaseSeconds where every admission reads it, at start; then
+        // hourly, the calls a dead gateway never ended are purged once their lease is over.
         let lease = configuration.rateLeaseSeconds
         services.append(
             PeriodicJob(interval: .seconds(3600)) {
                 do {
                     try await metering.setSlotLease(seconds: lease)
+                    try await metering.purgeRateCalls()
                 } catch {
                     logger.warning("rate.leaseSeconds not written; admissions use the database's", metadata: ["error": "\(error)"])
                 }

@@ -3,7 +3,7 @@ import Logging
 import PostgresNIO
 
 /// A call that ends in its rate windows (SPEC §14): its concurrency slot to free and its token
-/// hold to trade for the real count (-1: not known, the hold stays).
+/// hold to trade for the real count (-1: not known, the hold stays; -2: only the slot, now).
 struct RateEnd: Sendable {
     var companyID: UUID
     var ledgerID: Int64
@@ -36,6 +36,19 @@ extension MeteringStore {
         let counts = [usage.inputTokens, usage.outputTokens, usage.cacheWrite5m, usage.cacheWrite1h, usage.cacheRead]
         let tokens = usage.known ? counts.reduce(Int64(0)) { $0 + max(0, $1 ?? 0) } : -1
         _ = try? await rateEnds.submit(RateEnd(companyID: companyID, ledgerID: ledgerID, tokens: tokens))
+    }
+
+    /// Frees a call's concurrency slot now (its client left); its tokens are settled at its end.
+    public func freeSlot(companyID: UUID, ledgerID: Int64) async {
+        _ = try? await rateEnds.submit(RateEnd(companyID: companyID, ledgerID: ledgerID, tokens: -2))
+    }
+
+    /// Removes the rows of calls a dead gateway never ended, once their lease is over (they no
+    /// longer count; an hourly job of every gateway).
+    public func purgeRateCalls() async throws {
+        try await database.run { client in
+            _ = try await client.query("DELETE FROM rate_calls WHERE lease_until < now()", logger: database.logger).collect()
+        }
     }
 
     /// Writes `rate.leaseSeconds` where the admission functions read it (config_versions).

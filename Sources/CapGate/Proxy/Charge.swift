@@ -21,7 +21,7 @@ struct Charge: Sendable {
     /// slot is freed now (SPEC §14); its token hold is settled when the stream ends.
     func clientLeft() async {
         guard endsInWindows else { return }
-        await metering.endRate(companyID: companyID, ledgerID: ledgerID, usage: ProviderUsage())
+        await metering.freeSlot(companyID: companyID, ledgerID: ledgerID)
     }
 
     /// The call's answer is done (or its client gone): its concurrency slot is freed and its token
