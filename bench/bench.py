@@ -210,6 +210,8 @@ def main():
                         help="seed bench/budgets.sql: a price book row for the model and company and user cost budgets, every call held and settled")
     parser.add_argument("--rate", action="store_true",
                         help="seed bench/rate.sql: every rate window and a concurrency limit set (never reached), every call counted, slotted and ended")
+    parser.add_argument("--rate-rpm", action="store_true",
+                        help="seed bench/rate-rpm.sql: the company's and the user's call windows only (no token window, no concurrency limit)")
     parser.add_argument("--quick", action="store_true",
                         help="only the rows a change is compared on: many companies c=1 and c=64, one hot company c=64 (no relaxed or info gateway)")
     parser.add_argument("--notifications", action="store_true",
@@ -246,6 +248,8 @@ def main():
             psql(url, file=os.path.join(BENCH, "budgets.sql"))
         if args.rate:
             psql(url, file=os.path.join(BENCH, "rate.sql"))
+        if args.rate_rpm:
+            psql(url, file=os.path.join(BENCH, "rate-rpm.sql"))
         receiver = None
         if args.notifications:
             receiver = WebhookSink()
@@ -440,6 +444,7 @@ def write_report(args, results, settings):
              ("Route table and features: `bench/features.sql` (every metered call charges the feature `analysis`: company, user and four feature counters). " if args.features else "Caps only: no routes, no features. ") +
              ("Cost budgets: `bench/budgets.sql` (every call priced, held against a company and a user budget and settled from its usage). " if args.budgets else "") +
              ("Rate windows: `bench/rate.sql` (every call counted in the company's and the user's minute windows, holding a concurrency slot and its tokens until its end). " if args.rate else "") +
+             ("Call windows: `bench/rate-rpm.sql` (every call counted in the company's and the user's minute call windows). " if args.rate_rpm else "") +
              ("Threshold notifications on: a webhook receiver on loopback, the gateway's deliverer sending a backlog of pending rows during the runs"
               + (f" ({results['notifications']}). " if results.get("notifications") else ". ") if args.notifications else "") +
              f"Provider: `capgate mock{' --lean' if args.provider == 'lean' else ''}` ({'the Messages API on plain SwiftNIO handlers' if args.provider == 'lean' else 'the Hummingbird mock the tests use'}).",
