@@ -21,6 +21,10 @@
 --    company and user counter updates as the units (cost_held), conditional on used + held + hold
 --    within the budget; after the caps and the feature counters, a budget it does not fit refuses
 --    the call (budget_exceeded, company before user) and everything this call added is given back.
+-- 7. Top-ups (SPEC §12): what the company cap or budget cannot hold, a grant may pay
+--    (capgate_grant_take): the cap's refusal waits for none being found; the grant is taken last,
+--    once every other counter took the call (its units then leave the company counter, its hold
+--    never entered it), and the ledger row names it (units_grant_id, cost_grant_id).
 CREATE FUNCTION capgate_charge(
     p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
     p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz, p_bound text[] DEFAULT NULL,
@@ -41,6 +45,10 @@ DECLARE
     v_hold bigint := 0;    -- the hold as the counters take it (0: nothing held)
     v_c_short boolean := false;  -- the company budget cannot take the hold (decided after the caps and features)
     v_u_short boolean := false;
+    v_g_units boolean := false;  -- the company cap cannot hold the call, a top-up grant can (7)
+    v_units_grant bigint;
+    v_cost_grant bigint;
+    v_taken boolean;
 BEGIN
     r.item := 1;
     r.auth := 'ok';
@@ -150,7 +158,9 @@ BEGIN
         INSERT INTO company_usage (company_id, period_id, used) VALUES (p_company, r.period_id, 0) ON CONFLICT DO NOTHING;
         SELECT used, cost_used, cost_held INTO r.company_used, r.cc_used, r.cc_held FROM company_usage
          WHERE company_id = p_company AND period_id = r.period_id FOR UPDATE;
-        IF r.company_cap IS NOT NULL AND r.company_used + p_units > r.company_cap THEN
+        v_g_units := r.company_cap IS NOT NULL AND r.company_used + p_units > r.company_cap
+                     AND (capgate_grant_take(p_company, p_at, p_units, NULL, 'peek')).units_grant IS NOT NULL;
+        IF r.company_cap IS NOT NULL AND r.company_used + p_units > r.company_cap AND NOT v_g_units THEN
             SELECT used, cost_used, cost_held INTO r.user_used, r.uc_used, r.uc_held FROM user_usage
              WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user;
             r.user_used := coalesce(r.user_used, 0);
@@ -246,11 +256,31 @@ BEGIN
         END IF;
     END IF;
 
+    -- 3a. top-ups (7): taken when the call is admitted, read when the user's budget refuses it
+    IF v_g_units OR v_c_short THEN
+        SELECT * INTO v_units_grant, v_cost_grant, v_taken
+          FROM capgate_grant_take(p_company, p_at, CASE WHEN v_g_units THEN p_units END, CASE WHEN v_c_short THEN v_hold END,
+                                  CASE WHEN v_u_short THEN 'peek' ELSE 'take' END);
+        IF v_g_units AND v_units_grant IS NULL THEN
+            -- A concurrent call took what was left since step 1: the company cap refuses after all.
+            r := capgate_give_back(r, p_units, CASE WHEN p_feature IS NULL THEN 0 ELSE 4 END,
+                                   CASE WHEN v_c_short THEN 0 ELSE v_hold END, CASE WHEN v_u_short THEN 0 ELSE v_hold END);
+            r.decision := 'company_cap';
+            RETURN r;
+        ELSIF v_taken THEN
+            v_c_short := false;
+            IF v_g_units THEN
+                UPDATE company_usage SET used = used - p_units WHERE company_id = p_company AND period_id = r.period_id
+                RETURNING used INTO r.company_used;
+            END IF;
+        END IF;
+    END IF;
+
     -- 3b. the budgets: company, then user (SPEC §11)
     IF v_c_short OR v_u_short THEN
         r := capgate_give_back(r, p_units, CASE WHEN p_feature IS NULL THEN 0 ELSE 4 END,
                                CASE WHEN v_c_short THEN 0 ELSE v_hold END, CASE WHEN v_u_short THEN 0 ELSE v_hold END);
-        r.budget_scope := CASE WHEN v_c_short THEN 'company' ELSE 'user' END;
+        r.budget_scope := CASE WHEN v_c_short AND v_cost_grant IS NULL THEN 'company' ELSE 'user' END;
         r.decision := 'budget_exceeded';
         RETURN r;
     END IF;
@@ -286,9 +316,9 @@ BEGIN
     END IF;
 
     INSERT INTO usage_ledger (company_id, period_id, user_id, units, method, route, model, feature, feature_day,
-                              request_id, outcome, created_at, hold_micros)
+                              request_id, outcome, created_at, hold_micros, units_grant_id, cost_grant_id)
     VALUES (p_company, r.period_id, p_user, p_units, p_method, p_route, p_model, p_feature, r.day_start,
-            p_request_id, 'charged', p_at, r.hold)
+            p_request_id, 'charged', p_at, r.hold, v_units_grant, v_cost_grant)
     RETURNING id INTO r.ledger_id;
     r.decision := 'charged';
     RETURN r;

@@ -13,13 +13,14 @@ extension UsageStore {
         guard let row = read.company else { return nil }
         return CompanyUsage(
             company: TenantStore.companyJSON(row), state: read.state, features: read.features, users: read.users,
-            cost: CostUsage(company: read.cost.company))
+            cost: CostUsage(company: read.cost.company), grants: read.grants, at: at)
     }
 
     /// What `user` of `company` sees in `GET /v1/usage`.
     public func callerUsage(company: UUID, user: UUID, at: Date = Date()) async throws -> CallerUsage {
         let read = try await current(company: company, user: user, at: at)
-        return CallerUsage(company: company, user: user, state: read.state, features: read.features, cost: read.cost)
+        return CallerUsage(
+            company: company, user: user, state: read.state, features: read.features, cost: read.cost, grants: read.grants, at: at)
     }
 
     /// One read of the period containing `at`. When none does, the company is first moved into
@@ -45,6 +46,8 @@ extension UsageStore {
         var users: [UserUsage]
         /// The company's cost budget, and `user`'s when the read is a user's.
         var cost: CostUsage
+        /// The company's top-up grants (SPEC §12), earliest expiry first.
+        var grants: [TopUpGrant] = []
     }
 
     /// The row: the company (all nil when there is none), the plan and period containing `at`
@@ -104,6 +107,9 @@ extension UsageStore {
             var read = Self.read(h, user: user)
             if read.company != nil, read.state.periodStart != nil {
                 read.features = try await features(on: connection, company: company, user: user, at: at)
+            }
+            if read.company != nil {
+                read.grants = try await TopUpGrant.all(of: company, on: connection, logger: logger)
             }
             let planUserCap = h.12
             read.users = users.map {
