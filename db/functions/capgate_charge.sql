@@ -22,9 +22,11 @@
 --    within the budget; after the caps and the feature counters, a budget it does not fit refuses
 --    the call (budget_exceeded, company before user) and everything this call added is given back.
 -- 7. Top-ups (SPEC §12): what the company cap or budget cannot hold, a grant may pay
---    (capgate_grant_take): the cap's refusal waits for none being found; the grant is taken last,
---    once every other counter took the call (its units then leave the company counter, its hold
---    never entered it), and the ledger row names it (units_grant_id, cost_grant_id).
+--    (capgate_grant_take): the cap's refusal waits for none being found (step 1, read); the grant
+--    is locked after the user and feature counters (3a) and taken last (3c), once nothing else can
+--    refuse the call: its units then leave the company counter (which took them like any call's,
+--    so a refusal in between gives them back as it gives back everything), its hold never entered
+--    it (v_c_short stays true), and the ledger row names it (units_grant_id, cost_grant_id).
 CREATE FUNCTION capgate_charge(
     p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
     p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz, p_bound text[] DEFAULT NULL,
@@ -256,33 +258,42 @@ BEGIN
         END IF;
     END IF;
 
-    -- 3a. top-ups (7): taken when the call is admitted, read when the user's budget refuses it
+    -- 3a. top-ups (7): the grants that pay what the company could not hold, locked (read only when
+    --     the user's budget refuses the call anyway)
     IF v_g_units OR v_c_short THEN
         SELECT * INTO v_units_grant, v_cost_grant, v_taken
           FROM capgate_grant_take(p_company, p_at, CASE WHEN v_g_units THEN p_units END, CASE WHEN v_c_short THEN v_hold END,
-                                  CASE WHEN v_u_short THEN 'peek' ELSE 'take' END);
+                                  CASE WHEN v_u_short THEN 'peek' ELSE 'lock' END);
         IF v_g_units AND v_units_grant IS NULL THEN
             -- A concurrent call took what was left since step 1: the company cap refuses after all.
             r := capgate_give_back(r, p_units, CASE WHEN p_feature IS NULL THEN 0 ELSE 4 END,
                                    CASE WHEN v_c_short THEN 0 ELSE v_hold END, CASE WHEN v_u_short THEN 0 ELSE v_hold END);
             r.decision := 'company_cap';
             RETURN r;
-        ELSIF v_taken THEN
-            v_c_short := false;
-            IF v_g_units THEN
-                UPDATE company_usage SET used = used - p_units WHERE company_id = p_company AND period_id = r.period_id
-                RETURNING used INTO r.company_used;
-            END IF;
         END IF;
     END IF;
 
-    -- 3b. the budgets: company, then user (SPEC §11)
-    IF v_c_short OR v_u_short THEN
+    -- 3b. the budgets: company (unless a grant holds the call), then user (SPEC §11)
+    IF (v_c_short AND v_cost_grant IS NULL) OR v_u_short THEN
         r := capgate_give_back(r, p_units, CASE WHEN p_feature IS NULL THEN 0 ELSE 4 END,
                                CASE WHEN v_c_short THEN 0 ELSE v_hold END, CASE WHEN v_u_short THEN 0 ELSE v_hold END);
         r.budget_scope := CASE WHEN v_c_short AND v_cost_grant IS NULL THEN 'company' ELSE 'user' END;
         r.decision := 'budget_exceeded';
         RETURN r;
+    END IF;
+
+    -- 3c. top-ups (7): the grants locked in 3a are taken, the last step that changes a counter
+    IF v_units_grant IS NOT NULL OR v_cost_grant IS NOT NULL THEN
+        SELECT * INTO v_units_grant, v_cost_grant, v_taken
+          FROM capgate_grant_take(p_company, p_at, CASE WHEN v_g_units THEN p_units END, CASE WHEN v_c_short THEN v_hold END,
+                                  'take');
+        IF NOT v_taken THEN
+            RAISE EXCEPTION 'capgate_charge: a top-up grant locked for this call was not found again';
+        END IF;
+        IF v_g_units THEN
+            UPDATE company_usage SET used = used - p_units WHERE company_id = p_company AND period_id = r.period_id
+            RETURNING used INTO r.company_used;
+        END IF;
     END IF;
 
     -- 4. Threshold notifications (SPEC §9), only for a counter at or past the lowest threshold.
