@@ -90,6 +90,13 @@ public struct DemoSeed: Sendable {
                     logger: logger
                 )
             }
+            // A top-up pack (SPEC §12): 100 analyses and $5 of budget for a year.
+            try await connection.query(
+                """
+                INSERT INTO products (product_id, kind, units, budget_micros, valid_days)
+                VALUES ('skininsight.pack.100', 'topup', 100, 5000000, 365) ON CONFLICT DO NOTHING
+                """,
+                logger: logger)
             try await seedFeatures(connection, logger: logger)
             try await seedPrices(connection, logger: logger)
             try await connection.query("INSERT INTO companies (id, name) VALUES (\(company), 'Demo Company')", logger: logger)

@@ -65,8 +65,11 @@ struct AdmissionEquivalenceTests {
           (SELECT string_agg(concat_ws(' ', company_id, user_id, feature_id, span, starts_at, used), E'\\n'
                              ORDER BY company_id, user_id, feature_id, span, starts_at) FROM user_feature_usage WHERE used <> 0),
           (SELECT string_agg(concat_ws(' ', company_id, period_id, user_id, units, route, model, feature, feature_day, request_id,
-                                       outcome, hold_micros, rate_minute, rate_tokens, rate_scopes), E'\\n' ORDER BY request_id)
+                                       outcome, hold_micros, 'grants', units_grant_id, cost_grant_id, 'rate', rate_minute, rate_tokens,
+                                       rate_scopes), E'\\n' ORDER BY request_id)
              FROM usage_ledger),
+          (SELECT string_agg(concat_ws(' ', 'grant', transaction_id, units_used, cost_used, cost_held), E'\\n' ORDER BY transaction_id)
+             FROM topup_grants),
           (SELECT string_agg(concat_ws(' ', company_id, user_id, feature_id, minute, calls, tokens), E'\\n'
                              ORDER BY company_id, user_id, feature_id)
              FROM rate_windows WHERE calls <> 0),
@@ -124,6 +127,13 @@ struct AdmissionEquivalenceTests {
             let windows = Set(single.compactMap { $0.rate?.refused })
             #expect(windows.count >= 4, "seed \(seed): rate windows refused: \(windows)")
             #expect(single.contains { $0.rate?.refusedFeature == true }, "seed \(seed): no feature window refused")
+            // Top-ups (SPEC §12) paid units past a's cap and holds past e's budget; the expired
+            // and the refunded grant paid nothing.
+            let grants = singleState.split(separator: "\n").filter { $0.hasPrefix("grant ") }.map { $0.split(separator: " ") }
+            #expect(grants.contains { $0[1].hasPrefix("eq-a") && $0[2] != "0" }, "seed \(seed): no units grant drawn: \(grants)")
+            #expect(grants.contains { $0[1].hasPrefix("eq-e") && $0[4] != "0" }, "seed \(seed): no budget grant drawn: \(grants)")
+            #expect(
+                grants.allSatisfy { !$0[1].hasSuffix("-dead") || $0[2...].allSatisfy { $0 == "0" } }, "seed \(seed): \(grants)")
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0, "the runs were rolled back")
         }
     }
@@ -167,22 +177,42 @@ struct AdmissionEquivalenceTests {
             UPDATE plan_features SET user_rpm = 3, user_concurrency = 2 WHERE plan_id = 'fast' AND feature_id = 'analysis';
             UPDATE plan_features SET company_tpm = 30000, user_rpm = 4 WHERE plan_id = 'lean' AND feature_id = 'chat'
             """)
-        let e = try await h.createCompany(plan: "fast", users: 3)
-        let f = try await h.createCompany(plan: "lean", users: 3)
+        let fast = try await h.createCompany(plan: "fast", users: 3)
+        let lean = try await h.createCompany(plan: "lean", users: 3)
+        // Top-ups (SPEC §12): a may pass its cap on two small grants; e's whole company budget is
+        // small and grants pay past it; f is a as it was (its company cap refuses).
+        try await h.createPlan("tight", company: nil, user: nil, sort: 3)
+        try await h.exec("UPDATE plans SET monthly_company_budget = 300000 WHERE id = 'tight'")
+        let e = try await h.createCompany(plan: "tight", users: 2)
+        let f = try await h.createCompany(plan: "p", users: 3)
         try await h.exec("UPDATE users SET monthly_budget = 50000 WHERE id = '\(d.users[1].id.text)'")
         let revoked = try await h.createUser(company: a.company)
         try await h.exec("UPDATE api_keys SET revoked_at = now() WHERE user_id = '\(revoked.id.uuidString.lowercased())'")
         let expired = try await h.createUser(company: a.company)
         try await h.exec("UPDATE api_keys SET expires_at = now() - interval '1 minute' WHERE user_id = '\(expired.id.text)'")
+        // Oldest expiry first; an expired and a refunded grant are never drawn on.
+        let (ta, te) = (a.company.text, e.company.text)
+        try await h.exec(
+            """
+            INSERT INTO products (product_id, kind, units, budget_micros) VALUES ('eq.units', 'topup', 10, NULL),
+                ('eq.budget', 'topup', NULL, 300000), ('eq.both', 'topup', 5, 200000);
+            INSERT INTO topup_grants (company_id, product_id, transaction_id, units, budget_micros, granted_at, expires_at, refunded_at)
+            VALUES ('\(ta)', 'eq.units', 'eq-a1', 2, NULL, now() - interval '1 day', now() + interval '10 days', NULL),
+                   ('\(ta)', 'eq.units', 'eq-a2', 1, NULL, now() - interval '1 day', now() + interval '5 days', NULL),
+                   ('\(ta)', 'eq.units', 'eq-a3-dead', 50, NULL, now() - interval '9 days', now() - interval '1 day', NULL),
+                   ('\(ta)', 'eq.units', 'eq-a4-dead', 50, NULL, now() - interval '1 day', now() + interval '1 day', now()),
+                   ('\(te)', 'eq.budget', 'eq-e1', NULL, 300000, now() - interval '1 day', now() + interval '20 days', NULL),
+                   ('\(te)', 'eq.both', 'eq-e2', 5, 200000, now() - interval '1 day', now() + interval '3 days', NULL)
+            """)
         let at = Date()
-        for company in [a.company, b.company, c.company, d.company, e.company, f.company] {
+        for company in [a.company, b.company, c.company, d.company, e.company, f.company, fast.company, lean.company] {
             try await h.exec("SELECT capgate_roll_company('\(company.uuidString.lowercased())', now())")
         }
 
         // Who calls: keys (also a revoked and an unknown one) and verified tokens (also a user
         // the company does not have).
         var callers: [(key: String?, company: UUID, user: UUID)] = []
-        for (company, users) in [a, b, c, d, e, f] {
+        for (company, users) in [a, b, c, d, e, f, fast, lean] {
             for user in users {
                 callers.append((user.key, company, user.id))
                 callers.append((nil, company, user.id))
@@ -205,6 +235,22 @@ struct AdmissionEquivalenceTests {
                     cache: [.none, .fiveMinutes, .oneHour].randomElement(using: &random)!,
                     window: [0, 0, 0, 1_000_000].randomElement(using: &random)!))
             return AdmissionItem(keyHash: caller.key.map(ApiKeyGenerator.hash), request: request)
+        }
+        // Calls that reach what the sequence may have left: a's cap and both of its grants, f's
+        // cap (45 units from its users, capped at 15 each), e's budget and its grants (holds of
+        // 135,000 against 300,000 and grants of 300,000 and 200,000).
+        for (company, users, count, prompt, maxTokens) in [
+            (a, a.users, 15, 100, 16), (f, f.users, 15, 100, 16), (e, e.users, 4, 5_000, 8_000),
+        ] {
+            for k in 0..<count {
+                for (j, user) in users.enumerated() {
+                    let request = AdmissionRequest(
+                        companyID: company.company, userID: user.id, units: 1, method: "POST", route: "/v1/messages", model: "m0",
+                        requestID: "req_fill_\(company.company.text.prefix(8))_\(k)_\(j)", at: at,
+                        bound: CostBound(promptTokens: Int64(prompt), maxTokens: Int64(maxTokens), cache: .none, window: 0))
+                    items.append(AdmissionItem(keyHash: nil, request: request))
+                }
+            }
         }
         // Two calls that each budget refuses whatever came before: a hold over the 50,000 of d's
         // second user (the company's 2,000,000 still has room: its users can hold at most

@@ -19,8 +19,8 @@ struct FoundationTests {
                 "would apply 0007_admission_fast_path", "would apply 0008_admission_batch_one_function",
                 "would apply 0009_replay_attempts", "would apply 0010_idempotency_and_renewal",
                 "would apply 0011_features_and_routes", "would apply 0012_notifications", "would apply 0013_feature_binding",
-                "would apply 0014_prices", "would apply 0015_budgets", "would apply 0016_rate_windows", "would apply 0017_audit_and_keys",
-                "would apply 0018_app_store",
+                "would apply 0014_prices", "would apply 0015_budgets", "would apply 0016_rate_windows",
+                "would apply 0017_audit_and_keys", "would apply 0018_app_store", "would apply 0019_topups",
                 "would apply db/functions",
             ])
         // The dry run changed nothing, not even the bookkeeping table.
@@ -36,8 +36,7 @@ struct FoundationTests {
                 "applied 0008_admission_batch_one_function", "applied 0009_replay_attempts",
                 "applied 0010_idempotency_and_renewal", "applied 0011_features_and_routes", "applied 0012_notifications",
                 "applied 0013_feature_binding", "applied 0014_prices", "applied 0015_budgets", "applied 0016_rate_windows",
-                "applied 0017_audit_and_keys",
-                "applied 0018_app_store",
+                "applied 0017_audit_and_keys", "applied 0018_app_store", "applied 0019_topups",
                 "applied db/functions",
             ])
         #expect(try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) == ["nothing to apply"])

@@ -18,14 +18,20 @@ struct AppleActionTests {
             ("DID_FAIL_TO_RENEW", "GRACE_PERIOD", .grace), ("DID_FAIL_TO_RENEW", nil, .event(.expire)),
             ("EXPIRED", "VOLUNTARY", .event(.expire)), ("EXPIRED", "BILLING_RETRY", .event(.expire)),
             ("GRACE_PERIOD_EXPIRED", nil, .event(.expire)), ("REFUND", nil, .event(.refund)), ("REVOKE", nil, .event(.refund)),
-            ("REFUND_REVERSED", nil, .event(.restore)), ("ONE_TIME_CHARGE", nil, .store(.stored)), ("TEST", nil, .store(.stored)),
+            ("REFUND_REVERSED", nil, .event(.restore)), ("ONE_TIME_CHARGE", nil, .event(.purchase)), ("TEST", nil, .store(.stored)),
             ("PRICE_INCREASE", "PENDING", .store(.stored)), ("RENEWAL_EXTENDED", nil, .store(.stored)),
         ]
         for (type, subtype, expected) in cases {
             #expect(AppleAction.of(type: type, subtype: subtype, oneTime: false) == expected, "\(type) \(subtype ?? "")")
         }
-        // A consumable's refund is a top-up's, not the subscription's.
-        #expect(AppleAction.of(type: "REFUND", subtype: nil, oneTime: true) == .store(.stored))
+        // A consumable's events are a top-up's (SPEC §12): granted, refunded, restored; nothing else.
+        for (type, expected) in [
+            ("ONE_TIME_CHARGE", AppleAction.event(.purchase)), ("REFUND", .event(.refund)), ("REVOKE", .event(.refund)),
+            ("REFUND_REVERSED", .event(.restore)), ("CONSUMPTION_REQUEST", .store(.stored)), ("SUBSCRIBED", .store(.stored)),
+            ("DID_RENEW", .store(.stored)), ("EXPIRED", .store(.stored)),
+        ] {
+            #expect(AppleAction.of(type: type, subtype: nil, oneTime: true) == expected, "\(type)")
+        }
     }
 
     @Test("the admin route takes only §5's six types")

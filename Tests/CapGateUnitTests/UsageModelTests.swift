@@ -150,7 +150,14 @@ struct UsageModelTests {
     func tenantRecords() throws {
         #expect(
             try Self.text(ProductRecord(productID: "app.low.monthly", planID: "low", interval: "month"))
-                == #"{"id":"app.low.monthly","interval":"month","plan_id":"low","product_id":"app.low.monthly"}"#)
+                == #"{"budget":null,"id":"app.low.monthly","interval":"month","kind":"subscription","plan_id":"low","#
+                + #""product_id":"app.low.monthly","units":null,"valid_days":365}"#)
+        #expect(
+            try Self.text(
+                ProductRecord(
+                    productID: "app.pack", planID: nil, interval: nil, kind: .topup, units: 50, budget: Micros(2_500_000), validDays: 30))
+                == #"{"budget":"2.5","id":"app.pack","interval":null,"kind":"topup","plan_id":null,"product_id":"app.pack","#
+                + #""units":50,"valid_days":30}"#)
         let user = UserRecord(
             id: Self.id, companyID: Self.id, email: nil, role: "admin", monthlyCap: nil, disabled: true, createdAt: Self.start)
         #expect(

@@ -17,10 +17,13 @@
 -- p_max_tokens, p_cache, p_window; -2, -1, 0, 0 when it has none) is read with the call in step 1,
 -- the cost counters are locked with the unit counters, and a call that cannot be held where a
 -- budget applies is refused before the counters, one whose hold does not fit after them.
--- Rate windows (SPEC §14) as capgate_charge: the plan's limits and each call's token bound
--- (capgate_rate_tokens) are read in step 1; a call that passed every counter is counted in its
--- windows by capgate_rate_take in step 3, in arrival order (its company's counters are locked
--- already, which orders every writer of those windows), or refused rate_limited.
+-- Top-ups (SPEC §12) as capgate_charge: a grant that can pay what the company cap or budget cannot
+-- hold is locked when the call is decided (capgate_grant_take, after every counter is locked) and
+-- taken if the call is charged; its units and hold then stay off the company counter.
+-- Rate windows (SPEC §14) as capgate_charge: the plan's and the entitlement's limits and each
+-- call's token bound (capgate_rate_tokens) are read in step 1, every window row the batch may
+-- touch is locked in key order in step 2b; a call that passed every counter and budget is counted
+-- in its windows by capgate_rate_take in step 3, in arrival order, or refused rate_limited.
 CREATE FUNCTION capgate_admit_batch(
     p_key_hash bytea[], p_company uuid[], p_user uuid[], p_units integer[], p_method text[], p_route text[],
     p_model text[], p_feature text[], p_request_id text[], p_routes_version bigint[], p_at timestamptz[],
@@ -74,6 +77,8 @@ DECLARE
     a_fcrpm integer[]; a_fctpm bigint[]; a_furpm integer[]; a_futpm bigint[]; a_fconc integer[];
     a_fcrc bigint[]; a_fcrt bigint[]; a_furc bigint[]; a_furt bigint[]; a_fus bigint[];
     v_windows boolean;  -- the call has a rate window or a concurrency limit
+    g_cap boolean; g_budget boolean; g_units bigint; g_cost bigint; g_taken boolean;
+    a_gu bigint[]; a_gc bigint[];  -- per call: the grants that paid its units, its hold
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -366,6 +371,8 @@ BEGIN
     a_furc := array_fill(NULL::bigint, ARRAY[n]);
     a_furt := array_fill(NULL::bigint, ARRAY[n]);
     a_fus := array_fill(NULL::bigint, ARRAY[n]);
+    a_gu := array_fill(NULL::bigint, ARRAY[n]);
+    a_gc := array_fill(NULL::bigint, ARRAY[n]);
     FOR i IN 1..n LOOP
         CONTINUE WHEN a_auth[i] <> 'ok';
         IF a_stale[i] THEN
@@ -401,7 +408,14 @@ BEGIN
         fps := a_fps[i]; fds := a_fds[i]; ups := a_ups[i]; uds := a_uds[i];
         u := p_units[i];
         h := CASE WHEN u > 0 THEN coalesce(a_hold[i], 0) ELSE 0 END;
-        IF u > 0 AND a_ccap[i] IS NOT NULL AND c_used[cs] + u > a_ccap[i] THEN
+        g_cap := u > 0 AND a_ccap[i] IS NOT NULL AND c_used[cs] + u > a_ccap[i];
+        g_budget := u > 0 AND a_cbudget[i] IS NOT NULL AND c_cost[cs] + c_held[cs] + h > a_cbudget[i];
+        g_units := NULL; g_cost := NULL;
+        IF g_cap OR g_budget THEN
+            SELECT t.units_grant, t.cost_grant INTO g_units, g_cost
+              FROM capgate_grant_take(a_company[i], p_at[i], CASE WHEN g_cap THEN u END, CASE WHEN g_budget THEN h END, 'lock') t;
+        END IF;
+        IF u > 0 AND a_ccap[i] IS NOT NULL AND c_used[cs] + u > a_ccap[i] AND g_units IS NULL THEN
             a_decision[i] := 'company_cap';
         ELSIF u > 0 AND a_ucap[i] IS NOT NULL AND u_used[us] + u > a_ucap[i] THEN
             a_decision[i] := 'user_cap';
@@ -417,7 +431,7 @@ BEGIN
         ELSIF uds IS NOT NULL AND a_lud[i] IS NOT NULL AND ud_used[uds] + u > a_lud[i] THEN
             a_decision[i] := 'feature_limit_exceeded';
             a_refused[i] := 'user.day';
-        ELSIF u > 0 AND a_cbudget[i] IS NOT NULL AND c_cost[cs] + c_held[cs] + h > a_cbudget[i] THEN
+        ELSIF u > 0 AND a_cbudget[i] IS NOT NULL AND c_cost[cs] + c_held[cs] + h > a_cbudget[i] AND g_cost IS NULL THEN
             a_decision[i] := 'budget_exceeded';
             a_scope[i] := 'company';
         ELSIF u > 0 AND a_ubudget[i] IS NOT NULL AND u_cost[us] + u_held[us] + h > a_ubudget[i] THEN
@@ -455,6 +469,18 @@ BEGIN
             u_used[us] := u_used[us] + u;
             c_held[cs] := c_held[cs] + h;
             u_held[us] := u_held[us] + h;
+            IF g_cap OR g_budget THEN
+                SELECT t.units_grant, t.cost_grant, t.taken INTO g_units, g_cost, g_taken
+                  FROM capgate_grant_take(a_company[i], p_at[i], CASE WHEN g_cap THEN u END, CASE WHEN g_budget THEN h END,
+                                          'take') t;
+                IF NOT g_taken THEN
+                    RAISE EXCEPTION 'capgate_admit_batch: a top-up grant locked for call % was not found again', i;
+                END IF;
+                a_gu[i] := g_units;
+                a_gc[i] := g_cost;
+                c_used[cs] := c_used[cs] - CASE WHEN g_cap THEN u ELSE 0 END;
+                c_held[cs] := c_held[cs] - CASE WHEN g_budget THEN h ELSE 0 END;
+            END IF;
             IF fps IS NOT NULL THEN
                 fp_used[fps] := fp_used[fps] + u;
                 fd_used[fds] := fd_used[fds] + u;
@@ -536,13 +562,15 @@ BEGIN
            AND fu.starts_at = s.st AND fu.used <> s.used;
     END IF;
     INSERT INTO usage_ledger (id, company_id, period_id, user_id, units, method, route, model, feature, feature_day,
-                              request_id, outcome, created_at, hold_micros, rate_minute, rate_tokens, rate_scopes)
+                              request_id, outcome, created_at, hold_micros, units_grant_id, cost_grant_id, rate_minute, rate_tokens,
+                              rate_scopes)
     OVERRIDING SYSTEM VALUE
     SELECT s.id, s.c, s.p, s.u, s.units, s.method, s.route, nullif(s.model, ''), nullif(s.feature, ''), s.fday,
-           s.request_id, 'charged', s.at, CASE WHEN s.units > 0 THEN s.hold END, s.rmin, s.rtok, s.rscopes
+           s.request_id, 'charged', s.at, CASE WHEN s.units > 0 THEN s.hold END, s.gu, s.gc, s.rmin, s.rtok, s.rscopes
       FROM unnest(a_ledger, a_company, a_period, a_user, p_units, p_method, p_route, p_model, p_feature, a_fday,
-                  p_request_id, p_at, a_decision, a_hold, a_rmin, a_rtok, a_rscopes)
-           AS s(id, c, p, u, units, method, route, model, feature, fday, request_id, at, decision, hold, rmin, rtok, rscopes)
+                  p_request_id, p_at, a_decision, a_hold, a_gu, a_gc, a_rmin, a_rtok, a_rscopes)
+           AS s(id, c, p, u, units, method, route, model, feature, fday, request_id, at, decision, hold, gu, gc, rmin, rtok,
+                rscopes)
      WHERE s.decision = 'charged';
 
     -- 5. One row per call, in the order given.

@@ -21,12 +21,18 @@
 --    company and user counter updates as the units (cost_held), conditional on used + held + hold
 --    within the budget; after the caps and the feature counters, a budget it does not fit refuses
 --    the call (budget_exceeded, company before user) and everything this call added is given back.
--- 7. Rate windows (SPEC §14), for a metered call whose plan sets any: a token window needs the
---    call bounded (capgate_rate_tokens; else unbounded_call or max_tokens_required, before any
---    counter); after the budgets, capgate_rate_take counts the call in the company's and the
---    user's minute windows and takes a concurrency slot (rate_calls, leased for
---    config_versions.slot_lease_seconds), or refuses it (rate_limited) and everything this call
---    added is given back.
+-- 7. Top-ups (SPEC §12): what the company cap or budget cannot hold, a grant may pay
+--    (capgate_grant_take): the cap's refusal waits for none being found (step 1, read); the grant
+--    is locked after the user and feature counters (3a) and taken last (3c), once nothing else can
+--    refuse the call: its units then leave the company counter (which took them like any call's,
+--    so a refusal in between gives them back as it gives back everything), its hold never entered
+--    it (v_c_short stays true), and the ledger row names it (units_grant_id, cost_grant_id).
+-- 8. Rate windows (SPEC §14), for a metered call whose plan or entitlement sets any: a token
+--    window needs the call bounded (capgate_rate_tokens; else unbounded_call or
+--    max_tokens_required, before any counter); after the budgets (3b), before the grants are
+--    taken (3c), capgate_rate_take counts the call in its minute windows and takes a concurrency
+--    slot (rate_calls, leased for config_versions.slot_lease_seconds), or refuses it
+--    (rate_limited) and everything this call added is given back.
 CREATE FUNCTION capgate_charge(
     p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
     p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz, p_bound text[] DEFAULT NULL,
@@ -48,8 +54,12 @@ DECLARE
     v_c_short boolean := false;  -- the company budget cannot take the hold (decided after the caps and features)
     v_u_short boolean := false;
     v_lease integer;       -- config_versions.slot_lease_seconds
-    v_rated boolean;       -- a rate window or a concurrency limit applies
+    v_rated boolean;       -- a rate window or a concurrency limit applies (8)
     v_rate capgate_rate;
+    v_g_units boolean := false;  -- the company cap cannot hold the call, a top-up grant can (7)
+    v_units_grant bigint;
+    v_cost_grant bigint;
+    v_taken boolean;
 BEGIN
     r.item := 1;
     r.auth := 'ok';
@@ -180,7 +190,9 @@ BEGIN
         INSERT INTO company_usage (company_id, period_id, used) VALUES (p_company, r.period_id, 0) ON CONFLICT DO NOTHING;
         SELECT used, cost_used, cost_held INTO r.company_used, r.cc_used, r.cc_held FROM company_usage
          WHERE company_id = p_company AND period_id = r.period_id FOR UPDATE;
-        IF r.company_cap IS NOT NULL AND r.company_used + p_units > r.company_cap THEN
+        v_g_units := r.company_cap IS NOT NULL AND r.company_used + p_units > r.company_cap
+                     AND (capgate_grant_take(p_company, p_at, p_units, NULL, 'peek')).units_grant IS NOT NULL;
+        IF r.company_cap IS NOT NULL AND r.company_used + p_units > r.company_cap AND NOT v_g_units THEN
             SELECT used, cost_used, cost_held INTO r.user_used, r.uc_used, r.uc_held FROM user_usage
              WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user;
             r.user_used := coalesce(r.user_used, 0);
@@ -276,16 +288,32 @@ BEGIN
         END IF;
     END IF;
 
-    -- 3b. the budgets: company, then user (SPEC §11)
-    IF v_c_short OR v_u_short THEN
+    -- 3a. top-ups (7): the grants that pay what the company could not hold, locked (read only when
+    --     the user's budget refuses the call anyway)
+    IF v_g_units OR v_c_short THEN
+        SELECT * INTO v_units_grant, v_cost_grant, v_taken
+          FROM capgate_grant_take(p_company, p_at, CASE WHEN v_g_units THEN p_units END, CASE WHEN v_c_short THEN v_hold END,
+                                  CASE WHEN v_u_short THEN 'peek' ELSE 'lock' END);
+        IF v_g_units AND v_units_grant IS NULL THEN
+            -- A concurrent call took what was left since step 1: the company cap refuses after all.
+            r := capgate_give_back(r, p_units, CASE WHEN p_feature IS NULL THEN 0 ELSE 4 END,
+                                   CASE WHEN v_c_short THEN 0 ELSE v_hold END, CASE WHEN v_u_short THEN 0 ELSE v_hold END);
+            r.decision := 'company_cap';
+            RETURN r;
+        END IF;
+    END IF;
+
+    -- 3b. the budgets: company (unless a grant holds the call), then user (SPEC §11)
+    IF (v_c_short AND v_cost_grant IS NULL) OR v_u_short THEN
         r := capgate_give_back(r, p_units, CASE WHEN p_feature IS NULL THEN 0 ELSE 4 END,
                                CASE WHEN v_c_short THEN 0 ELSE v_hold END, CASE WHEN v_u_short THEN 0 ELSE v_hold END);
-        r.budget_scope := CASE WHEN v_c_short THEN 'company' ELSE 'user' END;
+        r.budget_scope := CASE WHEN v_c_short AND v_cost_grant IS NULL THEN 'company' ELSE 'user' END;
         r.decision := 'budget_exceeded';
         RETURN r;
     END IF;
 
-    -- 3c. the rate windows (SPEC §14)
+    -- 3b'. the rate windows (8): a refusal gives back what the counters took (a call a grant
+    --      holds never put its hold in the company counter: v_c_short)
     IF v_rated THEN
         v_rate := capgate_rate_take(p_company, p_user, p_at, r.rate_tokens, r.company_rpm, r.company_tpm, r.user_rpm,
                                     r.user_tpm, r.user_concurrency, p_feature, r.f_company_rpm, r.f_company_tpm,
@@ -302,10 +330,25 @@ BEGIN
         r.fur_tokens := v_rate.fu_tokens;
         r.fu_slots := v_rate.fu_slots;
         IF v_rate.refused IS NOT NULL THEN
-            r := capgate_give_back(r, p_units, CASE WHEN p_feature IS NULL THEN 0 ELSE 4 END, v_hold, v_hold);
+            r := capgate_give_back(r, p_units, CASE WHEN p_feature IS NULL THEN 0 ELSE 4 END,
+                                   CASE WHEN v_c_short THEN 0 ELSE v_hold END, CASE WHEN v_u_short THEN 0 ELSE v_hold END);
             r.rate_refused := v_rate.refused;
             r.decision := 'rate_limited';
             RETURN r;
+        END IF;
+    END IF;
+
+    -- 3c. top-ups (7): the grants locked in 3a are taken, the last step that changes a counter
+    IF v_units_grant IS NOT NULL OR v_cost_grant IS NOT NULL THEN
+        SELECT * INTO v_units_grant, v_cost_grant, v_taken
+          FROM capgate_grant_take(p_company, p_at, CASE WHEN v_g_units THEN p_units END, CASE WHEN v_c_short THEN v_hold END,
+                                  'take');
+        IF NOT v_taken THEN
+            RAISE EXCEPTION 'capgate_charge: a top-up grant locked for this call was not found again';
+        END IF;
+        IF v_g_units THEN
+            UPDATE company_usage SET used = used - p_units WHERE company_id = p_company AND period_id = r.period_id
+            RETURNING used INTO r.company_used;
         END IF;
     END IF;
 
@@ -340,9 +383,10 @@ BEGIN
     END IF;
 
     INSERT INTO usage_ledger (company_id, period_id, user_id, units, method, route, model, feature, feature_day,
-                              request_id, outcome, created_at, hold_micros, rate_minute, rate_tokens, rate_scopes)
+                              request_id, outcome, created_at, hold_micros, units_grant_id, cost_grant_id, rate_minute, rate_tokens,
+                              rate_scopes)
     VALUES (p_company, r.period_id, p_user, p_units, p_method, p_route, p_model, p_feature, r.day_start,
-            p_request_id, 'charged', p_at, r.hold, r.rate_minute, r.rate_tokens,
+            p_request_id, 'charged', p_at, r.hold, v_units_grant, v_cost_grant, r.rate_minute, r.rate_tokens,
             CASE WHEN v_rated THEN v_rate.scopes | CASE WHEN v_rate.u_slots IS NOT NULL OR v_rate.fu_slots IS NOT NULL
                                                         THEN 4 ELSE 0 END END)
     RETURNING id INTO r.ledger_id;

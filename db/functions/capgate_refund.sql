@@ -3,8 +3,10 @@
 -- one transaction. Idempotent: a refund retried after a lost answer changes nothing.
 --
 -- Lock order: the attempt's Idempotency-Key row (marked failed, so a retry is a new attempt),
--- the company counter, the ledger row, the user counter, the feature counters, the call's
--- rate_calls row, the rate windows.
+-- the company counter, the ledger row, the user counter, the feature counters, the top-up grants
+-- that paid it (SPEC §12: units_grant_id, cost_grant_id; what they paid never was on the company
+-- counter, so it is given back to them instead: capgate_grant_give_back), the call's rate_calls
+-- row, the rate windows (SPEC §14; grants before windows, as capgate_charge takes them).
 -- A charge replayed under 0009's rules (ledger rows written before 0010) stands until every
 -- attempt at it failed (usage_ledger_attempts).
 CREATE FUNCTION capgate_refund(p_company uuid, p_ledger_id bigint, p_upstream_status integer,
@@ -47,7 +49,10 @@ BEGIN
     v_held := CASE WHEN l.cost_source IS NULL THEN coalesce(l.hold_micros, 0) ELSE 0 END;
     v_cost := CASE WHEN l.cost_source IS NOT NULL THEN coalesce(l.cost_micros, 0) ELSE 0 END;
     IF l.units > 0 OR v_held > 0 OR v_cost > 0 THEN
-        UPDATE company_usage SET used = used - l.units, cost_held = cost_held - v_held, cost_used = cost_used - v_cost
+        UPDATE company_usage
+           SET used = used - CASE WHEN l.units_grant_id IS NULL THEN l.units ELSE 0 END,
+               cost_held = cost_held - CASE WHEN l.cost_grant_id IS NULL THEN v_held ELSE 0 END,
+               cost_used = cost_used - CASE WHEN l.cost_grant_id IS NULL THEN v_cost ELSE 0 END
          WHERE company_id = p_company AND period_id = l.period_id;
         UPDATE user_usage SET used = used - l.units, cost_held = cost_held - v_held, cost_used = cost_used - v_cost
          WHERE company_id = p_company AND period_id = l.period_id AND user_id = l.user_id;
@@ -66,6 +71,9 @@ BEGIN
              WHERE company_id = p_company AND user_id = l.user_id AND feature_id = l.feature AND span = 'day'
                AND starts_at = l.feature_day;
         END IF;
+    END IF;
+    IF l.units_grant_id IS NOT NULL OR l.cost_grant_id IS NOT NULL THEN
+        PERFORM capgate_grant_give_back(p_company, l.units_grant_id, l.units, l.cost_grant_id, v_held, v_cost);
     END IF;
     -- The rate windows (SPEC §14): the call leaves rate_calls (its concurrency slot freed), then
     -- it and its tokens leave the minute they were counted in (if it is still the row's).

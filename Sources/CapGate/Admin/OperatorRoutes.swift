@@ -53,15 +53,8 @@ struct OperatorRoutes {
         group.post("products") { request, context in
             try context.requireOperator()
             let fields = try await BodyFields.read(request, context: context)
-            let product = try fields.requiredString("product_id")
-            let plan = try fields.requiredString("plan_id", maxLength: 64)
-            let interval = try fields.string("interval", maxLength: 10) ?? "month"
-            guard interval == "month" || interval == "year" else {
-                throw GatewayError.invalidRequest("'interval' must be 'month' or 'year'.")
-            }
-            return try jsonResponse(
-                encoding: try await tenants.createProduct(productID: product, planID: plan, interval: interval, by: context.auditActor),
-                status: .created)
+            let product = try Self.productInput(fields)
+            return try jsonResponse(encoding: try await tenants.createProduct(product, by: context.auditActor), status: .created)
         }
     }
 

@@ -17,6 +17,9 @@ struct UsageCheck {
     let state: UsageState
     /// nil: the call names no feature (`.unknown` is answered 400 before this).
     let feature: UsageStore.FeatureLookup?
+    /// The most units one live top-up grant has left (SPEC §12): a call the company cap cannot
+    /// hold is admitted when one grant can pay it whole.
+    var grantUnits: Int64 = 0
 
     func decide(metering: MeteringStore) async throws -> Outcome {
         var state = self.state
@@ -34,7 +37,7 @@ struct UsageCheck {
         case .unknown, nil:
             break
         }
-        if let cap = state.companyLimit, state.companyUsed + units > cap {
+        if let cap = state.companyLimit, state.companyUsed + units > cap, grantUnits < units {
             return Outcome(refusal: .cap(.company), state: state)
         }
         if let cap = state.userLimit, (state.userUsed ?? 0) + units > cap {

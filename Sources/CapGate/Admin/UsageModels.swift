@@ -14,10 +14,14 @@ public struct CompanyUsage: Sendable {
     public var users: [UserUsage]
     /// The company's cost budget (SPEC §11); each user's is in ``users``.
     public var cost: CostUsage = .unlimited
+    /// The company's top-up grants (SPEC §12), earliest expiry first.
+    public var grants: [TopUpGrant] = []
+    /// When it was read (a grant's `remaining` is 0 once expired).
+    public var at: Date = Date()
 }
 
 extension CompanyUsage: Encodable {
-    enum CodingKeys: String, CodingKey { case company, usage, features, users, cost }
+    enum CodingKeys: String, CodingKey { case company, usage, features, users, cost, grants }
 
     /// `usage` and `features` are the hand-written objects the 402 body shares (``UsageState``,
     /// ``FeatureUsage``); the company's features and its `cost` (company only, no `user`)
@@ -26,11 +30,13 @@ extension CompanyUsage: Encodable {
         let companyFeatures = JSON.array(features.map { $0.json(user: nil) })
         var c = encoder.container(keyedBy: CodingKeys.self)
         try c.encode(company, forKey: .company)
-        let usage = state.json(scope: "company", includeUser: false, features: companyFeatures)
-        try c.encode(cost.adding(to: usage), forKey: .usage)
+        let grants = JSON.array(self.grants.map { $0.json(at: at) })
+        let usage = cost.adding(to: state.json(scope: "company", includeUser: false, features: companyFeatures))
+        try c.encode(usage.adding("grants", grants), forKey: .usage)
         try c.encode(companyFeatures, forKey: .features)
         try c.encode(users, forKey: .users)
         try c.encode(cost, forKey: .cost)
+        try c.encode(grants, forKey: .grants)
     }
 }
 
@@ -88,8 +94,10 @@ public struct CallerUsage: Sendable {
     public var features: [FeatureUsage]
     /// The company's and the caller's cost budgets (SPEC §11).
     public var cost: CostUsage = .unlimited
-    /// When it was read (the rate windows' `reset_at`).
-    public var at = Date()
+    /// The company's top-up grants (SPEC §12), earliest expiry first.
+    public var grants: [TopUpGrant] = []
+    /// When it was read (a grant's `remaining` is 0 once expired; the rate windows' `reset_at`).
+    public var at: Date = Date()
 }
 
 extension CallerUsage: Encodable {
@@ -98,6 +106,7 @@ extension CallerUsage: Encodable {
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.singleValueContainer()
         let usage = cost.adding(to: state.json(scope: "user", features: .array(features.map { $0.json(user: user) })))
+            .adding("grants", .array(grants.map { $0.json(at: at) }))
         guard case .object(var fields) = usage else { return try c.encode(usage) }
         // The rate windows (SPEC §14): an empty list when the plan sets none.
         fields.append(.init("rate", state.rate?.usageJSON(now: at) ?? .array([])))

@@ -43,7 +43,10 @@ struct UsageRoutes {
                 // The company was just moved into a new period: read its windows there.
                 lookup = try await usage.feature(featureID, company: user.companyID, user: user.userID, at: now)
             }
-            let check = UsageCheck(units: units, user: user.userID, state: state, feature: lookup?.lookup)
+            let grants = try await usage.grants(company: user.companyID)
+            let check = UsageCheck(
+                units: units, user: user.userID, state: state, feature: lookup?.lookup,
+                grantUnits: grants.compactMap { $0.remainingUnits(at: now) }.max() ?? 0)
             var outcome = try await check.decide(metering: metering)
             // A bound credential (SPEC §8) would be refused 403 for another feature, before its limits.
             if let featureID, let bound = user.features, !bound.contains(featureID) {

@@ -13,7 +13,7 @@ extension UsageStore {
         guard let row = read.company else { return nil }
         return CompanyUsage(
             company: TenantStore.companyJSON(row), state: read.state, features: read.features, users: read.users,
-            cost: CostUsage(company: read.cost.company))
+            cost: CostUsage(company: read.cost.company), grants: read.grants, at: at)
     }
 
     /// What `user` of `company` sees in `GET /v1/usage`.
@@ -21,7 +21,8 @@ extension UsageStore {
         let read = try await current(company: company, user: user, at: at)
         var state = read.state
         state.rate = try await rateWindows(company: company, user: user, at: at)
-        return CallerUsage(company: company, user: user, state: state, features: read.features, cost: read.cost, at: at)
+        return CallerUsage(
+            company: company, user: user, state: state, features: read.features, cost: read.cost, grants: read.grants, at: at)
     }
 
     /// One read of the period containing `at`. When none does, the company is first moved into
@@ -47,6 +48,8 @@ extension UsageStore {
         var users: [UserUsage]
         /// The company's cost budget, and `user`'s when the read is a user's.
         var cost: CostUsage
+        /// The company's top-up grants (SPEC §12), earliest expiry first.
+        var grants: [TopUpGrant] = []
     }
 
     /// The row: the company (all nil when there is none), the plan and period containing `at`
@@ -106,6 +109,9 @@ extension UsageStore {
             var read = Self.read(h, user: user)
             if read.company != nil, read.state.periodStart != nil {
                 read.features = try await features(on: connection, company: company, user: user, at: at)
+            }
+            if read.company != nil {
+                read.grants = try await TopUpGrant.all(of: company, on: connection, logger: logger)
             }
             let planUserCap = h.12
             read.users = users.map {

@@ -118,7 +118,7 @@ extension BillingStore {
 
         public var description: String {
             let who = userID.map { "user \($0.uuidString.lowercased())" } ?? "company"
-            let what = feature.map { " feature \($0) \(window ?? "")" } ?? ""
+            let what = feature.map { " feature \($0) \(window ?? "")" } ?? window.map { " top-up \($0)" } ?? ""
             let company = companyID.uuidString.lowercased()
             let values =
                 measure == .units
@@ -130,15 +130,19 @@ extension BillingStore {
 
     /// Recomputes every counter from the ledger (charged rows) and returns the disagreements:
     /// units, and the cost counters of SPEC §11 (`cost_used`: the costs of rows with a
-    /// `cost_source`, `cost_held`: the holds of rows without one), in one scan of the ledger.
+    /// `cost_source`, `cost_held`: the holds of rows without one), in one scan of the ledger. A
+    /// company counter leaves out what top-up grants paid (SPEC §12); the grants are recomputed
+    /// too (``grantMismatches(_:)``).
     public func verify() async throws -> [Mismatch] {
         try await database.run { client in
             let rows = try await client.query(
                 """
                 WITH ledger_company AS (
-                    SELECT company_id, period_id, SUM(units)::bigint AS units,
-                           COALESCE(SUM(cost_micros) FILTER (WHERE cost_source IS NOT NULL), 0)::bigint AS cost_used,
-                           COALESCE(SUM(hold_micros) FILTER (WHERE cost_source IS NULL), 0)::bigint AS cost_held
+                    SELECT company_id, period_id, COALESCE(SUM(units) FILTER (WHERE units_grant_id IS NULL), 0)::bigint AS units,
+                           COALESCE(SUM(cost_micros) FILTER (WHERE cost_source IS NOT NULL AND cost_grant_id IS NULL), 0)::bigint
+                               AS cost_used,
+                           COALESCE(SUM(hold_micros) FILTER (WHERE cost_source IS NULL AND cost_grant_id IS NULL), 0)::bigint
+                               AS cost_held
                       FROM usage_ledger WHERE outcome = 'charged' GROUP BY company_id, period_id),
                 ledger_user AS (
                     SELECT company_id, period_id, user_id, SUM(units)::bigint AS units,
@@ -173,7 +177,7 @@ extension BillingStore {
                         companyID: company, periodID: period, userID: user, counter: counter, ledger: ledger,
                         measure: Mismatch.Measure(rawValue: measure) ?? .units))
             }
-            return out + (try await featureMismatches(client))
+            return out + (try await featureMismatches(client)) + (try await grantMismatches(client))
         }
     }
 

@@ -30,10 +30,13 @@ public struct BillingStore: Sendable {
         public var purchaseDate: Date?
         public var expirationDate: Date?
         public var payload: JSON
+        /// The event comes from a one-time purchase (an App Store consumable, SPEC §12): it applies
+        /// to a top-up product only, never to a subscription's plan.
+        public var topUpOnly: Bool
 
         public init(
             kind: Kind, companyID: UUID, productID: String?, transactionID: String, originalTransactionID: String? = nil,
-            purchaseDate: Date? = nil, expirationDate: Date? = nil, payload: JSON = .obj([:])
+            purchaseDate: Date? = nil, expirationDate: Date? = nil, payload: JSON = .obj([:]), topUpOnly: Bool = false
         ) {
             self.kind = kind
             self.companyID = companyID
@@ -43,6 +46,7 @@ public struct BillingStore: Sendable {
             self.purchaseDate = purchaseDate
             self.expirationDate = expirationDate
             self.payload = payload
+            self.topUpOnly = topUpOnly
         }
     }
 
@@ -52,6 +56,8 @@ public struct BillingStore: Sendable {
         case noPeriod
         case badDates
         case transactionOfAnotherCompany
+        case notTopUp(String)
+        case originalTransactionRequired
     }
 
     /// Records and applies a store event once per `transaction_id`; a repeat gets the first answer.
@@ -86,7 +92,13 @@ public struct BillingStore: Sendable {
     func apply(_ event: StoreEvent, on connection: PostgresConnection, now: Date) async throws -> String {
         try await PeriodStore.lockCompany(connection, logger: logger, company: event.companyID)
         if let answer = try await recordedAnswer(connection, event) { return answer }
-        let (planID, interval) = try await productPlan(connection, event.productID)
+        let product = try await product(connection, event.productID)
+        if let product, product.kind == .topup {
+            let grant = try await applyTopUp(connection, event, product: product, now: now)
+            return try await record(connection, event, planID: nil, now: now, grant: grant)
+        }
+        if event.topUpOnly { throw BillingError.notTopUp(event.productID ?? "") }
+        let (planID, interval) = (product?.planID, product?.interval ?? .month)
         try await change(connection, event, planID: planID, interval: interval, now: now)
         return try await record(connection, event, planID: planID, now: now)
     }
@@ -99,6 +111,13 @@ public struct BillingStore: Sendable {
             return GatewayError.notFound("Unknown product '\(product)': map it to a plan with POST /admin/v1/products first.")
         } catch BillingError.productRequired {
             return GatewayError.invalidRequest("'product_id' is required for \(event.kind.rawValue) events.")
+        } catch BillingError.notTopUp(let product) {
+            return GatewayError.invalidRequest(
+                "Product '\(product)' is not a top-up (kind 'topup'): a one-time purchase never changes a company's plan.")
+        } catch BillingError.originalTransactionRequired {
+            return GatewayError.invalidRequest(
+                "'original_transaction_id' (the top-up purchase's transaction) is required for \(event.kind.rawValue) events of a top-up product."
+            )
         } catch BillingError.transactionOfAnotherCompany {
             return GatewayError.conflict("This transaction_id was already recorded for another company.")
         } catch PeriodStore.PeriodError.unknownPlan {
@@ -124,16 +143,6 @@ public struct BillingStore: Sendable {
         guard let (storedCompany, stored) = previous.first else { return nil }
         guard storedCompany == event.companyID else { throw BillingError.transactionOfAnotherCompany }
         return stored ?? JSON.obj(["transaction_id": .string(event.transactionID), "applied": .bool(true)]).serialized()
-    }
-
-    /// The plan and interval a store product maps to (none without a product).
-    func productPlan(_ connection: PostgresConnection, _ product: String?) async throws -> (String?, PeriodMath.Interval) {
-        guard let product else { return (nil, .month) }
-        let rows = try await connection.query(
-            "SELECT plan_id, interval FROM products WHERE product_id = \(product)", logger: logger
-        ).decode((String, String).self).collect()
-        guard let row = rows.first else { throw BillingError.unknownProduct(product) }
-        return (row.0, PeriodMath.Interval(rawValue: row.1) ?? .month)
     }
 
     /// What the event does to the company's periods.
@@ -195,12 +204,19 @@ public struct BillingStore: Sendable {
     }
 
     /// Records the event with its answer (the company as it now stands), which a repeat gets.
-    func record(_ connection: PostgresConnection, _ event: StoreEvent, planID: String?, now: Date) async throws -> String {
+    /// A top-up's event answers with its `grant` too.
+    func record(
+        _ connection: PostgresConnection, _ event: StoreEvent, planID: String?, now: Date, grant: JSON? = nil
+    ) async throws -> String {
         let company = try await Self.companyState(connection, logger: logger, company: event.companyID, at: now)
         var result: JSON = .obj([
             "transaction_id": .string(event.transactionID), "type": .string(event.kind.rawValue),
             "applied": .bool(true), "company": company,
         ])
+        if let grant, case .object(var fields) = result {
+            fields.append(.init("grant", grant))
+            result = .object(fields)
+        }
         let inserted = try await connection.query(
             """
             INSERT INTO billing_events (company_id, type, transaction_id, product_id, plan_id, payload, result)

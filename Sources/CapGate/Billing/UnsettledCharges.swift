@@ -192,9 +192,10 @@ public struct UnsettledCharges: Sendable {
     /// (`cost_source` `hold`) and moves from `cost_held` to `cost_used` in both counters.
     func keep(_ row: Row, on connection: PostgresConnection, olderThan: TimeInterval) async throws -> Acted? {
         let found = try await connection.query(
-            "SELECT period_id, user_id FROM usage_ledger WHERE company_id = \(row.company) AND id = \(row.id)", logger: logger
-        ).decode((Int64, UUID).self).collect()
-        guard let (period, user) = found.first else { return nil }
+            "SELECT period_id, user_id, cost_grant_id FROM usage_ledger WHERE company_id = \(row.company) AND id = \(row.id)",
+            logger: logger
+        ).decode((Int64, UUID, Int64?).self).collect()
+        guard let (period, user, grant) = found.first else { return nil }
         try await connection.query(
             "SELECT 1 FROM company_usage WHERE company_id = \(row.company) AND period_id = \(period) FOR UPDATE", logger: logger)
         let open = try await connection.query(
@@ -215,10 +216,11 @@ public struct UnsettledCharges: Sendable {
             """,
             logger: logger)
         if let held, held > 0 {
+            // A hold a top-up grant took (SPEC §12) is the grant's, not the company counter's.
             try await connection.query(
                 """
                 UPDATE company_usage SET cost_held = cost_held - \(held), cost_used = cost_used + \(held)
-                 WHERE company_id = \(row.company) AND period_id = \(period)
+                 WHERE company_id = \(row.company) AND period_id = \(period) AND \(grant)::bigint IS NULL
                 """,
                 logger: logger)
             try await connection.query(
@@ -227,6 +229,14 @@ public struct UnsettledCharges: Sendable {
                  WHERE company_id = \(row.company) AND period_id = \(period) AND user_id = \(user)
                 """,
                 logger: logger)
+            if let grant {
+                try await connection.query(
+                    """
+                    UPDATE topup_grants SET cost_held = cost_held - \(held), cost_used = cost_used + \(held)
+                     WHERE company_id = \(row.company) AND id = \(grant)
+                    """,
+                    logger: logger)
+            }
         }
         return (.kept, held.map(Micros.init))
     }

@@ -1,23 +1,58 @@
 import Foundation
 
-/// A store product mapped to a plan (SPEC §5), as the operator API shows it.
+/// A store product (SPEC §5, §12), as the operator API shows it: a subscription mapped to a plan
+/// and an interval, or a top-up pack (no plan) that grants `units` and/or `budget` for
+/// `validDays` from its purchase.
 public struct ProductRecord: Sendable, Equatable {
+    /// `subscription` or `topup`.
+    public enum Kind: String, Sendable, Equatable {
+        case subscription, topup
+    }
+
     public var productID: String
-    public var planID: String
-    /// `month` or `year`.
-    public var interval: String
+    /// The plan a subscription maps to; nil for a top-up.
+    public var planID: String?
+    /// `month` or `year` for a subscription; nil for a top-up.
+    public var interval: String?
+    public var kind: Kind = .subscription
+    /// The units a top-up grants (nil: none).
+    public var units: Int64? = nil
+    /// The budget a top-up grants (nil: none).
+    public var budget: Micros? = nil
+    /// How long a top-up's grant lasts from its purchase, in days (default 365).
+    public var validDays: Int64 = 365
+
+    public init(
+        productID: String, planID: String?, interval: String?, kind: Kind = .subscription, units: Int64? = nil,
+        budget: Micros? = nil, validDays: Int64 = 365
+    ) {
+        self.productID = productID
+        self.planID = planID
+        self.interval = interval
+        self.kind = kind
+        self.units = units
+        self.budget = budget
+        self.validDays = validDays
+    }
 }
 
 extension ProductRecord: Encodable {
-    enum CodingKeys: String, CodingKey { case id, productID = "product_id", planID = "plan_id", interval }
+    enum CodingKeys: String, CodingKey {
+        case id, productID = "product_id", planID = "plan_id", interval, kind, units, budget, validDays = "valid_days"
+    }
 
-    /// `id` repeats `product_id` (a create answers with the created object's `id`).
+    /// `id` repeats `product_id` (a create answers with the created object's `id`); every key is
+    /// always present (`null` where the kind has none).
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
         try c.encode(productID, forKey: .id)
         try c.encode(productID, forKey: .productID)
         try c.encode(planID, forKey: .planID)
         try c.encode(interval, forKey: .interval)
+        try c.encode(kind.rawValue, forKey: .kind)
+        try c.encode(units, forKey: .units)
+        try c.encode(budget, forKey: .budget)
+        try c.encode(validDays, forKey: .validDays)
     }
 }
 

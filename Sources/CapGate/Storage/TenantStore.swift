@@ -131,24 +131,35 @@ public struct TenantStore: Sendable {
     public func products() async throws -> [ProductRecord] {
         try await database.run { client in
             var out: [ProductRecord] = []
-            let rows = try await client.query("SELECT product_id, plan_id, interval FROM products ORDER BY product_id", logger: logger)
-            for try await (product, plan, interval) in rows.decode((String, String, String).self) {
-                out.append(ProductRecord(productID: product, planID: plan, interval: interval))
+            let rows = try await client.query(
+                "SELECT product_id, plan_id, interval, kind, units, budget_micros, valid_days FROM products ORDER BY product_id",
+                logger: logger)
+            for try await (product, plan, interval, kind, units, budget, days) in rows.decode(
+                (String, String?, String?, String, Int64?, Int64?, Int32).self)
+            {
+                out.append(
+                    ProductRecord(
+                        productID: product, planID: plan, interval: interval, kind: ProductRecord.Kind(rawValue: kind) ?? .subscription,
+                        units: units, budget: budget.map(Micros.init), validDays: Int64(days)))
             }
             return out
         }
     }
 
-    public func createProduct(
-        productID: String, planID: String, interval: String, by actor: AuditActor? = nil
-    ) async throws
-        -> ProductRecord
-    {
-        guard try await plan(planID) != nil else { throw GatewayError.notFound("No plan with id '\(planID)'.") }
+    /// Creates `product` (its fields checked by the route); a subscription's plan must exist.
+    public func createProduct(_ product: ProductRecord, by actor: AuditActor? = nil) async throws -> ProductRecord {
+        if let planID = product.planID, try await plan(planID) == nil {
+            throw GatewayError.notFound("No plan with id '\(planID)'.")
+        }
+        let productID = product.productID
         do {
             try await database.audited(actor) { connection in
                 try await connection.query(
-                    "INSERT INTO products (product_id, plan_id, interval) VALUES (\(productID), \(planID), \(interval))",
+                    """
+                    INSERT INTO products (product_id, plan_id, interval, kind, units, budget_micros, valid_days)
+                    VALUES (\(productID), \(product.planID), \(product.interval), \(product.kind.rawValue), \(product.units),
+                            \(product.budget?.value), \(Int32(clamping: product.validDays)))
+                    """,
                     logger: self.logger
                 )
                 let after = try await AuditLog.snapshot(AuditLog.product(productID), on: connection, logger: self.logger)
@@ -158,7 +169,7 @@ public struct TenantStore: Sendable {
             guard state == "23505" else { throw GatewayError.invalidRequest("The product's fields are not valid.") }
             throw GatewayError.conflict("A product with id '\(productID)' already exists.")
         }
-        return ProductRecord(productID: productID, planID: planID, interval: interval)
+        return product
     }
 
     // MARK: companies

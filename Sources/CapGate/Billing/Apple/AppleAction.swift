@@ -7,7 +7,7 @@ enum AppleAction: Equatable, Sendable {
     /// `DID_FAIL_TO_RENEW` / `GRACE_PERIOD`: a renewal to the renewal info's `gracePeriodExpiresDate`.
     case grace
     /// Stored, nothing applied now: `DOWNGRADE` (the renewal that follows carries the new
-    /// product), one-time charges (top-ups, later work), `TEST` and types CapGate does not apply.
+    /// product), `TEST` and types CapGate does not apply.
     case store(Stored)
 
     enum Stored: String, Sendable {
@@ -15,9 +15,18 @@ enum AppleAction: Equatable, Sendable {
     }
 
     /// The action for `type` and `subtype`; `oneTime` when the transaction is a consumable or
-    /// non-consumable (a top-up: its refund is not a subscription's).
+    /// non-consumable (a top-up, SPEC §12: `ONE_TIME_CHARGE` grants it, `REFUND`/`REVOKE` take
+    /// back what is left of it, `REFUND_REVERSED` gives that back; its refund is not a
+    /// subscription's, so the plan is left alone).
     static func of(type: String, subtype: String?, oneTime: Bool) -> AppleAction {
-        if oneTime || type == "ONE_TIME_CHARGE" { return .store(.stored) }
+        if oneTime || type == "ONE_TIME_CHARGE" {
+            switch type {
+            case "ONE_TIME_CHARGE": return .event(.purchase)
+            case "REFUND", "REVOKE": return .event(.refund)
+            case "REFUND_REVERSED": return .event(.restore)
+            default: return .store(.stored)
+            }
+        }
         switch (type, subtype) {
         case ("SUBSCRIBED", _): return .event(.purchase)
         case ("DID_RENEW", _): return .event(.renewal)

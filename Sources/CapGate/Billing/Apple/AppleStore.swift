@@ -71,12 +71,19 @@ struct AppleStore: Sendable {
 
     /// Applies a transaction the app posted for `company` at once (purchase, or renewal when the
     /// company already runs the product's plan); the notification for it later finds it applied.
+    /// A one-time purchase (a top-up, SPEC §12) grants its pack, once; one Apple has revoked
+    /// (refunded) records its grant refunded instead, so it never grants.
     func post(_ transaction: AppleTransaction, company: UUID, now: Date = Date()) async throws -> String {
+        let kind: BillingStore.StoreEvent.Kind =
+            transaction.isOneTime
+            ? (transaction.revocationDateMillis == nil ? .purchase : .refund)
+            : (transaction.transactionId == transaction.originalTransactionId ? .purchase : .renewal)
         let event = BillingStore.StoreEvent(
-            kind: transaction.transactionId == transaction.originalTransactionId ? .purchase : .renewal, companyID: company,
-            productID: transaction.productId, transactionID: AppleAction.eventKey(.purchase, transaction: transaction, notification: nil),
+            kind: kind, companyID: company, productID: transaction.productId,
+            transactionID: AppleAction.eventKey(kind == .refund ? .refund : .purchase, transaction: transaction, notification: nil),
             originalTransactionID: transaction.originalTransactionId, purchaseDate: transaction.purchaseDate,
-            expirationDate: transaction.expiresDate, payload: Self.jsonValue(["transaction": transaction]))
+            expirationDate: transaction.expiresDate, payload: Self.jsonValue(["transaction": transaction]),
+            topUpOnly: transaction.isOneTime)
         do {
             return try await database.transaction { connection in
                 try await lockSubscription(connection, transaction.originalTransactionId)
@@ -121,7 +128,8 @@ struct AppleStore: Sendable {
                 action == .grace ? .expire : kind, transaction: transaction, notification: notification.uuid),
             originalTransactionID: transaction.originalTransactionId, purchaseDate: transaction.purchaseDate,
             expirationDate: expiration,
-            payload: .obj(["notification_uuid": .string(notification.uuid), "notification_type": .string(notification.type)]))
+            payload: .obj(["notification_uuid": .string(notification.uuid), "notification_type": .string(notification.type)]),
+            topUpOnly: transaction.isOneTime || notification.type == "ONE_TIME_CHARGE")
     }
 
     /// Applies `event` under a savepoint: a failure (an unmapped product) is stored as `failed`
