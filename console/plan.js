@@ -14,7 +14,7 @@ async function openPlan() {
   const counted = plain && usage.users.find((u) => u.id === plain.id);
   usage.planUserCap = counted ? counted.limit : undefined;
   const box = $("plan-body");
-  box.replaceChildren(...planSummary(usage, company), ...featureLimits(usage.usage.features || []), ...topUps());
+  box.replaceChildren(...planSummary(usage, company), ...featureLimits(usage.usage.features || []), ...topUps(usage.grants || []));
   if (state.me.role === "operator") box.append(...operatorPlanTools(company));
   show("plan");
   setStatus("");
@@ -46,11 +46,16 @@ function featureLimits(features) {
     table("The plan's features and their limits", columns, features, (f) => ({ "data-feature": f.id }), "The plan sells no features.")];
 }
 
-// Top-ups (grants) have no API in this build yet: the place is kept and says so.
-// TODO(top-ups): list GET …/grants here once the grants API is merged.
-function topUps() {
+// The company's top-up packs (SPEC §12), as the usage read lists them: what each granted, what is
+// left of it and until when (a grant pays only what the plan's cap or budget cannot hold).
+function topUps(grants) {
+  const pair = (p) => [p.units === null ? null : p.units.toLocaleString("en-US"), p.budget === null ? null : "$" + p.budget]
+    .filter((x) => x !== null).join(" and ") || "—";
+  const columns = [["Pack", (g) => g.product_id], ["Granted", (g) => pair(g.granted)], ["Left", (g) => pair(g.remaining)],
+    ["Expires", (g) => day(g.expires_at)], ["Status", (g) => g.status.replace("_", " ")]];
   return [el("h3", { text: "Top-ups" }),
-    el("p", { id: "top-ups", class: "empty", text: "Top-ups are not available in this version of the gateway." })];
+    el("div", { id: "top-ups" }, table("The company's top-up packs", columns, grants, (g) => ({ "data-grant": String(g.id) }),
+      "No top-up packs: past the plan's cap, calls are refused."))];
 }
 
 // ---------------------------------------------------------------- operator

@@ -200,7 +200,10 @@ try:
     check(page.text("[data-field=plan-name]") == usage["usage"]["plan"]["name"], "plan name")
     check(page.text("[data-field=plan-user-cap]") == f"{api('/admin/v1/plans/low', OPERATOR)[1]['monthly_user_cap']:,}",
           "per-user cap: " + page.text("[data-field=plan-user-cap]"))
-    check(page.all("#top-ups"), "no place for top-ups")
+    grants = usage.get("grants") or []
+    check(grants, "the fixture's top-up pack is missing from the usage read")
+    row = page.find(f"#top-ups tr[data-grant='{grants[0]['id']}']")
+    check(grants[0]["product_id"] in row.text and f"{grants[0]['remaining']['units']:,}" in row.text, "top-up row: " + row.text)
     page.shoot("admin-plan")
 
     # ---- the keyboard alone: Tab reaches "Add a user", Enter opens the form with visible focus, Escape closes it.

@@ -41,6 +41,15 @@ struct ConsoleManageTests {
             #expect(try await h.op(.PATCH, "/admin/v1/companies/\(a.text)", .obj(["name": "Acme Skin"])).status == 200)
             #expect(try await h.op(.PATCH, "/admin/v1/companies/\(b.text)", .obj(["name": "Beta Labs"])).status == 200)
             for _ in 0..<3 { #expect(try await h.message(key: aUsers[1].key).status == 200) }
+            // A top-up pack bought for A (SPEC §12), for the plan view's list.
+            #expect(try await h.op(.POST, "/admin/v1/products", .obj(["product_id": "pack.250", "kind": "topup", "units": 250])).status == 201)
+            let purchase = try await h.op(
+                .POST, "/admin/v1/billing/events",
+                .obj([
+                    "type": "purchase", "company_id": .string(a.text), "transaction_id": "console-pack-1", "product_id": "pack.250",
+                    "purchase_date": JSON(Date()),
+                ]))
+            #expect((200...201).contains(purchase.status), "\(purchase.body)")
             let bKeys = try await h.op(.GET, "/admin/v1/companies/\(b.text)/api-keys").json["data"]?.arrayValue ?? []
             try await Self.browserCheck(
                 "console_admin_check.py", h,
