@@ -42,7 +42,8 @@ struct ConsoleManageTests {
             #expect(try await h.op(.PATCH, "/admin/v1/companies/\(b.text)", .obj(["name": "Beta Labs"])).status == 200)
             for _ in 0..<3 { #expect(try await h.message(key: aUsers[1].key).status == 200) }
             // A top-up pack bought for A (SPEC §12), for the plan view's list.
-            #expect(try await h.op(.POST, "/admin/v1/products", .obj(["product_id": "pack.250", "kind": "topup", "units": 250])).status == 201)
+            #expect(
+                try await h.op(.POST, "/admin/v1/products", .obj(["product_id": "pack.250", "kind": "topup", "units": 250])).status == 201)
             let purchase = try await h.op(
                 .POST, "/admin/v1/billing/events",
                 .obj([
