@@ -16,13 +16,13 @@ import urllib.error
 import urllib.request
 from datetime import datetime, timedelta
 
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
+
+from console_support import browser, check
 
 BASE = os.environ["CAPGATE_URL"]
 ADMIN, MEMBER, OPERATOR = os.environ["ADMIN_KEY"], os.environ["MEMBER_KEY"], os.environ["OPERATOR_TOKEN"]
@@ -52,20 +52,7 @@ def usd(amount):
     return "$" + whole + "." + fraction.ljust(2, "0")
 
 
-def check(condition, message):
-    if not condition:
-        raise AssertionError(message)
-
-
-options = webdriver.ChromeOptions()
-options.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,1000",
-             "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--disable-default-apps", "--disable-extensions"):
-    options.add_argument(flag)
-options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
-options.add_experimental_option("prefs", {"download.default_directory": DOWNLOADS, "download.prompt_for_download": False})
-driver = webdriver.Chrome(service=Service(os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")), options=options)
+driver = browser({"download.default_directory": DOWNLOADS, "download.prompt_for_download": False})
 wait = WebDriverWait(driver, 15)
 requested = []
 

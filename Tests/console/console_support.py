@@ -56,7 +56,9 @@ def call(key):
         return error.code, (answer.get("error") or {}).get("message")
 
 
-def browser():
+def browser(prefs=None):
+    """Headless Chromium with the network and console logs kept; `prefs`: Chromium preferences
+    (the usage check's download folder)."""
     options = webdriver.ChromeOptions()
     options.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,1000",
@@ -64,6 +66,8 @@ def browser():
                  "--disable-default-apps", "--disable-extensions"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
+    if prefs:
+        options.add_experimental_option("prefs", prefs)
     return webdriver.Chrome(service=Service(os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")), options=options)
 
 
