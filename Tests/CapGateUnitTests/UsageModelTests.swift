@@ -22,8 +22,9 @@ struct UsageModelTests {
             isDefault: false, isActive: true, sortOrder: -3)
         #expect(
             try Self.text(plan)
-                == #"{"currency":"USD","id":"p","is_active":true,"is_default":false,"monthly_company_budget":null,"#
-                + #""monthly_company_cap":null,"monthly_user_budget":null,"monthly_user_cap":5,"name":"P/1","price":19.99,"sort_order":-3}"#
+                == #"{"company_rpm":null,"company_tpm":null,"currency":"USD","id":"p","is_active":true,"is_default":false,"#
+                + #""monthly_company_budget":null,"monthly_company_cap":null,"monthly_user_budget":null,"monthly_user_cap":5,"name":"P/1","#
+                + #""price":19.99,"sort_order":-3,"user_concurrency":null,"user_rpm":null,"user_tpm":null}"#
         )
         for (stored, shown) in [("49.00", "49"), ("49.50", "49.5"), ("0.00", "0"), ("9999999999.99", "9999999999.99")] {
             plan.price = try #require(PlanRecord.decimal(stored))

@@ -70,13 +70,18 @@ DECLARE
     u integer;
     h bigint;
     v_lease integer;
-    v_rate capgate_rate;
     a_crpm integer[]; a_ctpm bigint[]; a_urpm integer[]; a_utpm bigint[]; a_uconc integer[]; a_rtok bigint[];
     a_rref text[]; a_rmin timestamptz[]; a_rscopes smallint[]; a_crc bigint[]; a_crt bigint[]; a_urc bigint[];
     a_urt bigint[]; a_us bigint[];
     a_fcrpm integer[]; a_fctpm bigint[]; a_furpm integer[]; a_futpm bigint[]; a_fconc integer[];
     a_fcrc bigint[]; a_fcrt bigint[]; a_furc bigint[]; a_furt bigint[]; a_fus bigint[];
     v_windows boolean;  -- the call has a rate window or a concurrency limit
+    -- per locked window row (key order): its minute, counts, and the owner's live slots
+    w_company uuid[]; w_owner uuid[]; w_feature text[]; w_min timestamptz[]; w_calls bigint[]; w_tokens bigint[];
+    w_slots bigint[]; w_moved boolean[];
+    a_wc integer[]; a_wfc integer[]; a_wu integer[]; a_wfu integer[];  -- per call: its window rows
+    v_minute timestamptz; v_ref text; v_k integer; v_rpm bigint; v_tpm bigint; v_conc bigint; v_c bigint; v_t bigint;
+    v_scopes smallint; v_slot boolean;
     g_cap boolean; g_budget boolean; g_units bigint; g_cost bigint; g_taken boolean;
     a_gu bigint[]; a_gc bigint[];  -- per call: the grants that paid its units, its hold
 BEGIN
@@ -320,26 +325,57 @@ BEGIN
             ON l.company_id = slot.c AND l.user_id = slot.u AND l.feature_id = slot.f AND l.starts_at = slot.st;
     END IF;
 
-    -- 2b. The rate windows (SPEC §14) of the calls that may reach them, in key order (created at
-    --     zero when new), so that the calls below, in arrival order, take no lock out of order.
+    -- 2b. The rate windows (SPEC §14) of the calls that may reach them: locked in key order
+    --     (created at zero when new) and read, with each user's live slots, for step 3 to decide
+    --     in memory as it decides the counters; each call's rows by index (a_wc company,
+    --     a_wfc company x feature, a_wu user, a_wfu user x feature).
     IF EXISTS (SELECT 1 FROM unnest(a_crpm, a_ctpm, a_urpm, a_utpm, a_uconc, a_fcrpm, a_fctpm, a_furpm, a_futpm, a_fconc)
                       AS w(a, b, c, d, e, f, g, h, i, j)
                 WHERE coalesce(w.a, w.b, w.c, w.d, w.e, w.f, w.g, w.h, w.i, w.j) IS NOT NULL) THEN
-        INSERT INTO rate_windows AS w (company_id, user_id, feature_id, minute, calls, tokens)
-        SELECT k.c, k.owner, k.feature, k.minute, 0, 0
-          FROM (SELECT s.c, o.owner, o.feature, min(date_trunc('minute', s.at, 'UTC')) AS minute
-                  FROM unnest(a_company, a_user, a_feature, a_uslot, p_units, p_at, a_crpm, a_ctpm, a_urpm, a_utpm, a_uconc,
-                              a_fcrpm, a_fctpm, a_furpm, a_futpm, a_fconc)
-                       AS s(c, u, f, slot, units, at, crpm, ctpm, urpm, utpm, uconc, fcrpm, fctpm, furpm, futpm, fconc)
-                 CROSS JOIN LATERAL (VALUES
-                       ('00000000-0000-0000-0000-000000000000'::uuid, '', s.crpm IS NOT NULL OR s.ctpm IS NOT NULL),
-                       ('00000000-0000-0000-0000-000000000000'::uuid, s.f, s.fcrpm IS NOT NULL OR s.fctpm IS NOT NULL),
-                       (s.u, '', s.urpm IS NOT NULL OR s.utpm IS NOT NULL OR s.uconc IS NOT NULL),
-                       (s.u, s.f, s.furpm IS NOT NULL OR s.futpm IS NOT NULL OR s.fconc IS NOT NULL)) AS o(owner, feature, applies)
-                 WHERE o.applies AND o.feature IS NOT NULL AND s.slot IS NOT NULL AND s.units > 0
-                 GROUP BY s.c, o.owner, o.feature) k
-         ORDER BY k.c, k.owner, k.feature
-        ON CONFLICT (company_id, user_id, feature_id) DO UPDATE SET calls = w.calls;
+        WITH calls AS (
+            SELECT s.*, o.bit, o.owner, o.feature
+              FROM unnest(a_company, a_user, a_feature, a_uslot, p_units, p_at, a_crpm, a_ctpm, a_urpm, a_utpm, a_uconc,
+                          a_fcrpm, a_fctpm, a_furpm, a_futpm, a_fconc)
+                   WITH ORDINALITY AS s(c, u, f, slot, units, at, crpm, ctpm, urpm, utpm, uconc, fcrpm, fctpm, furpm, futpm,
+                                        fconc, ord)
+             CROSS JOIN LATERAL (VALUES
+                   (1, '00000000-0000-0000-0000-000000000000'::uuid, '', s.crpm IS NOT NULL OR s.ctpm IS NOT NULL),
+                   (8, '00000000-0000-0000-0000-000000000000'::uuid, s.f, s.fcrpm IS NOT NULL OR s.fctpm IS NOT NULL),
+                   (2, s.u, '', s.urpm IS NOT NULL OR s.utpm IS NOT NULL OR s.uconc IS NOT NULL),
+                   (16, s.u, s.f, s.furpm IS NOT NULL OR s.futpm IS NOT NULL OR s.fconc IS NOT NULL)) AS o(bit, owner, feature, applies)
+             WHERE o.applies AND o.feature IS NOT NULL AND s.slot IS NOT NULL AND s.units > 0
+        ), keys AS (
+            SELECT k.*, row_number() OVER (ORDER BY k.c, k.owner, k.feature)::integer AS idx
+              FROM (SELECT c, owner, feature, min(date_trunc('minute', at, 'UTC')) AS minute, min(at) AS at
+                      FROM calls GROUP BY c, owner, feature) k
+        ), locked AS (
+            INSERT INTO rate_windows AS w (company_id, user_id, feature_id, minute, calls, tokens)
+            SELECT k.c, k.owner, k.feature, k.minute, 0, 0 FROM keys k ORDER BY k.idx
+            ON CONFLICT (company_id, user_id, feature_id) DO UPDATE SET calls = w.calls
+            RETURNING w.company_id, w.user_id, w.feature_id, w.minute, w.calls, w.tokens
+        ), rows AS (
+            SELECT k.idx, l.*,
+                   CASE WHEN k.owner = '00000000-0000-0000-0000-000000000000'::uuid THEN 0
+                        ELSE (SELECT count(*) FROM rate_calls rc
+                               WHERE rc.company_id = k.c AND rc.user_id = k.owner AND (rc.scopes & 4) <> 0
+                                 AND rc.lease_until > k.at AND (k.feature = '' OR rc.feature_id = k.feature)) END AS slots
+              FROM keys k JOIN locked l ON l.company_id = k.c AND l.user_id = k.owner AND l.feature_id = k.feature
+        ), slots AS (
+            SELECT c.ord, max(CASE WHEN c.bit = 1 THEN k.idx END) AS wc, max(CASE WHEN c.bit = 8 THEN k.idx END) AS wfc,
+                   max(CASE WHEN c.bit = 2 THEN k.idx END) AS wu, max(CASE WHEN c.bit = 16 THEN k.idx END) AS wfu
+              FROM calls c JOIN keys k ON k.c = c.c AND k.owner = c.owner AND k.feature = c.feature
+             GROUP BY c.ord
+        )
+        SELECT (SELECT array_agg(r.company_id ORDER BY r.idx) FROM rows r), (SELECT array_agg(r.user_id ORDER BY r.idx) FROM rows r),
+               (SELECT array_agg(r.feature_id ORDER BY r.idx) FROM rows r), (SELECT array_agg(r.minute ORDER BY r.idx) FROM rows r),
+               (SELECT array_agg(r.calls ORDER BY r.idx) FROM rows r), (SELECT array_agg(r.tokens ORDER BY r.idx) FROM rows r),
+               (SELECT array_agg(r.slots ORDER BY r.idx) FROM rows r),
+               (SELECT array_agg(x.wc ORDER BY o) FROM generate_series(1, n) o LEFT JOIN slots x ON x.ord = o),
+               (SELECT array_agg(x.wfc ORDER BY o) FROM generate_series(1, n) o LEFT JOIN slots x ON x.ord = o),
+               (SELECT array_agg(x.wu ORDER BY o) FROM generate_series(1, n) o LEFT JOIN slots x ON x.ord = o),
+               (SELECT array_agg(x.wfu ORDER BY o) FROM generate_series(1, n) o LEFT JOIN slots x ON x.ord = o)
+          INTO w_company, w_owner, w_feature, w_min, w_calls, w_tokens, w_slots, a_wc, a_wfc, a_wu, a_wfu;
+        w_moved := array_fill(false, ARRAY[coalesce(cardinality(w_company), 0)]);
     END IF;
 
     -- 3. Decide in arrival order against the locked counters.
@@ -445,21 +481,71 @@ BEGIN
                      OR a_uconc[i] IS NOT NULL OR a_fcrpm[i] IS NOT NULL OR a_fctpm[i] IS NOT NULL OR a_furpm[i] IS NOT NULL
                      OR a_futpm[i] IS NOT NULL OR a_fconc[i] IS NOT NULL;
         IF a_decision[i] = 'charged' AND u > 0 AND v_windows THEN
+            -- As capgate_rate_take, in memory: the owners in key order (company, company x
+            -- feature, user, user x feature); the first window that does not fit refuses, and the
+            -- counts of the owners read so far stand as they are; else every one takes the call.
             a_rtok[i] := coalesce(a_rtok[i], 0);
-            v_rate := capgate_rate_take(a_company[i], a_user[i], p_at[i], a_rtok[i], a_crpm[i], a_ctpm[i], a_urpm[i],
-                                        a_utpm[i], a_uconc[i], a_feature[i], a_fcrpm[i], a_fctpm[i], a_furpm[i],
-                                        a_futpm[i], a_fconc[i]);
-            a_rmin[i] := v_rate.minute;
-            a_crc[i] := v_rate.c_calls; a_crt[i] := v_rate.c_tokens;
-            a_urc[i] := v_rate.u_calls; a_urt[i] := v_rate.u_tokens; a_us[i] := v_rate.u_slots;
-            a_fcrc[i] := v_rate.fc_calls; a_fcrt[i] := v_rate.fc_tokens;
-            a_furc[i] := v_rate.fu_calls; a_furt[i] := v_rate.fu_tokens; a_fus[i] := v_rate.fu_slots;
-            IF v_rate.refused IS NOT NULL THEN
+            v_minute := date_trunc('minute', p_at[i], 'UTC');
+            a_rmin[i] := v_minute;
+            v_ref := NULL;
+            v_scopes := 0;
+            v_slot := a_uconc[i] IS NOT NULL OR a_fconc[i] IS NOT NULL;
+            FOR o IN 1..4 LOOP
+                v_rpm := (ARRAY[a_crpm[i], a_fcrpm[i], a_urpm[i], a_furpm[i]])[o];
+                v_tpm := (ARRAY[a_ctpm[i], a_fctpm[i], a_utpm[i], a_futpm[i]])[o];
+                v_conc := (ARRAY[NULL, NULL, a_uconc[i], a_fconc[i]]::bigint[])[o];
+                CONTINUE WHEN v_rpm IS NULL AND v_tpm IS NULL AND v_conc IS NULL;
+                v_k := (ARRAY[a_wc[i], a_wfc[i], a_wu[i], a_wfu[i]])[o];
+                v_c := CASE WHEN w_min[v_k] >= v_minute THEN w_calls[v_k] ELSE 0 END;
+                v_t := CASE WHEN w_min[v_k] >= v_minute THEN w_tokens[v_k] ELSE 0 END;
+                v_ref := CASE WHEN v_rpm IS NOT NULL AND v_c + 1 > v_rpm THEN '-rpm'
+                              WHEN v_tpm IS NOT NULL AND v_t + a_rtok[i] > v_tpm THEN '-tpm'
+                              WHEN v_conc IS NOT NULL AND w_slots[v_k] >= v_conc THEN '-concurrency' END;
+                -- The owner's counts as they stand (the call is added below once every window took it).
+                CASE o
+                    WHEN 1 THEN a_crc[i] := v_c; a_crt[i] := v_t;
+                    WHEN 2 THEN a_fcrc[i] := v_c; a_fcrt[i] := v_t;
+                    WHEN 3 THEN a_urc[i] := v_c; a_urt[i] := v_t;
+                        a_us[i] := CASE WHEN v_conc IS NOT NULL AND coalesce(v_ref, '-concurrency') = '-concurrency'
+                                        THEN w_slots[v_k] END;
+                    ELSE a_furc[i] := v_c; a_furt[i] := v_t;
+                        a_fus[i] := CASE WHEN v_conc IS NOT NULL AND coalesce(v_ref, '-concurrency') = '-concurrency'
+                                         THEN w_slots[v_k] END;
+                END CASE;
+                IF v_ref IS NOT NULL THEN
+                    v_ref := (ARRAY['company', 'feature.company', 'user', 'feature.user'])[o] || v_ref;
+                    EXIT;
+                END IF;
+                v_scopes := v_scopes | (ARRAY[1, 8, 2, 16])[o];
+            END LOOP;
+            IF v_ref IS NULL THEN
+                IF (v_scopes & 1) <> 0 THEN a_crc[i] := a_crc[i] + 1; a_crt[i] := a_crt[i] + a_rtok[i]; END IF;
+                IF (v_scopes & 8) <> 0 THEN a_fcrc[i] := a_fcrc[i] + 1; a_fcrt[i] := a_fcrt[i] + a_rtok[i]; END IF;
+                IF (v_scopes & 2) <> 0 THEN
+                    a_urc[i] := a_urc[i] + 1; a_urt[i] := a_urt[i] + a_rtok[i]; a_us[i] := a_us[i] + 1;
+                END IF;
+                IF (v_scopes & 16) <> 0 THEN
+                    a_furc[i] := a_furc[i] + 1; a_furt[i] := a_furt[i] + a_rtok[i]; a_fus[i] := a_fus[i] + 1;
+                END IF;
+            END IF;
+            IF v_ref IS NOT NULL THEN
                 a_decision[i] := 'rate_limited';
-                a_rref[i] := v_rate.refused;
+                a_rref[i] := v_ref;
             ELSE
-                a_rscopes[i] := v_rate.scopes
-                    | CASE WHEN v_rate.u_slots IS NOT NULL OR v_rate.fu_slots IS NOT NULL THEN 4 ELSE 0 END;
+                -- Taken: every window row of the call moves, and a slot counts for the user's rows.
+                FOREACH v_k IN ARRAY ARRAY[a_wc[i], a_wfc[i], a_wu[i], a_wfu[i]] LOOP
+                    CONTINUE WHEN v_k IS NULL;
+                    IF w_min[v_k] < v_minute THEN
+                        w_calls[v_k] := 0;
+                        w_tokens[v_k] := 0;
+                        w_min[v_k] := v_minute;
+                    END IF;
+                    w_calls[v_k] := w_calls[v_k] + 1;
+                    w_tokens[v_k] := w_tokens[v_k] + a_rtok[i];
+                    w_slots[v_k] := w_slots[v_k] + CASE WHEN v_slot THEN 1 ELSE 0 END;
+                    w_moved[v_k] := true;
+                END LOOP;
+                a_rscopes[i] := v_scopes | CASE WHEN v_slot THEN 4 ELSE 0 END;
             END IF;
         ELSE
             a_rtok[i] := NULL;
@@ -490,12 +576,6 @@ BEGIN
             END IF;
             a_decision[i] := 'charged';
             a_ledger[i] := nextval('usage_ledger_id_seq'::regclass);
-            IF (a_rscopes[i] & 4) <> 0 OR (a_rscopes[i] IS NOT NULL AND (a_ctpm[i] IS NOT NULL OR a_utpm[i] IS NOT NULL
-                                                                          OR a_fctpm[i] IS NOT NULL OR a_futpm[i] IS NOT NULL)) THEN
-                INSERT INTO rate_calls (company_id, ledger_id, user_id, feature_id, minute, tokens, scopes, lease_until)
-                VALUES (a_company[i], a_ledger[i], a_user[i], coalesce(a_feature[i], ''), a_rmin[i], a_rtok[i], a_rscopes[i],
-                        p_at[i] + make_interval(secs => v_lease));
-            END IF;
             -- Threshold notifications (SPEC §9), only for a counter at or past the lowest threshold.
             IF v_low IS NOT NULL AND u > 0 THEN
                 IF a_ccap[i] IS NOT NULL AND c_used[cs] * 100 >= v_low::bigint * a_ccap[i] THEN
@@ -536,6 +616,19 @@ BEGIN
     END LOOP;
 
     -- 4. Write the counters that moved and the ledger rows of the charged calls.
+    IF w_company IS NOT NULL THEN
+        UPDATE rate_windows rw SET minute = s.m, calls = s.calls, tokens = s.tokens
+          FROM unnest(w_company, w_owner, w_feature, w_min, w_calls, w_tokens, w_moved) AS s(c, o, f, m, calls, tokens, moved)
+         WHERE s.moved AND rw.company_id = s.c AND rw.user_id = s.o AND rw.feature_id = s.f;
+        -- The charged calls their end must settle in the windows (a slot, or tokens in a token window).
+        INSERT INTO rate_calls (company_id, ledger_id, user_id, feature_id, minute, tokens, scopes, lease_until)
+        SELECT s.c, s.ledger, s.u, coalesce(s.f, ''), s.m, s.tok, s.scopes, s.at + make_interval(secs => v_lease)
+          FROM unnest(a_company, a_ledger, a_user, a_feature, a_rmin, a_rtok, a_rscopes, p_at, a_decision, a_ctpm, a_utpm,
+                      a_fctpm, a_futpm)
+               AS s(c, ledger, u, f, m, tok, scopes, at, decision, ctpm, utpm, fctpm, futpm)
+         WHERE s.decision = 'charged' AND s.scopes IS NOT NULL
+           AND ((s.scopes & 4) <> 0 OR coalesce(s.ctpm, s.utpm, s.fctpm, s.futpm) IS NOT NULL);
+    END IF;
     UPDATE company_usage cu SET used = s.used, cost_held = s.held
       FROM unnest(c_company, c_period, c_used, c_held) AS s(c, p, used, held)
      WHERE cu.company_id = s.c AND cu.period_id = s.p AND (cu.used <> s.used OR cu.cost_held <> s.held);

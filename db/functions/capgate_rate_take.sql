@@ -67,6 +67,10 @@ BEGIN
         END IF;
     END IF;
     IF r.refused IS NOT NULL THEN
+        -- The user's slot count stands without this call (it takes no slot).
+        IF r.u_slots IS NOT NULL AND r.refused <> 'user-concurrency' THEN
+            r.u_slots := r.u_slots - 1;
+        END IF;
         -- Newest first, each row as it now stands for the refusal's RateLimit fields.
         IF (r.scopes & 16) <> 0 THEN
             UPDATE rate_windows SET calls = calls - 1, tokens = tokens - p_tokens
