@@ -219,7 +219,9 @@ struct OverloadTests {
                 let slowest = waits.max() ?? .zero
                 let sends = sent.compactMap { $0 }
                 let arrivals = answered.map(\.at)
-                #expect(slowest <= .seconds(7), "the slowest call was answered \(slowest) after its send")
+                // database.timeout is 6 s; 2 s for the answer's way back through a debug build under the
+                // whole suite's load (7.03 s was seen once with a 1 s margin).
+                #expect(slowest <= .seconds(8), "the slowest call was answered \(slowest) after its send")
                 // They were all waiting at once: the last was sent before the first was answered.
                 #expect(sends.max()! < arrivals.min()!)
                 #expect(h.mock.counter.count == served)
