@@ -69,17 +69,22 @@ struct RateAnswerTests {
         #expect(featureError.headers[.rateLimitPolicy] == #""feature.analysis.user-rpm";q=2;w=60"#)
     }
 
-    @Test("a refund takes the call out of every count; only slots or token windows make a call end in its windows")
+    @Test("a refund takes the call out of every count; a slot makes its end awaited, a token window alone not, call windows nothing")
     func refundAndEnd() {
         let rate = RateState(
             limits: Self.plan, minute: Self.minute,
             counts: .init(companyCalls: 4, companyTokens: nil, userCalls: 2, userTokens: 3_000, userInFlight: 1), tokens: 1_000)
         let back = rate.refunded()
         #expect(back.counts == .init(companyCalls: 3, userCalls: 1, userTokens: 2_000, userInFlight: 0))
-        #expect(rate.endsInWindows)
-        #expect(!RateState(limits: .init(companyRPM: 5, userRPM: 5), minute: Self.minute, counts: .init()).endsInWindows)
+        #expect(rate.end == .slot)
+        #expect(RateState(limits: .init(companyRPM: 5, userRPM: 5), minute: Self.minute, counts: .init()).end == .none)
+        #expect(RateState(limits: .init(userTPM: 5_000), minute: Self.minute, counts: .init()).end == .tokens)
+        let featureSlot = RateState(
+            limits: .init(companyTPM: 9_000), minute: Self.minute, counts: .init(),
+            feature: .init(id: "analysis", limits: .init(userConcurrency: 2), counts: .init()))
+        #expect(featureSlot.end == .slot)
         var refused = rate
         refused.refused = .userRPM
-        #expect(!refused.endsInWindows)
+        #expect(refused.end == .none)
     }
 }

@@ -333,20 +333,22 @@ BEGIN
                       AS w(a, b, c, d, e, f, g, h, i, j)
                 WHERE coalesce(w.a, w.b, w.c, w.d, w.e, w.f, w.g, w.h, w.i, w.j) IS NOT NULL) THEN
         WITH calls AS (
-            SELECT s.*, o.bit, o.owner, o.feature
+            SELECT s.*, o.bit, o.owner, o.feature, o.conc
               FROM unnest(a_company, a_user, a_feature, a_uslot, p_units, p_at, a_crpm, a_ctpm, a_urpm, a_utpm, a_uconc,
                           a_fcrpm, a_fctpm, a_furpm, a_futpm, a_fconc)
                    WITH ORDINALITY AS s(c, u, f, slot, units, at, crpm, ctpm, urpm, utpm, uconc, fcrpm, fctpm, furpm, futpm,
                                         fconc, ord)
              CROSS JOIN LATERAL (VALUES
-                   (1, '00000000-0000-0000-0000-000000000000'::uuid, '', s.crpm IS NOT NULL OR s.ctpm IS NOT NULL),
-                   (8, '00000000-0000-0000-0000-000000000000'::uuid, s.f, s.fcrpm IS NOT NULL OR s.fctpm IS NOT NULL),
-                   (2, s.u, '', s.urpm IS NOT NULL OR s.utpm IS NOT NULL OR s.uconc IS NOT NULL),
-                   (16, s.u, s.f, s.furpm IS NOT NULL OR s.futpm IS NOT NULL OR s.fconc IS NOT NULL)) AS o(bit, owner, feature, applies)
+                   (1, '00000000-0000-0000-0000-000000000000'::uuid, '', s.crpm IS NOT NULL OR s.ctpm IS NOT NULL, false),
+                   (8, '00000000-0000-0000-0000-000000000000'::uuid, s.f, s.fcrpm IS NOT NULL OR s.fctpm IS NOT NULL, false),
+                   (2, s.u, '', s.urpm IS NOT NULL OR s.utpm IS NOT NULL OR s.uconc IS NOT NULL, s.uconc IS NOT NULL),
+                   (16, s.u, s.f, s.furpm IS NOT NULL OR s.futpm IS NOT NULL OR s.fconc IS NOT NULL, s.fconc IS NOT NULL))
+                   AS o(bit, owner, feature, applies, conc)
              WHERE o.applies AND o.feature IS NOT NULL AND s.slot IS NOT NULL AND s.units > 0
         ), keys AS (
             SELECT k.*, row_number() OVER (ORDER BY k.c, k.owner, k.feature)::integer AS idx
-              FROM (SELECT c, owner, feature, min(date_trunc('minute', at, 'UTC')) AS minute, min(at) AS at
+              FROM (SELECT c, owner, feature, min(date_trunc('minute', at, 'UTC')) AS minute, min(at) AS at,
+                           bool_or(conc) AS conc
                       FROM calls GROUP BY c, owner, feature) k
         ), locked AS (
             INSERT INTO rate_windows AS w (company_id, user_id, feature_id, minute, calls, tokens)
@@ -355,7 +357,8 @@ BEGIN
             RETURNING w.company_id, w.user_id, w.feature_id, w.minute, w.calls, w.tokens
         ), rows AS (
             SELECT k.idx, l.*,
-                   CASE WHEN k.owner = '00000000-0000-0000-0000-000000000000'::uuid THEN 0
+                   -- Live slots are counted only where a concurrency limit applies.
+                   CASE WHEN NOT k.conc THEN 0
                         ELSE (SELECT count(*) FROM rate_calls rc
                                WHERE rc.company_id = k.c AND rc.user_id = k.owner AND (rc.scopes & 4) <> 0
                                  AND rc.lease_until > k.at AND (k.feature = '' OR rc.feature_id = k.feature)) END AS slots

@@ -17,10 +17,17 @@
 -- call (custom plan): a generic plan made while the ledger was empty scanned the whole ledger per
 -- batch until the first ANALYZE (measured: 41.7 million rows read in the benchmark's first minute).
 --
+-- Rate windows (SPEC §14): p_rate, per call, is capgate_rate_end's count (the real tokens, -1
+-- when not known) for a call that ends in its windows (it holds a concurrency slot or tokens in a
+-- token window), -3 for one that does not. Those calls are ended by capgate_rate_end in the same
+-- transaction, last (after every counter and grant: an admission of the same company waits at
+-- the company counter before it reaches its windows), so a call's end costs no transaction of its
+-- own; the gateway awaits the batch of a call holding a slot.
+--
 -- Returns the settled calls that cost more than their hold (the provider billed past the bound).
 CREATE FUNCTION capgate_settle_batch(
     p_company uuid[], p_ledger bigint[], p_upstream_status integer[], p_input_tokens bigint[], p_output_tokens bigint[],
-    p_cache_write_5m bigint[], p_cache_write_1h bigint[], p_cache_read bigint[], p_known boolean[]
+    p_cache_write_5m bigint[], p_cache_write_1h bigint[], p_cache_read bigint[], p_known boolean[], p_rate bigint[]
 ) RETURNS TABLE (company_id uuid, ledger_id bigint, hold bigint, cost bigint)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan
@@ -50,6 +57,7 @@ BEGIN
           FROM unnest(p_company, p_ledger, p_upstream_status, p_input_tokens, p_output_tokens, p_cache_write_5m,
                       p_cache_write_1h, p_cache_read) AS s(c, id, status, input, output, w5, w1, rd)
          WHERE l.company_id = s.c AND l.id = s.id AND l.outcome = 'charged';
+        PERFORM capgate_settle_windows(p_company, p_ledger, p_rate);
         RETURN;
     END IF;
     RETURN QUERY
@@ -105,5 +113,6 @@ BEGIN
     )
     SELECT s.company_id, s.id, s.hold, s.cost FROM settled s
      WHERE s.open AND s.hold IS NOT NULL AND s.cost > s.hold;
+    PERFORM capgate_settle_windows(p_company, p_ledger, p_rate);
 END;
 $$;

@@ -158,6 +158,18 @@ struct Settlement: Sendable {
     var ledgerID: Int64
     var status: Int32
     var usage: ProviderUsage
+    /// The call ends in its rate windows in the same transaction (SPEC §14): its `rate_calls`
+    /// row goes, its slot with it, and its token hold is traded for the real count.
+    var endsInWindows = false
+
+    /// `capgate_rate_end`'s count for this call: the real tokens (input, cache writes and reads,
+    /// output), -1 when the usage is not known (the hold stays), -3 when it is in no window.
+    var windowTokens: Int64 {
+        guard endsInWindows else { return -3 }
+        guard usage.known else { return -1 }
+        let counts = [usage.inputTokens, usage.outputTokens, usage.cacheWrite5m, usage.cacheWrite1h, usage.cacheRead]
+        return counts.reduce(Int64(0)) { $0 + max(0, $1 ?? 0) }
+    }
 }
 
 extension UUID {

@@ -193,16 +193,16 @@ struct AdmitBatchStatement: PostgresPreparedStatement {
     }
 }
 
-/// `capgate_settle_batch`: upstream status and usage of many charges (-1 = a count not given);
-/// answers the calls that cost more than their hold.
+/// `capgate_settle_batch`: upstream status and usage of many charges (-1 = a count not given),
+/// and their ends in the rate windows; answers the calls that cost more than their hold.
 struct SettleBatchStatement: PostgresPreparedStatement {
-    static let sql = "SELECT company_id, ledger_id, hold, cost FROM capgate_settle_batch($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+    static let sql = "SELECT company_id, ledger_id, hold, cost FROM capgate_settle_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
     typealias Row = OverHold
 
     var items: [Settlement]
 
     func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 9)
+        var bindings = PostgresBindings(capacity: 10)
         bindings.append(items.map(\.companyID))
         bindings.append(items.map(\.ledgerID))
         bindings.append(items.map(\.status))
@@ -212,6 +212,7 @@ struct SettleBatchStatement: PostgresPreparedStatement {
         bindings.append(items.map { $0.usage.cacheWrite1h ?? -1 })
         bindings.append(items.map { $0.usage.cacheRead ?? -1 })
         bindings.append(items.map(\.usage.known))
+        bindings.append(items.map(\.windowTokens))
         return bindings
     }
 

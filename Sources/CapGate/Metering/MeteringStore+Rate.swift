@@ -2,8 +2,8 @@ import Foundation
 import Logging
 import PostgresNIO
 
-/// A call that ends in its rate windows (SPEC §14): its concurrency slot to free and its token
-/// hold to trade for the real count (-1: not known, the hold stays; -2: only the slot, now).
+/// A call whose client left (SPEC §14): its concurrency slot is freed now (`capgate_rate_end`
+/// with -2); the rest of its end (its row, its token hold) comes with its settlement.
 struct RateEnd: Sendable {
     var companyID: UUID
     var ledgerID: Int64
@@ -11,8 +11,8 @@ struct RateEnd: Sendable {
 }
 
 extension MeteringStore {
-    /// Rate ends are written in batches while one is in flight (no gathering wait: the caller's
-    /// answer ends only after its own is written).
+    /// Slots of calls whose client left, freed in batches while one is in flight (no gathering
+    /// wait).
     static func rateEndQueue(database: Database) -> BatchQueue<RateEnd, Void> {
         BatchQueue(maxBatch: Self.maxBatch) { items in
             do {
@@ -26,16 +26,6 @@ extension MeteringStore {
                 return items.map { _ in .failure(error) }
             }
         }
-    }
-
-    /// Ends a charged call in its rate windows before its answer ends, so that a caller who saw
-    /// the answer end finds the slot free: its concurrency slot freed, its token hold traded for
-    /// the `usage`'s real count (input, cache writes and reads, output). A failure is logged, not
-    /// thrown: the slot then frees at its lease.
-    public func endRate(companyID: UUID, ledgerID: Int64, usage: ProviderUsage) async {
-        let counts = [usage.inputTokens, usage.outputTokens, usage.cacheWrite5m, usage.cacheWrite1h, usage.cacheRead]
-        let tokens = usage.known ? counts.reduce(Int64(0)) { $0 + max(0, $1 ?? 0) } : -1
-        _ = try? await rateEnds.submit(RateEnd(companyID: companyID, ledgerID: ledgerID, tokens: tokens))
     }
 
     /// Frees a call's concurrency slot now (its client left); its tokens are settled at its end.

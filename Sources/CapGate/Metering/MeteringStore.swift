@@ -211,8 +211,18 @@ public struct MeteringStore: Sendable {
     /// hold is never less than the call may cost; settlements are written in batches
     /// (`capgate_settle_batch`) while the caller moves on.
     public func settle(companyID: UUID, ledgerID: Int64, upstreamStatus: Int, usage: ProviderUsage) {
-        settlements.enqueue(
-            Settlement(companyID: companyID, ledgerID: ledgerID, status: Int32(clamping: upstreamStatus), usage: usage))
+        settle(Settlement(companyID: companyID, ledgerID: ledgerID, status: Int32(clamping: upstreamStatus), usage: usage))
+    }
+
+    func settle(_ settlement: Settlement) {
+        settlements.enqueue(settlement)
+    }
+
+    /// Settles a call in the next batch and returns once it is written (a call that frees a
+    /// concurrency slot: its caller must find the slot free after the answer). A failure is
+    /// logged by the batch, not thrown: the slot then frees at its lease (`rate.leaseSeconds`).
+    func settleNow(_ settlement: Settlement) async {
+        _ = try? await settlements.submit(settlement)
     }
 
     /// Logs and counts the settled calls that cost more than their hold: the provider billed past

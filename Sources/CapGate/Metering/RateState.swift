@@ -115,11 +115,24 @@ public struct RateState: Sendable, Equatable {
         window == .userConcurrency ? now.addingTimeInterval(1) : minute.addingTimeInterval(60)
     }
 
-    /// The call holds a concurrency slot or a token hold that its end gives back
-    /// (`capgate_rate_end`): its answer ends only after that is written.
-    public var endsInWindows: Bool {
-        func holds(_ l: Limits) -> Bool { l.userConcurrency != nil || l.companyTPM != nil || l.userTPM != nil }
-        return refused == nil && (holds(limits) || feature.map { holds($0.limits) } == true)
+    /// What a charged call's end gives back in its windows (`capgate_rate_end`, run by the
+    /// settlement of the call).
+    public enum End: Sendable, Equatable {
+        /// Nothing: no token window, no concurrency limit.
+        case none
+        /// Its token hold, traded for the real count (the settlement is not awaited).
+        case tokens
+        /// Its concurrency slot (and any token hold): the answer ends only after its settlement
+        /// is written, so that a caller who saw the answer end finds the slot free.
+        case slot
+    }
+
+    /// What the call's end gives back in its windows.
+    public var end: End {
+        guard refused == nil else { return .none }
+        let owners = [limits] + (feature.map { [$0.limits] } ?? [])
+        if owners.contains(where: { $0.userConcurrency != nil }) { return .slot }
+        return owners.contains(where: { $0.companyTPM != nil || $0.userTPM != nil }) ? .tokens : .none
     }
 
     /// The state after the call was given back: it leaves its windows and frees its slot.

@@ -94,7 +94,7 @@ struct Admitter: Sendable {
         let charge = admission.ledgerID.map {
             Charge(
                 metering: metering, companyID: user.companyID, ledgerID: $0, requestID: request.requestID,
-                endsInWindows: admission.state.rate?.endsInWindows ?? false)
+                windows: admission.state.rate?.end ?? .none)
         }
         return .admitted(
             AdmittedCall(user: user, state: admission.state, units: cost.units, charge: charge, idempotencyKey: request.idempotencyKey))

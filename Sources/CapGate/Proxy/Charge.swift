@@ -9,26 +9,29 @@ struct Charge: Sendable {
     let ledgerID: Int64
     /// This attempt (a retry under the same `Idempotency-Key` is another).
     let requestID: String
-    /// It holds a concurrency slot or a token hold (SPEC §14) that its end gives back.
-    var endsInWindows = false
+    /// What its end gives back in its rate windows (SPEC §14): a token hold, a concurrency slot.
+    var windows: RateState.End = .none
 
-    /// The charge stands: records the provider's status and token counts (queued, not awaited).
-    func settle(status: Int, usage: UsageCapture) {
-        metering.settle(companyID: companyID, ledgerID: ledgerID, upstreamStatus: status, usage: usage.usage)
+    /// The charge stands: records the provider's status and token counts, and ends the call in
+    /// its rate windows in the same transaction. Queued, not awaited, unless the call holds a
+    /// concurrency slot: then the answer's last byte waits for it, so that a caller who saw the
+    /// answer end finds the slot free.
+    func settle(status: Int, usage: UsageCapture) async {
+        let settlement = Settlement(
+            companyID: companyID, ledgerID: ledgerID, status: Int32(clamping: status), usage: usage.usage,
+            endsInWindows: windows != .none)
+        if windows == .slot {
+            await metering.settleNow(settlement)
+        } else {
+            metering.settle(settlement)
+        }
     }
 
     /// The client left while the answer streams on (read for its usage): the call's concurrency
     /// slot is freed now (SPEC §14); its token hold is settled when the stream ends.
     func clientLeft() async {
-        guard endsInWindows else { return }
+        guard windows == .slot else { return }
         await metering.freeSlot(companyID: companyID, ledgerID: ledgerID)
-    }
-
-    /// The call's answer is done (or its client gone): its concurrency slot is freed and its token
-    /// hold traded for the real count, awaited, before the answer's last byte goes out.
-    func endWindows(usage: UsageCapture) async {
-        guard endsInWindows else { return }
-        await metering.endRate(companyID: companyID, ledgerID: ledgerID, usage: usage.usage)
     }
 
     /// Reports this attempt's failure before the caller is answered: the charge is given back

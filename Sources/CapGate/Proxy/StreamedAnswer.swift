@@ -54,10 +54,9 @@ struct StreamedAnswer: Sendable {
                 upstreamBroke = true
             }
             capture.finish()
-            // Queued before the answer ends, so a ledger read after it finds the tokens.
-            charge?.settle(status: status, usage: capture)
-            // The slot is free before the client sees the answer end (SPEC §14).
-            await charge?.endWindows(usage: capture)
+            // Queued before the answer ends, so a ledger read after it finds the tokens; a slot is
+            // free before the client sees the answer end (SPEC §14).
+            await charge?.settle(status: status, usage: capture)
             // Kept before the answer's last byte goes out: a retry sent after it finds it.
             await keeper?.keep(status: status, contentType: contentType, body: upstreamBroke ? nil : recorder?.bytes)
             if let failure { throw failure }
