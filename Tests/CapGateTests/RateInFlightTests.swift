@@ -50,8 +50,13 @@ struct RateInFlightTests {
             #expect(rate?["window"]?.stringValue == "user-concurrency")
             #expect(rate?["limit"]?.intValue == 3 && rate?["used"]?.intValue == 3)
             #expect(refused.json["error"]?["type"]?.stringValue == "rate_limit_error")
+            let check = try await h.request(.GET, "/v1/usage/check", headers: [("x-api-key", key)]).json
+            #expect(check["allowed"]?.boolValue == false && check["reason"]?.stringValue == "rate_limit_error")
+            #expect(check["usage"]?["rate"]?["window"]?.stringValue == "user-concurrency")
             // Another user of the company has slots of its own.
             #expect(try await h.message(key: users[1].key).status == 200)
+            let other = try await h.request(.GET, "/v1/usage/check", headers: [("x-api-key", users[1].key)]).json
+            #expect(other["allowed"]?.boolValue == true && other["reason"] == .null)
 
             // A client that leaves frees its slot at once (the stream is still read for its usage).
             slow.removeFirst().close()

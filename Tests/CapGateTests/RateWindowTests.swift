@@ -88,6 +88,12 @@ struct RateWindowTests {
             let refused = try await h.message(key: users[2].key)
             #expect(refused.json["usage"]?["rate"]?["window"]?.stringValue == "company-rpm")
             #expect(refused.json["usage"]?["scope"]?.stringValue == "company")
+            // The dry run answers as the call would, and records nothing.
+            let check = try await h.request(.GET, "/v1/usage/check", headers: [("x-api-key", users[1].key)]).json
+            #expect(check["allowed"]?.boolValue == false && check["reason"]?.stringValue == "rate_limit_error")
+            #expect(check["usage"]?["rate"]?["window"]?.stringValue == "company-rpm")
+            #expect(check["usage"]?["rate"]?["used"]?.intValue == 6)
+            #expect(try await h.scalar("SELECT calls FROM rate_windows") == 6)
         }
     }
 

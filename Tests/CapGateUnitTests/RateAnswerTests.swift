@@ -87,4 +87,15 @@ struct RateAnswerTests {
         refused.refused = .userRPM
         #expect(refused.end == .none)
     }
+
+    @Test("the dry run's window: one call more than a minute's calls, a full token window, every slot taken; in SPEC §14's order")
+    func refusalNow() {
+        func state(_ counts: RateState.Counts) -> RateState { RateState(limits: Self.plan, minute: Self.minute, counts: counts) }
+        #expect(state(.init(companyCalls: 99, userCalls: 29, userTokens: 49_999, userInFlight: 2)).refusalNow() == nil)
+        #expect(state(.init(companyCalls: 100, userCalls: 30)).refusalNow() == .companyRPM)
+        #expect(state(.init(companyCalls: 10, userCalls: 30)).refusalNow() == .userRPM)
+        #expect(state(.init(userCalls: 1, userTokens: 50_000)).refusalNow() == .userTPM)
+        #expect(state(.init(userCalls: 1, userTokens: 10, userInFlight: 3)).refusalNow() == .userConcurrency)
+        #expect(RateState(limits: .init(), minute: Self.minute, counts: .init(userCalls: 1_000)).refusalNow() == nil)
+    }
 }

@@ -1,9 +1,11 @@
 import Foundation
 
 /// `GET /v1/usage/check`: how a call of `units` (naming a feature, or not) would be answered
-/// now, decided in the admission's order (SPEC §2, §8): no plan, the feature not in the plan,
-/// the company cap, the user cap, then the feature's windows (company period, company day, user
-/// period, user day). A dry run: it reads the counters and records nothing. The answer's
+/// now, decided in the admission's order (SPEC §2, §8, §14): no plan, the feature not in the
+/// plan, the company cap, the user cap, the feature's windows (company period, company day, user
+/// period, user day), then the plan's rate windows (a 429 `rate_limit_error`). A dry run: it
+/// reads the counters and records nothing. Without a body it cannot price a call, so budgets and
+/// the token a call would add to a token window are not read (a full token window is). The answer's
 /// `reason` and `usage` come from ``Responder``, as a real call's refusal does.
 struct UsageCheck {
     /// The refusal a real call would get now (nil: allowed), and the usage it would show.
@@ -20,6 +22,8 @@ struct UsageCheck {
     /// The most units one live top-up grant has left (SPEC §12): a call the company cap cannot
     /// hold is admitted when one grant can pay it whole.
     var grantUnits: Int64 = 0
+    /// The plan's rate windows now (nil: it sets none).
+    var rate: RateState? = nil
 
     func decide(metering: MeteringStore) async throws -> Outcome {
         var state = self.state
@@ -46,6 +50,11 @@ struct UsageCheck {
         if let windows, windows.refused != nil {
             try await offer(&state, decision: .featureLimitExceeded, plan: plan.id, metering: metering)
             return Outcome(refusal: .featureLimit(feature: windows.id), state: state)
+        }
+        if var rate, let window = rate.refusalNow() {
+            rate.refused = window
+            state.rate = rate
+            return Outcome(refusal: .rate(window), state: state)
         }
         return Outcome(refusal: nil, state: state)
     }

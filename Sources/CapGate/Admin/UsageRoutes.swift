@@ -46,7 +46,8 @@ struct UsageRoutes {
             let grants = try await usage.grants(company: user.companyID)
             let check = UsageCheck(
                 units: units, user: user.userID, state: state, feature: lookup?.lookup,
-                grantUnits: grants.compactMap { $0.remainingUnits(at: now) }.max() ?? 0)
+                grantUnits: grants.compactMap { $0.remainingUnits(at: now) }.max() ?? 0,
+                rate: try await usage.rateWindows(company: user.companyID, user: user.userID, at: now))
             var outcome = try await check.decide(metering: metering)
             // A bound credential (SPEC §8) would be refused 403 for another feature, before its limits.
             if let featureID, let bound = user.features, !bound.contains(featureID) {

@@ -135,6 +135,18 @@ public struct RateState: Sendable, Equatable {
         return owners.contains(where: { $0.companyTPM != nil || $0.userTPM != nil }) ? .tokens : .none
     }
 
+    /// The window a call made now would be refused by (`GET /v1/usage/check`, a dry run without a
+    /// body): a minute's calls with no room for one more, a token window already full (every
+    /// call holds at least one token), every slot taken; nil when each has room. In SPEC §14's
+    /// order, as the admission takes them.
+    func refusalNow() -> Window? {
+        Window.allCases.first { window in
+            guard let limit = limits[window] else { return false }
+            let used = counts[window] ?? 0
+            return window == .companyRPM || window == .userRPM ? used + 1 > limit : used >= limit
+        }
+    }
+
     /// The state after the call was given back: it leaves its windows and frees its slot.
     func refunded() -> RateState {
         var s = self
