@@ -17,9 +17,11 @@
 CREATE FUNCTION capgate_rate_end(p_company uuid[], p_ledger bigint[], p_tokens bigint[])
 RETURNS void
 LANGUAGE plpgsql
--- Planned for each call (custom plans), as capgate_settle_batch: a generic plan for the array
--- arguments may join by a sequential scan.
-SET plan_cache_mode = force_custom_plan
+-- Planned once per session (generic plans): each statement joins the arrays to a primary key
+-- (rate_calls by company and ledger id, rate_windows by its key), which a generic plan reads by
+-- its index as a custom one does; planning each statement for each batch cost 0.65 ms of the
+-- settlement's 1.4 ms at concurrency 1 (measured, session 22).
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_nil constant uuid := '00000000-0000-0000-0000-000000000000';
