@@ -2,8 +2,9 @@ import Foundation
 import Logging
 import PostgresNIO
 
-/// A call whose client left (SPEC §14): its concurrency slot is freed now (`capgate_rate_end`
-/// with -2); the rest of its end (its row, its token hold) comes with its settlement.
+/// A call holding a concurrency slot that ends in its rate windows (SPEC §14, `capgate_rate_end`):
+/// `tokens` its real count (-1: not known, the hold stays), or -2 when its client left (the slot
+/// is freed now; the rest of its end comes when the stream is read to its end).
 struct RateEnd: Sendable {
     var companyID: UUID
     var ledgerID: Int64
@@ -11,8 +12,8 @@ struct RateEnd: Sendable {
 }
 
 extension MeteringStore {
-    /// Slots of calls whose client left, freed in batches while one is in flight (no gathering
-    /// wait).
+    /// Slots are freed in batches while one is in flight (no gathering wait: the caller's answer
+    /// ends only after its own is written).
     static func rateEndQueue(database: Database) -> BatchQueue<RateEnd, Void> {
         BatchQueue(maxBatch: Self.maxBatch) { items in
             do {
@@ -26,6 +27,15 @@ extension MeteringStore {
                 return items.map { _ in .failure(error) }
             }
         }
+    }
+
+    /// Ends a call holding a concurrency slot in its rate windows before its answer ends, so that
+    /// a caller who saw the answer end finds the slot free: its slot freed, its token hold traded
+    /// for the `usage`'s real count. A failure is logged, not thrown: the slot then frees at its
+    /// lease.
+    public func endRate(companyID: UUID, ledgerID: Int64, usage: ProviderUsage) async {
+        let settlement = Settlement(companyID: companyID, ledgerID: ledgerID, status: 0, usage: usage, endsInWindows: true)
+        _ = try? await rateEnds.submit(RateEnd(companyID: companyID, ledgerID: ledgerID, tokens: settlement.windowTokens))
     }
 
     /// Frees a call's concurrency slot now (its client left); its tokens are settled at its end.

@@ -218,13 +218,6 @@ public struct MeteringStore: Sendable {
         settlements.enqueue(settlement)
     }
 
-    /// Settles a call in the next batch and returns once it is written (a call that frees a
-    /// concurrency slot: its caller must find the slot free after the answer). A failure is
-    /// logged by the batch, not thrown: the slot then frees at its lease (`rate.leaseSeconds`).
-    func settleNow(_ settlement: Settlement) async {
-        _ = try? await settlements.submit(settlement)
-    }
-
     /// Logs and counts the settled calls that cost more than their hold: the provider billed past
     /// the bound (more prompt overhead than `costs.promptOverheadTokens`, a price raised since).
     static func report(_ overHolds: [OverHold], logger: Logger) {

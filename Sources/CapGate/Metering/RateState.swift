@@ -115,15 +115,14 @@ public struct RateState: Sendable, Equatable {
         window == .userConcurrency ? now.addingTimeInterval(1) : minute.addingTimeInterval(60)
     }
 
-    /// What a charged call's end gives back in its windows (`capgate_rate_end`, run by the
-    /// settlement of the call).
+    /// What a charged call's end gives back in its windows (`capgate_rate_end`).
     public enum End: Sendable, Equatable {
         /// Nothing: no token window, no concurrency limit.
         case none
-        /// Its token hold, traded for the real count (the settlement is not awaited).
+        /// Its token hold, traded for the real count by its settlement (not awaited).
         case tokens
-        /// Its concurrency slot (and any token hold): the answer ends only after its settlement
-        /// is written, so that a caller who saw the answer end finds the slot free.
+        /// Its concurrency slot (and any token hold): the answer ends only after its end is
+        /// written, so that a caller who saw the answer end finds the slot free.
         case slot
     }
 

@@ -12,18 +12,18 @@ struct Charge: Sendable {
     /// What its end gives back in its rate windows (SPEC §14): a token hold, a concurrency slot.
     var windows: RateState.End = .none
 
-    /// The charge stands: records the provider's status and token counts, and ends the call in
-    /// its rate windows in the same transaction. Queued, not awaited, unless the call holds a
-    /// concurrency slot: then the answer's last byte waits for it, so that a caller who saw the
-    /// answer end finds the slot free.
+    /// The charge stands: records the provider's status and token counts (queued, not awaited)
+    /// and ends the call in its rate windows: a token hold only in the same transaction as the
+    /// counts; a concurrency slot (and its tokens) in a small transaction of its own, awaited, so
+    /// that a caller who saw the answer end finds the slot free. (Awaiting the whole settlement
+    /// instead cost a lone call 0.8 ms more, measured in session 22.)
     func settle(status: Int, usage: UsageCapture) async {
-        let settlement = Settlement(
-            companyID: companyID, ledgerID: ledgerID, status: Int32(clamping: status), usage: usage.usage,
-            endsInWindows: windows != .none)
+        metering.settle(
+            Settlement(
+                companyID: companyID, ledgerID: ledgerID, status: Int32(clamping: status), usage: usage.usage,
+                endsInWindows: windows == .tokens))
         if windows == .slot {
-            await metering.settleNow(settlement)
-        } else {
-            metering.settle(settlement)
+            await metering.endRate(companyID: companyID, ledgerID: ledgerID, usage: usage.usage)
         }
     }
 
