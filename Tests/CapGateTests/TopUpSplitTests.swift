@@ -183,6 +183,37 @@ struct TopUpSplitTests {
         }
     }
 
+    @Test("capgate unsettled keep of a split hold: the plan's part becomes the plan's cost, the grant's part the grant's")
+    func keepSplitHold() async throws {
+        try await Harness.with { h in
+            try await h.exec(CostBudgetTests.priceRow)
+            try await h.createPlan("p", company: nil, user: nil, isDefault: true)
+            try await h.exec("UPDATE plans SET monthly_company_budget = 6000 WHERE id = 'p'")
+            try await h.createTopUp("pack.cash", units: nil, budget: "1")
+            let (company, users) = try await h.createCompany(plan: "p", users: 1)
+            #expect(try await h.storeEvent("purchase", company: company, product: "pack.cash", transaction: "cash-1").status == 201)
+            // Admitted and never settled, as a gateway that died would leave it.
+            let id = try await h.scalar(
+                """
+                SELECT (capgate_charge('\(company.text)', '\(users[0].id.text)', 1, 'POST', '/v1/messages', 'claude-test', NULL,
+                                       'req_stranded', NULL, now(), NULL, 1000, 1000, 0::smallint, 0)).ledger_id
+                """)
+            let row = "FROM usage_ledger WHERE id = \(id)"
+            let hold = try await h.scalar("SELECT hold_micros \(row)")
+            #expect(hold > 6000)
+            #expect(try await h.scalar("SELECT cost_grant_part \(row)") == hold - 6000)
+            #expect(try await h.grant("cash-1") == (0, 0, hold - 6000))
+            let kept = try await CapGateRunner.unsettledKeep(
+                url: h.databaseURL, ids: [id], company: company, olderThan: 0, logger: TestCluster.logger)
+            #expect(kept.map(\.outcome) == [.kept])
+            let counter = "FROM company_usage WHERE company_id = '\(company.text)'"
+            #expect(try await h.scalar("SELECT cost_used \(counter)") == 6000)
+            #expect(try await h.scalar("SELECT cost_held \(counter)") == 0)
+            #expect(try await h.grant("cash-1") == (0, hold - 6000, 0))
+            #expect(try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger).isEmpty)
+        }
+    }
+
     static func call(_ h: Harness, _ key: String, _ body: String, _ headers: [(String, String)]) async throws -> Harness.Reply {
         try await h.request(
             .POST, "/v1/messages", headers: [("x-api-key", key), ("content-type", "application/json")] + headers, body: body)
