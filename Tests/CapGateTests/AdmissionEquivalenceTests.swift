@@ -66,8 +66,10 @@ struct AdmissionEquivalenceTests {
                              ORDER BY company_id, user_id, feature_id, span, starts_at) FROM user_feature_usage WHERE used <> 0),
           (SELECT string_agg(concat_ws(' ', company_id, period_id, user_id, units, route, model, feature, feature_day, request_id,
                                        outcome, hold_micros, 'grants', units_grant_id, cost_grant_id, 'rate', rate_minute, rate_tokens,
-                                       rate_scopes), E'\\n' ORDER BY request_id)
+                                       rate_scopes, 'parts', units_grant_part, cost_grant_part), E'\\n' ORDER BY request_id)
              FROM usage_ledger),
+          (SELECT concat_ws(' ', 'splits', count(*) FILTER (WHERE units_grant_part BETWEEN 1 AND units - 1),
+                            count(*) FILTER (WHERE cost_grant_part BETWEEN 1 AND hold_micros - 1)) FROM usage_ledger),
           (SELECT string_agg(concat_ws(' ', 'grant', transaction_id, units_used, cost_used, cost_held), E'\\n' ORDER BY transaction_id)
              FROM topup_grants),
           (SELECT string_agg(concat_ws(' ', company_id, user_id, feature_id, minute, calls, tokens), E'\\n'
@@ -134,6 +136,10 @@ struct AdmissionEquivalenceTests {
             #expect(grants.contains { $0[1].hasPrefix("eq-e") && $0[4] != "0" }, "seed \(seed): no budget grant drawn: \(grants)")
             #expect(
                 grants.allSatisfy { !$0[1].hasSuffix("-dead") || $0[2...].allSatisfy { $0 == "0" } }, "seed \(seed): \(grants)")
+            // Calls split between the plan and a grant (issue #29), units and holds, on both paths
+            // (the states are equal): at least the split fixture's.
+            let splits = singleState.split(separator: "\n").first { $0.hasPrefix("splits ") }?.split(separator: " ") ?? []
+            #expect(splits.count == 3 && splits[1] != "0" && splits[2] != "0", "seed \(seed): \(splits)")
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0, "the runs were rolled back")
         }
     }
@@ -262,8 +268,31 @@ struct AdmissionEquivalenceTests {
                 bound: CostBound(promptTokens: Int64(prompt), maxTokens: 8_000, cache: .none, window: Int64(window)))
             items.append(AdmissionItem(keyHash: nil, request: request))
         }
+        return items + (try await splitCalls(h))
+    }
 
-        return items
+    /// A company whose cap (10) and budget (300,000) a grant tops up, and six 3-unit calls held
+    /// 135,000 each, its own (no random call reaches it): the third is split on the budget (30,000
+    /// of plan room), the fourth on the cap (1 unit of plan), the fifth is the grant's, the sixth
+    /// refused on the budget (the grant's 125,000 left cannot hold it, and no other grant adds).
+    static func splitCalls(_ h: Harness) async throws -> [AdmissionItem] {
+        try await h.createPlan("split", company: 10, user: nil, sort: 6)
+        try await h.exec("UPDATE plans SET monthly_company_budget = 300000 WHERE id = 'split'")
+        let g = try await h.createCompany(plan: "split", users: 2)
+        try await h.exec(
+            """
+            INSERT INTO products (product_id, kind, units, budget_micros) VALUES ('eq.split', 'topup', 10, 500000);
+            INSERT INTO topup_grants (company_id, product_id, transaction_id, units, budget_micros, granted_at, expires_at)
+            VALUES ('\(g.company.text)', 'eq.split', 'eq-g1', 10, 500000, now() - interval '1 day', now() + interval '10 days');
+            SELECT capgate_roll_company('\(g.company.text)', now())
+            """)
+        let at = Date()  // within the period the company was just given
+        return (0..<6).map { k in
+            let request = AdmissionRequest(
+                companyID: g.company, userID: g.users[k % 2].id, units: 3, method: "POST", route: "/v1/messages", model: "m0",
+                requestID: "req_split_\(k)", at: at, bound: CostBound(promptTokens: 5_000, maxTokens: 8_000, cache: .none, window: 0))
+            return AdmissionItem(keyHash: nil, request: request)
+        }
     }
 
     /// Runs `body` in a transaction on one connection, reads the state, and rolls back.

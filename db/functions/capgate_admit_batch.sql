@@ -19,7 +19,9 @@
 -- budget applies is refused before the counters, one whose hold does not fit after them.
 -- Top-ups (SPEC §12) as capgate_charge: a grant that can pay what the company cap or budget cannot
 -- hold is locked when the call is decided (capgate_grant_take, after every counter is locked) and
--- taken if the call is charged; its units and hold then stay off the company counter.
+-- taken if the call is charged. The call is split: the company counter takes what is left under
+-- its cap and its budget's room, the grant only the rest (g_up units, g_cp of the hold), which
+-- stays off the company counter (ledger units_grant_part, cost_grant_part).
 -- Rate windows (SPEC §14) as capgate_charge: the plan's and the entitlement's limits and each
 -- call's token bound (capgate_rate_tokens) are read in step 1, every window row the batch may
 -- touch is locked in key order in step 2b; a call that passed every counter and budget is counted
@@ -83,7 +85,9 @@ DECLARE
     v_minute timestamptz; v_ref text; v_k integer; v_rpm bigint; v_tpm bigint; v_conc bigint; v_c bigint; v_t bigint;
     v_scopes smallint; v_slot boolean;
     g_cap boolean; g_budget boolean; g_units bigint; g_cost bigint; g_taken boolean;
+    g_up bigint; g_cp bigint;  -- the grant's parts of the call: units past the cap's rest, hold past the budget's room
     a_gu bigint[]; a_gc bigint[];  -- per call: the grants that paid its units, its hold
+    a_gup bigint[]; a_gcp bigint[];  -- per call: the parts they paid (units, hold)
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -412,6 +416,8 @@ BEGIN
     a_fus := array_fill(NULL::bigint, ARRAY[n]);
     a_gu := array_fill(NULL::bigint, ARRAY[n]);
     a_gc := array_fill(NULL::bigint, ARRAY[n]);
+    a_gup := array_fill(NULL::bigint, ARRAY[n]);
+    a_gcp := array_fill(NULL::bigint, ARRAY[n]);
     FOR i IN 1..n LOOP
         CONTINUE WHEN a_auth[i] <> 'ok';
         IF a_stale[i] THEN
@@ -450,9 +456,11 @@ BEGIN
         g_cap := u > 0 AND a_ccap[i] IS NOT NULL AND c_used[cs] + u > a_ccap[i];
         g_budget := u > 0 AND a_cbudget[i] IS NOT NULL AND c_cost[cs] + c_held[cs] + h > a_cbudget[i];
         g_units := NULL; g_cost := NULL;
+        g_up := CASE WHEN g_cap THEN u - greatest(a_ccap[i] - c_used[cs], 0) END;
+        g_cp := CASE WHEN g_budget THEN h - greatest(a_cbudget[i] - c_cost[cs] - c_held[cs], 0) END;
         IF g_cap OR g_budget THEN
             SELECT t.units_grant, t.cost_grant INTO g_units, g_cost
-              FROM capgate_grant_take(a_company[i], p_at[i], CASE WHEN g_cap THEN u END, CASE WHEN g_budget THEN h END, 'lock') t;
+              FROM capgate_grant_take(a_company[i], p_at[i], g_up, g_cp, 'lock') t;
         END IF;
         IF u > 0 AND a_ccap[i] IS NOT NULL AND c_used[cs] + u > a_ccap[i] AND g_units IS NULL THEN
             a_decision[i] := 'company_cap';
@@ -560,15 +568,16 @@ BEGIN
             u_held[us] := u_held[us] + h;
             IF g_cap OR g_budget THEN
                 SELECT t.units_grant, t.cost_grant, t.taken INTO g_units, g_cost, g_taken
-                  FROM capgate_grant_take(a_company[i], p_at[i], CASE WHEN g_cap THEN u END, CASE WHEN g_budget THEN h END,
-                                          'take') t;
+                  FROM capgate_grant_take(a_company[i], p_at[i], g_up, g_cp, 'take') t;
                 IF NOT g_taken THEN
                     RAISE EXCEPTION 'capgate_admit_batch: a top-up grant locked for call % was not found again', i;
                 END IF;
                 a_gu[i] := g_units;
                 a_gc[i] := g_cost;
-                c_used[cs] := c_used[cs] - CASE WHEN g_cap THEN u ELSE 0 END;
-                c_held[cs] := c_held[cs] - CASE WHEN g_budget THEN h ELSE 0 END;
+                a_gup[i] := g_up;
+                a_gcp[i] := g_cp;
+                c_used[cs] := c_used[cs] - coalesce(g_up, 0);
+                c_held[cs] := c_held[cs] - coalesce(g_cp, 0);
             END IF;
             IF fps IS NOT NULL THEN
                 fp_used[fps] := fp_used[fps] + u;
@@ -659,14 +668,15 @@ BEGIN
     END IF;
     INSERT INTO usage_ledger (id, company_id, period_id, user_id, units, method, route, model, feature, feature_day,
                               request_id, outcome, created_at, hold_micros, units_grant_id, cost_grant_id, rate_minute, rate_tokens,
-                              rate_scopes)
+                              rate_scopes, units_grant_part, cost_grant_part)
     OVERRIDING SYSTEM VALUE
     SELECT s.id, s.c, s.p, s.u, s.units, s.method, s.route, nullif(s.model, ''), nullif(s.feature, ''), s.fday,
-           s.request_id, 'charged', s.at, CASE WHEN s.units > 0 THEN s.hold END, s.gu, s.gc, s.rmin, s.rtok, s.rscopes
+           s.request_id, 'charged', s.at, CASE WHEN s.units > 0 THEN s.hold END, s.gu, s.gc, s.rmin, s.rtok, s.rscopes,
+           s.gup, s.gcp
       FROM unnest(a_ledger, a_company, a_period, a_user, p_units, p_method, p_route, p_model, p_feature, a_fday,
-                  p_request_id, p_at, a_decision, a_hold, a_gu, a_gc, a_rmin, a_rtok, a_rscopes)
+                  p_request_id, p_at, a_decision, a_hold, a_gu, a_gc, a_rmin, a_rtok, a_rscopes, a_gup, a_gcp)
            AS s(id, c, p, u, units, method, route, model, feature, fday, request_id, at, decision, hold, gu, gc, rmin, rtok,
-                rscopes)
+                rscopes, gup, gcp)
      WHERE s.decision = 'charged';
 
     -- 5. One row per call, in the order given.

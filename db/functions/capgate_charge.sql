@@ -22,11 +22,15 @@
 --    within the budget; after the caps and the feature counters, a budget it does not fit refuses
 --    the call (budget_exceeded, company before user) and everything this call added is given back.
 -- 7. Top-ups (SPEC §12): what the company cap or budget cannot hold, a grant may pay
---    (capgate_grant_take): the cap's refusal waits for none being found (step 1, read); the grant
---    is locked after the user and feature counters (3a) and taken last (3c), once nothing else can
---    refuse the call: its units then leave the company counter (which took them like any call's,
---    so a refusal in between gives them back as it gives back everything), its hold never entered
---    it (v_c_short stays true), and the ledger row names it (units_grant_id, cost_grant_id).
+--    (capgate_grant_take), and only that: the call is split. The company cap pays what is left
+--    under it (v_g_part: the rest, the grant's units); the company budget holds its room
+--    (v_c_hold; the rest of the hold is the grant's). The cap's refusal waits for no grant being
+--    found for the rest (step 1, read); the grant is locked after the user and feature counters
+--    (3a) and taken last (3c), once nothing else can refuse the call: its part of the units then
+--    leaves the company counter (which took all of them like any call's, so a refusal in between
+--    gives them back as it gives back everything), its part of the hold never entered it, and the
+--    ledger row names the grants and their parts (units_grant_id, units_grant_part, cost_grant_id,
+--    cost_grant_part). One grant per part: a part no single grant can hold is refused, not split.
 -- 8. Rate windows (SPEC §14), for a metered call whose plan or entitlement sets any: a token
 --    window needs the call bounded (capgate_rate_tokens; else unbounded_call or
 --    max_tokens_required, before any counter); after the budgets (3b), before the grants are
@@ -57,6 +61,8 @@ DECLARE
     v_rated boolean;       -- a rate window or a concurrency limit applies (8)
     v_rate capgate_rate;
     v_g_units boolean := false;  -- the company cap cannot hold the call, a top-up grant can (7)
+    v_g_part bigint;       -- the units past what the company cap has left: the grant's part (7)
+    v_c_hold bigint;       -- the part of the hold the company budget takes (7; v_hold unless v_c_short)
     v_units_grant bigint;
     v_cost_grant bigint;
     v_taken boolean;
@@ -158,6 +164,7 @@ BEGIN
     END IF;
     r.hold := capgate_hold(v_price, p_prompt, p_max_tokens, p_cache, p_window);
     v_hold := coalesce(r.hold, 0);
+    v_c_hold := v_hold;
     IF r.cc_limit IS NOT NULL OR r.uc_limit IS NOT NULL THEN
         r.decision := CASE WHEN p_prompt < -1 THEN 'unbounded_call'
                            WHEN v_price.model IS NULL THEN 'unpriced_model'
@@ -190,8 +197,10 @@ BEGIN
         INSERT INTO company_usage (company_id, period_id, used) VALUES (p_company, r.period_id, 0) ON CONFLICT DO NOTHING;
         SELECT used, cost_used, cost_held INTO r.company_used, r.cc_used, r.cc_held FROM company_usage
          WHERE company_id = p_company AND period_id = r.period_id FOR UPDATE;
-        v_g_units := r.company_cap IS NOT NULL AND r.company_used + p_units > r.company_cap
-                     AND (capgate_grant_take(p_company, p_at, p_units, NULL, 'peek')).units_grant IS NOT NULL;
+        v_g_part := CASE WHEN r.company_cap IS NOT NULL AND r.company_used + p_units > r.company_cap
+                         THEN p_units - greatest(r.company_cap - r.company_used, 0) END;
+        v_g_units := v_g_part IS NOT NULL
+                     AND (capgate_grant_take(p_company, p_at, v_g_part, NULL, 'peek')).units_grant IS NOT NULL;
         IF r.company_cap IS NOT NULL AND r.company_used + p_units > r.company_cap AND NOT v_g_units THEN
             SELECT used, cost_used, cost_held INTO r.user_used, r.uc_used, r.uc_held FROM user_usage
              WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user;
@@ -207,7 +216,8 @@ BEGIN
             RETURN r;
         END IF;
         v_c_short := r.cc_limit IS NOT NULL AND r.cc_used + r.cc_held + v_hold > r.cc_limit;
-        UPDATE company_usage SET used = used + p_units, cost_held = cost_held + CASE WHEN v_c_short THEN 0 ELSE v_hold END
+        v_c_hold := CASE WHEN v_c_short THEN greatest(r.cc_limit - r.cc_used - r.cc_held, 0) ELSE v_hold END;
+        UPDATE company_usage SET used = used + p_units, cost_held = cost_held + v_c_hold
          WHERE company_id = p_company AND period_id = r.period_id
         RETURNING used, cost_used, cost_held INTO r.company_used, r.cc_used, r.cc_held;
     END IF;
@@ -225,7 +235,7 @@ BEGIN
          WHERE company_id = p_company AND period_id = r.period_id AND user_id = p_user FOR UPDATE;
         IF r.user_cap IS NOT NULL AND r.user_used + p_units > r.user_cap THEN
             UPDATE company_usage
-               SET used = used - p_units, cost_held = cost_held - CASE WHEN v_c_short THEN 0 ELSE v_hold END
+               SET used = used - p_units, cost_held = cost_held - v_c_hold
              WHERE company_id = p_company AND period_id = r.period_id
             RETURNING used, cost_used, cost_held INTO r.company_used, r.cc_used, r.cc_held;
             IF p_feature IS NOT NULL THEN
@@ -281,8 +291,7 @@ BEGIN
         END IF;
         IF v_step < 4 THEN
             r.feature_refused := (ARRAY['company.period', 'company.day', 'user.period', 'user.day'])[v_step + 1];
-            r := capgate_give_back(r, p_units, v_step, CASE WHEN v_c_short THEN 0 ELSE v_hold END,
-                                   CASE WHEN v_u_short THEN 0 ELSE v_hold END);
+            r := capgate_give_back(r, p_units, v_step, v_c_hold, CASE WHEN v_u_short THEN 0 ELSE v_hold END);
             r.decision := 'feature_limit_exceeded';
             RETURN r;
         END IF;
@@ -292,12 +301,13 @@ BEGIN
     --     the user's budget refuses the call anyway)
     IF v_g_units OR v_c_short THEN
         SELECT * INTO v_units_grant, v_cost_grant, v_taken
-          FROM capgate_grant_take(p_company, p_at, CASE WHEN v_g_units THEN p_units END, CASE WHEN v_c_short THEN v_hold END,
+          FROM capgate_grant_take(p_company, p_at, CASE WHEN v_g_units THEN v_g_part END,
+                                  CASE WHEN v_c_short THEN v_hold - v_c_hold END,
                                   CASE WHEN v_u_short THEN 'peek' ELSE 'lock' END);
         IF v_g_units AND v_units_grant IS NULL THEN
             -- A concurrent call took what was left since step 1: the company cap refuses after all.
             r := capgate_give_back(r, p_units, CASE WHEN p_feature IS NULL THEN 0 ELSE 4 END,
-                                   CASE WHEN v_c_short THEN 0 ELSE v_hold END, CASE WHEN v_u_short THEN 0 ELSE v_hold END);
+                                   v_c_hold, CASE WHEN v_u_short THEN 0 ELSE v_hold END);
             r.decision := 'company_cap';
             RETURN r;
         END IF;
@@ -306,14 +316,14 @@ BEGIN
     -- 3b. the budgets: company (unless a grant holds the call), then user (SPEC §11)
     IF (v_c_short AND v_cost_grant IS NULL) OR v_u_short THEN
         r := capgate_give_back(r, p_units, CASE WHEN p_feature IS NULL THEN 0 ELSE 4 END,
-                               CASE WHEN v_c_short THEN 0 ELSE v_hold END, CASE WHEN v_u_short THEN 0 ELSE v_hold END);
+                               v_c_hold, CASE WHEN v_u_short THEN 0 ELSE v_hold END);
         r.budget_scope := CASE WHEN v_c_short AND v_cost_grant IS NULL THEN 'company' ELSE 'user' END;
         r.decision := 'budget_exceeded';
         RETURN r;
     END IF;
 
-    -- 3b'. the rate windows (8): a refusal gives back what the counters took (a call a grant
-    --      holds never put its hold in the company counter: v_c_short)
+    -- 3b'. the rate windows (8): a refusal gives back what the counters took (the part of a hold
+    --      a grant holds never entered the company counter: v_c_hold)
     IF v_rated THEN
         v_rate := capgate_rate_take(p_company, p_user, p_at, r.rate_tokens, r.company_rpm, r.company_tpm, r.user_rpm,
                                     r.user_tpm, r.user_concurrency, p_feature, r.f_company_rpm, r.f_company_tpm,
@@ -331,7 +341,7 @@ BEGIN
         r.fu_slots := v_rate.fu_slots;
         IF v_rate.refused IS NOT NULL THEN
             r := capgate_give_back(r, p_units, CASE WHEN p_feature IS NULL THEN 0 ELSE 4 END,
-                                   CASE WHEN v_c_short THEN 0 ELSE v_hold END, CASE WHEN v_u_short THEN 0 ELSE v_hold END);
+                                   v_c_hold, CASE WHEN v_u_short THEN 0 ELSE v_hold END);
             r.rate_refused := v_rate.refused;
             r.decision := 'rate_limited';
             RETURN r;
@@ -341,13 +351,14 @@ BEGIN
     -- 3c. top-ups (7): the grants locked in 3a are taken, the last step that changes a counter
     IF v_units_grant IS NOT NULL OR v_cost_grant IS NOT NULL THEN
         SELECT * INTO v_units_grant, v_cost_grant, v_taken
-          FROM capgate_grant_take(p_company, p_at, CASE WHEN v_g_units THEN p_units END, CASE WHEN v_c_short THEN v_hold END,
+          FROM capgate_grant_take(p_company, p_at, CASE WHEN v_g_units THEN v_g_part END,
+                                  CASE WHEN v_c_short THEN v_hold - v_c_hold END,
                                   'take');
         IF NOT v_taken THEN
             RAISE EXCEPTION 'capgate_charge: a top-up grant locked for this call was not found again';
         END IF;
         IF v_g_units THEN
-            UPDATE company_usage SET used = used - p_units WHERE company_id = p_company AND period_id = r.period_id
+            UPDATE company_usage SET used = used - v_g_part WHERE company_id = p_company AND period_id = r.period_id
             RETURNING used INTO r.company_used;
         END IF;
     END IF;
@@ -384,11 +395,12 @@ BEGIN
 
     INSERT INTO usage_ledger (company_id, period_id, user_id, units, method, route, model, feature, feature_day,
                               request_id, outcome, created_at, hold_micros, units_grant_id, cost_grant_id, rate_minute, rate_tokens,
-                              rate_scopes)
+                              rate_scopes, units_grant_part, cost_grant_part)
     VALUES (p_company, r.period_id, p_user, p_units, p_method, p_route, p_model, p_feature, r.day_start,
             p_request_id, 'charged', p_at, r.hold, v_units_grant, v_cost_grant, r.rate_minute, r.rate_tokens,
             CASE WHEN v_rated THEN v_rate.scopes | CASE WHEN v_rate.u_slots IS NOT NULL OR v_rate.fu_slots IS NOT NULL
-                                                        THEN 4 ELSE 0 END END)
+                                                        THEN 4 ELSE 0 END END,
+            CASE WHEN v_units_grant IS NOT NULL THEN v_g_part END, CASE WHEN v_cost_grant IS NOT NULL THEN v_hold - v_c_hold END)
     RETURNING id INTO r.ledger_id;
     -- A call holding a slot or tokens in a token window is ended in the windows by capgate_rate_end.
     IF v_rate.u_slots IS NOT NULL OR v_rate.fu_slots IS NOT NULL OR r.company_tpm IS NOT NULL OR r.user_tpm IS NOT NULL

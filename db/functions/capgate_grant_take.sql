@@ -1,9 +1,12 @@
 -- Top-ups (SPEC §12): the company's grants that can pay for a call what its plan cannot hold,
--- for the admissions (capgate_charge, capgate_admit_batch). p_units: the units the company cap
--- cannot hold (NULL: none needed); p_micros: the hold the company budget cannot hold (NULL: none
--- needed). Each is paid whole by one grant: the grant with the earliest expiry (then the oldest)
--- that is not refunded, not expired at p_at, and has that much left (a remainder smaller than the
--- call is left for a smaller one). Units and hold may come from two grants.
+-- for the admissions (capgate_charge, capgate_admit_batch). p_units: the part of the call's units
+-- the company cap cannot hold (the call's units minus what is left under the cap; NULL: none
+-- needed); p_micros: the part of the call's hold the company budget cannot hold (NULL: none
+-- needed). The plan's company counter takes the rest of the call (the call is split; ledger
+-- units_grant_part, cost_grant_part). Each part is paid by one grant: the grant with the earliest
+-- expiry (then the oldest) that is not refunded, not expired at p_at, and has that much left (a
+-- remainder smaller than the part is left for a smaller one: a part is not split again across
+-- grants). Units and hold may come from two grants.
 --
 -- p_mode: 'peek' reads (no lock); 'lock' also locks the grants found (nothing changes, so a later
 -- 'take' in the same transaction finds them again); 'take' locks and, when every grant needed was

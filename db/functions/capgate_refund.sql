@@ -4,9 +4,12 @@
 --
 -- Lock order: the attempt's Idempotency-Key row (marked failed, so a retry is a new attempt),
 -- the company counter, the ledger row, the user counter, the feature counters, the top-up grants
--- that paid it (SPEC §12: units_grant_id, cost_grant_id; what they paid never was on the company
--- counter, so it is given back to them instead: capgate_grant_give_back), the call's rate_calls
+-- that paid part of it (SPEC §12: units_grant_id, cost_grant_id; the parts they paid,
+-- units_grant_part, cost_grant_part, never were on the company counter, so they are given back to
+-- them instead: capgate_grant_give_back; the company gets back the rest), the call's rate_calls
 -- row, the rate windows (SPEC §14; grants before windows, as capgate_charge takes them).
+-- A settled cost is divided as capgate_settle_batch divided it: the company's share is at most its
+-- part of the hold, the grant's the rest. A part NULL with its grant set (before 0020) is the whole.
 -- A charge replayed under 0009's rules (ledger rows written before 0010) stands until every
 -- attempt at it failed (usage_ledger_attempts).
 CREATE FUNCTION capgate_refund(p_company uuid, p_ledger_id bigint, p_upstream_status integer,
@@ -19,6 +22,9 @@ DECLARE
     v_held bigint;
     v_cost bigint;
     v_rate_tokens bigint;  -- what the call held in a token window, while it was in rate_calls
+    v_g_units bigint;      -- the grant's part of the units, of the open hold, of the settled cost
+    v_g_held bigint;
+    v_g_cost bigint;
 BEGIN
     SELECT * INTO l FROM usage_ledger WHERE company_id = p_company AND id = p_ledger_id;
     IF NOT FOUND THEN
@@ -48,11 +54,16 @@ BEGIN
     -- What the call holds or cost (SPEC §11): an open hold, or a settled cost, is given back too.
     v_held := CASE WHEN l.cost_source IS NULL THEN coalesce(l.hold_micros, 0) ELSE 0 END;
     v_cost := CASE WHEN l.cost_source IS NOT NULL THEN coalesce(l.cost_micros, 0) ELSE 0 END;
+    v_g_units := CASE WHEN l.units_grant_id IS NULL THEN 0 ELSE coalesce(l.units_grant_part, l.units) END;
+    v_g_held := CASE WHEN l.cost_grant_id IS NULL OR l.cost_source IS NOT NULL THEN 0
+                     ELSE coalesce(l.cost_grant_part, v_held) END;
+    v_g_cost := CASE WHEN l.cost_grant_id IS NULL THEN 0
+                     ELSE v_cost - least(v_cost, coalesce(l.hold_micros, 0) - coalesce(l.cost_grant_part, l.hold_micros, 0)) END;
     IF l.units > 0 OR v_held > 0 OR v_cost > 0 THEN
         UPDATE company_usage
-           SET used = used - CASE WHEN l.units_grant_id IS NULL THEN l.units ELSE 0 END,
-               cost_held = cost_held - CASE WHEN l.cost_grant_id IS NULL THEN v_held ELSE 0 END,
-               cost_used = cost_used - CASE WHEN l.cost_grant_id IS NULL THEN v_cost ELSE 0 END
+           SET used = used - (l.units - v_g_units),
+               cost_held = cost_held - (v_held - v_g_held),
+               cost_used = cost_used - (v_cost - v_g_cost)
          WHERE company_id = p_company AND period_id = l.period_id;
         UPDATE user_usage SET used = used - l.units, cost_held = cost_held - v_held, cost_used = cost_used - v_cost
          WHERE company_id = p_company AND period_id = l.period_id AND user_id = l.user_id;
@@ -73,7 +84,7 @@ BEGIN
         END IF;
     END IF;
     IF l.units_grant_id IS NOT NULL OR l.cost_grant_id IS NOT NULL THEN
-        PERFORM capgate_grant_give_back(p_company, l.units_grant_id, l.units, l.cost_grant_id, v_held, v_cost);
+        PERFORM capgate_grant_give_back(p_company, l.units_grant_id, v_g_units, l.cost_grant_id, v_g_held, v_g_cost);
     END IF;
     -- The rate windows (SPEC §14): the call leaves rate_calls (its concurrency slot freed), then
     -- it and its tokens leave the minute they were counted in (if it is still the row's).

@@ -9,8 +9,10 @@
 --
 -- Lock order, as capgate_refund: the company counters (key order), the ledger rows, the user
 -- counters (each user is one company's, so two batches meet at the company counter first), then
--- the top-up grants that hold a call's cost (cost_grant_id, SPEC §12: the grant, not the company
--- counter, trades that hold for the cost).
+-- the top-up grants that hold part of a call's cost (cost_grant_id, SPEC §12: the grant, not the
+-- company counter, trades its part of the hold, cost_grant_part, for its part of the cost). The
+-- cost is divided as the hold was: the plan pays first, up to the part it held, the grant the rest
+-- (a cost past the whole hold is the grant's); a part NULL (a row from before 0020) is the whole.
 -- A batch in which no cost moves (no open hold, no priced model) locks no counter.
 -- Committed without waiting for the WAL flush: a settlement lost in a crash leaves the hold open,
 -- which is never less than the call may cost (`capgate unsettled` decides it). Planned for each
@@ -89,17 +91,22 @@ BEGIN
               ) x
           ) o
          WHERE l.company_id = o.company_id AND l.id = o.id
-        RETURNING l.company_id, l.id, l.period_id, l.user_id, l.cost_grant_id, o.open, o.hold, o.cost
+        RETURNING l.company_id, l.id, l.period_id, l.user_id, l.cost_grant_id, o.open, o.hold, o.cost,
+                  CASE WHEN l.cost_grant_id IS NOT NULL THEN coalesce(l.cost_grant_part, o.hold) END AS part
     ), moved AS (
         SELECT m.company_id, m.period_id, m.user_id, m.cost_grant_id, sum(coalesce(m.hold, 0))::bigint AS hold,
-               sum(coalesce(m.cost, 0))::bigint AS cost
+               sum(coalesce(m.cost, 0))::bigint AS cost,
+               -- The company's share: its part of the hold, and of the cost at most that part.
+               sum(coalesce(m.hold, 0) - coalesce(m.part, 0))::bigint AS c_hold,
+               sum(CASE WHEN m.part IS NULL THEN coalesce(m.cost, 0)
+                        ELSE least(coalesce(m.cost, 0), coalesce(m.hold, 0) - m.part) END)::bigint AS c_cost
           FROM settled m
          WHERE m.open AND (m.hold IS NOT NULL OR m.cost IS NOT NULL)
          GROUP BY m.company_id, m.period_id, m.user_id, m.cost_grant_id
     ), companies AS (
         UPDATE company_usage cu SET cost_held = cu.cost_held - c.hold, cost_used = cu.cost_used + c.cost
-          FROM (SELECT m.company_id, m.period_id, sum(m.hold)::bigint AS hold, sum(m.cost)::bigint AS cost
-                  FROM moved m WHERE m.cost_grant_id IS NULL GROUP BY m.company_id, m.period_id) c
+          FROM (SELECT m.company_id, m.period_id, sum(m.c_hold)::bigint AS hold, sum(m.c_cost)::bigint AS cost
+                  FROM moved m GROUP BY m.company_id, m.period_id) c
          WHERE cu.company_id = c.company_id AND cu.period_id = c.period_id
     ), users AS (
         UPDATE user_usage uu SET cost_held = uu.cost_held - m.hold, cost_used = uu.cost_used + m.cost
@@ -108,7 +115,8 @@ BEGIN
          WHERE uu.company_id = m.company_id AND uu.period_id = m.period_id AND uu.user_id = m.user_id
     ), grants AS (
         UPDATE topup_grants g SET cost_held = g.cost_held - m.hold, cost_used = g.cost_used + m.cost
-          FROM (SELECT m.company_id, m.cost_grant_id, sum(m.hold)::bigint AS hold, sum(m.cost)::bigint AS cost
+          FROM (SELECT m.company_id, m.cost_grant_id, sum(m.hold - m.c_hold)::bigint AS hold,
+                       sum(m.cost - m.c_cost)::bigint AS cost
                   FROM moved m WHERE m.cost_grant_id IS NOT NULL GROUP BY m.company_id, m.cost_grant_id) m
          WHERE g.company_id = m.company_id AND g.id = m.cost_grant_id
     )

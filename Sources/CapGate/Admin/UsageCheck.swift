@@ -20,7 +20,8 @@ struct UsageCheck {
     /// nil: the call names no feature (`.unknown` is answered 400 before this).
     let feature: UsageStore.FeatureLookup?
     /// The most units one live top-up grant has left (SPEC §12): a call the company cap cannot
-    /// hold is admitted when one grant can pay it whole.
+    /// hold is admitted when one grant can pay what the cap has not left (the call is split: the
+    /// plan pays what is left under its cap, one grant the rest).
     var grantUnits: Int64 = 0
     /// The plan's rate windows now (nil: it sets none).
     var rate: RateState? = nil
@@ -41,7 +42,7 @@ struct UsageCheck {
         case .unknown, nil:
             break
         }
-        if let cap = state.companyLimit, state.companyUsed + units > cap, grantUnits < units {
+        if let cap = state.companyLimit, state.companyUsed + units > cap, grantUnits < units - max(cap - state.companyUsed, 0) {
             return Outcome(refusal: .cap(.company), state: state)
         }
         if let cap = state.userLimit, (state.userUsed ?? 0) + units > cap {

@@ -131,18 +131,24 @@ extension BillingStore {
     /// Recomputes every counter from the ledger (charged rows) and returns the disagreements:
     /// units, and the cost counters of SPEC §11 (`cost_used`: the costs of rows with a
     /// `cost_source`, `cost_held`: the holds of rows without one), in one scan of the ledger. A
-    /// company counter leaves out what top-up grants paid (SPEC §12); the grants are recomputed
-    /// too (``grantMismatches(_:)``).
+    /// company counter leaves out the parts of calls top-up grants paid (SPEC §12:
+    /// `units_grant_part`, `cost_grant_part`, and of a settled cost what exceeds the plan's part
+    /// of the hold; a part NULL with its grant set is the whole); the grants are recomputed too
+    /// (``grantMismatches(_:)``).
     public func verify() async throws -> [Mismatch] {
         try await database.run { client in
             let rows = try await client.query(
                 """
                 WITH ledger_company AS (
-                    SELECT company_id, period_id, COALESCE(SUM(units) FILTER (WHERE units_grant_id IS NULL), 0)::bigint AS units,
-                           COALESCE(SUM(cost_micros) FILTER (WHERE cost_source IS NOT NULL AND cost_grant_id IS NULL), 0)::bigint
-                               AS cost_used,
-                           COALESCE(SUM(hold_micros) FILTER (WHERE cost_source IS NULL AND cost_grant_id IS NULL), 0)::bigint
-                               AS cost_held
+                    SELECT company_id, period_id,
+                           COALESCE(SUM(units - CASE WHEN units_grant_id IS NULL THEN 0 ELSE COALESCE(units_grant_part, units) END),
+                                    0)::bigint AS units,
+                           COALESCE(SUM(CASE WHEN cost_grant_id IS NULL THEN cost_micros
+                                             ELSE LEAST(cost_micros, hold_micros - COALESCE(cost_grant_part, hold_micros)) END)
+                                        FILTER (WHERE cost_source IS NOT NULL), 0)::bigint AS cost_used,
+                           COALESCE(SUM(hold_micros - CASE WHEN cost_grant_id IS NULL THEN 0
+                                                           ELSE COALESCE(cost_grant_part, hold_micros) END)
+                                        FILTER (WHERE cost_source IS NULL), 0)::bigint AS cost_held
                       FROM usage_ledger WHERE outcome = 'charged' GROUP BY company_id, period_id),
                 ledger_user AS (
                     SELECT company_id, period_id, user_id, SUM(units)::bigint AS units,

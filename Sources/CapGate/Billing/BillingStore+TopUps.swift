@@ -87,19 +87,22 @@ extension BillingStore {
 
 extension BillingStore {
     /// The top-up grants (SPEC §12) recomputed from the ledger: `units_used` is the units of the
-    /// charged rows it paid (`units_grant_id`), `cost_used` / `cost_held` the settled costs and the
-    /// open holds of the charged rows whose cost it paid (`cost_grant_id`). A mismatch names the
-    /// grant (`window`: `grant <id>`) and no period.
+    /// charged rows it paid (`units_grant_id`; its part, `units_grant_part`), `cost_used` /
+    /// `cost_held` its parts of the settled costs and of the open holds of the charged rows whose
+    /// cost it paid part of (`cost_grant_id`; `cost_grant_part` of the hold, and of a cost what
+    /// exceeds the plan's part of the hold). A part NULL is the whole (rows before migration 0020).
+    /// A mismatch names the grant (`window`: `grant <id>`) and no period.
     func grantMismatches(_ client: PostgresClient) async throws -> [Mismatch] {
         let rows = try await client.query(
             """
             WITH units AS (
-                SELECT company_id, units_grant_id AS id, sum(units)::bigint AS units FROM usage_ledger
+                SELECT company_id, units_grant_id AS id, sum(COALESCE(units_grant_part, units))::bigint AS units FROM usage_ledger
                  WHERE outcome = 'charged' AND units_grant_id IS NOT NULL GROUP BY company_id, units_grant_id),
             cost AS (
                 SELECT company_id, cost_grant_id AS id,
-                       COALESCE(SUM(cost_micros) FILTER (WHERE cost_source IS NOT NULL), 0)::bigint AS used,
-                       COALESCE(SUM(hold_micros) FILTER (WHERE cost_source IS NULL), 0)::bigint AS held
+                       COALESCE(SUM(cost_micros - LEAST(cost_micros, hold_micros - COALESCE(cost_grant_part, hold_micros)))
+                                    FILTER (WHERE cost_source IS NOT NULL), 0)::bigint AS used,
+                       COALESCE(SUM(COALESCE(cost_grant_part, hold_micros)) FILTER (WHERE cost_source IS NULL), 0)::bigint AS held
                   FROM usage_ledger WHERE outcome = 'charged' AND cost_grant_id IS NOT NULL GROUP BY company_id, cost_grant_id)
             SELECT g.company_id, g.id, m.measure, m.counter, m.ledger
               FROM topup_grants g

@@ -189,13 +189,15 @@ public struct UnsettledCharges: Sendable {
     /// Keeps one charge inside the caller's transaction; nil when it no longer qualifies. Lock
     /// order as admission, settlement and `capgate_refund`: the company counter, the ledger row,
     /// the user counter. An open hold (`hold_micros` set, `cost_source` NULL) becomes the cost
-    /// (`cost_source` `hold`) and moves from `cost_held` to `cost_used` in both counters.
+    /// (`cost_source` `hold`) and moves from `cost_held` to `cost_used` in both counters; the part
+    /// a top-up grant held (SPEC §12, `cost_grant_part`; NULL: the whole) moves in the grant instead
+    /// of the company counter.
     func keep(_ row: Row, on connection: PostgresConnection, olderThan: TimeInterval) async throws -> Acted? {
         let found = try await connection.query(
-            "SELECT period_id, user_id, cost_grant_id FROM usage_ledger WHERE company_id = \(row.company) AND id = \(row.id)",
+            "SELECT period_id, user_id, cost_grant_id, cost_grant_part FROM usage_ledger WHERE company_id = \(row.company) AND id = \(row.id)",
             logger: logger
-        ).decode((Int64, UUID, Int64?).self).collect()
-        guard let (period, user, grant) = found.first else { return nil }
+        ).decode((Int64, UUID, Int64?, Int64?).self).collect()
+        guard let (period, user, grant, grantPart) = found.first else { return nil }
         try await connection.query(
             "SELECT 1 FROM company_usage WHERE company_id = \(row.company) AND period_id = \(period) FOR UPDATE", logger: logger)
         let open = try await connection.query(
@@ -216,23 +218,26 @@ public struct UnsettledCharges: Sendable {
             """,
             logger: logger)
         if let held, held > 0 {
-            // A hold a top-up grant took (SPEC §12) is the grant's, not the company counter's.
-            try await connection.query(
-                """
-                UPDATE company_usage SET cost_held = cost_held - \(held), cost_used = cost_used + \(held)
-                 WHERE company_id = \(row.company) AND period_id = \(period) AND \(grant)::bigint IS NULL
-                """,
-                logger: logger)
+            // The part of a hold a top-up grant took (SPEC §12) is the grant's, not the company counter's.
+            let granted = grant == nil ? 0 : (grantPart ?? held)
+            if held > granted {
+                try await connection.query(
+                    """
+                    UPDATE company_usage SET cost_held = cost_held - \(held - granted), cost_used = cost_used + \(held - granted)
+                     WHERE company_id = \(row.company) AND period_id = \(period)
+                    """,
+                    logger: logger)
+            }
             try await connection.query(
                 """
                 UPDATE user_usage SET cost_held = cost_held - \(held), cost_used = cost_used + \(held)
                  WHERE company_id = \(row.company) AND period_id = \(period) AND user_id = \(user)
                 """,
                 logger: logger)
-            if let grant {
+            if let grant, granted > 0 {
                 try await connection.query(
                     """
-                    UPDATE topup_grants SET cost_held = cost_held - \(held), cost_used = cost_used + \(held)
+                    UPDATE topup_grants SET cost_held = cost_held - \(granted), cost_used = cost_used + \(granted)
                      WHERE company_id = \(row.company) AND id = \(grant)
                     """,
                     logger: logger)
