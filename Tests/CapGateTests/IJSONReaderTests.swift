@@ -1,3 +1,4 @@
+import CapGateDev
 import Foundation
 import NIOCore
 import Testing
@@ -261,7 +262,9 @@ struct IJSONReaderTests {
         process.arguments = ["python3", "-c", script, argument]
         let pipe = Pipe()
         process.standardOutput = pipe
-        try process.run()
+        // Foundation's Process.run is not safe against another thread's spawn (a test of another
+        // suite starting the binary crashed in it): every spawn of the tests takes this lock.
+        try EmbeddedPostgres.spawnLock.withLock { _ in try process.run() }
         let data = pipe.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
         guard process.terminationStatus == 0 else { throw PythonFailed(status: process.terminationStatus) }

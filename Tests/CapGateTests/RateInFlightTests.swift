@@ -20,19 +20,21 @@ struct RateInFlightTests {
         for try await _ in response.body {}
     }
 
-    /// A slow streamed call on a raw connection (an event a second), sent and left running.
+    /// A slow streamed call on a raw connection (an event every 3 s: it lasts about 40 s, longer
+    /// than the test takes to reach its end under the whole suite's load), sent and left running.
     static func slowCall(_ h: Harness, key: String) async throws -> RawConnection {
         let port = try #require(URL(string: h.gatewayURL)?.port)
         let connection = try await RawConnection.open(port: port)
         try await connection.send(
             "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\nx-api-key: \(key)\r\ncontent-type: application/json\r\n"
-                + "x-mock-chunk-delay-ms: 1000\r\ncontent-length: \(body.utf8.count)\r\n\r\n\(body)")
+                + "x-mock-chunk-delay-ms: 3000\r\ncontent-length: \(body.utf8.count)\r\n\r\n\(body)")
         return connection
     }
 
     @Test("user_concurrency 3: a fourth call waits for 429 (Retry-After 1); a call that ends, fails or loses its client frees its slot")
     func concurrency() async throws {
-        try await Harness.with { h in
+        // A stream whose client left is read on for 3 s at most (its usage), then its row goes.
+        try await Harness.with(settings: ["costs.drainSeconds": "3"]) { h in
             try await h.createPlan("p", company: nil, user: nil)
             try await RateWindowTests.setLimits(h, plan: "p", .obj(["user_concurrency": 3]))
             let (_, users) = try await h.createCompany(plan: "p", users: 2)
@@ -60,7 +62,7 @@ struct RateInFlightTests {
 
             // A client that leaves frees its slot at once (the stream is still read for its usage).
             slow.removeFirst().close()
-            #expect(try await h.eventually(slots, equals: 2) == 2)
+            #expect(try await h.eventually(slots, equals: 2, within: .seconds(20)) == 2)
             // A call the provider fails is refunded and frees its slot before its answer.
             #expect(try await h.message(key: key, headers: [("x-mock-status", "500")]).status == 500)
             #expect(try await h.scalar(slots) == 2)
@@ -74,7 +76,7 @@ struct RateInFlightTests {
             #expect(fits.headers.first(name: "ratelimit")?.contains("\"user-concurrency\";r=0") == true)
 
             for connection in slow { connection.close() }
-            #expect(try await h.eventually(slots, equals: 0) == 0)
+            #expect(try await h.eventually(slots, equals: 0, within: .seconds(20)) == 0)
             #expect(try await h.eventually("SELECT count(*) FROM rate_calls", equals: 0) == 0)
         }
     }

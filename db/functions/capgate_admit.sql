@@ -9,7 +9,10 @@ CREATE FUNCTION capgate_admit(
     p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz, p_relaxed boolean,
     p_prompt bigint, p_max_tokens bigint, p_cache smallint, p_window bigint
 ) RETURNS SETOF capgate_admitted
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+SET enable_seqscan = off
+AS $$
 DECLARE
     r capgate_admitted;
     v_revoked boolean;

@@ -9,7 +9,10 @@ CREATE FUNCTION capgate_admit_idempotent(
     p_at timestamptz, p_relaxed boolean,
     p_prompt bigint, p_max_tokens bigint, p_cache smallint, p_window bigint
 ) RETURNS SETOF capgate_admitted
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+SET enable_seqscan = off
+AS $$
 DECLARE
     v_company uuid;
     v_user uuid;

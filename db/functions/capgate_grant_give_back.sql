@@ -7,7 +7,10 @@
 CREATE FUNCTION capgate_grant_give_back(
     p_company uuid, p_units_grant bigint, p_units bigint, p_cost_grant bigint, p_held bigint, p_cost bigint
 ) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+SET enable_seqscan = off
+AS $$
 BEGIN
     IF p_units_grant IS NOT NULL AND p_units > 0 THEN
         UPDATE topup_grants SET units_used = units_used - p_units WHERE company_id = p_company AND id = p_units_grant;

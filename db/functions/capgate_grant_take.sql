@@ -17,7 +17,10 @@ CREATE FUNCTION capgate_grant_take(
     p_company uuid, p_at timestamptz, p_units bigint, p_micros bigint, p_mode text,
     OUT units_grant bigint, OUT cost_grant bigint, OUT taken boolean
 )
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+SET enable_seqscan = off
+AS $$
 BEGIN
     taken := false;
     IF p_units IS NOT NULL THEN

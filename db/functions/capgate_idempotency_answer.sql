@@ -3,7 +3,10 @@
 CREATE FUNCTION capgate_idempotency_answer(
     p_company uuid, p_user uuid, p_key text, p_request_id text, p_status integer, p_type text, p_body bytea
 ) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+SET enable_seqscan = off
+AS $$
 BEGIN
     UPDATE idempotency_keys
        SET state = 'succeeded', response_status = p_status, response_type = p_type, response_body = p_body,

@@ -2,7 +2,10 @@
 -- rows with it (trigger plan_periods_keep_used, 0005; they are all zero when no ledger row
 -- references the period).
 CREATE OR REPLACE FUNCTION capgate_keep_used_period() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+SET enable_seqscan = off
+AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM usage_ledger WHERE company_id = OLD.company_id AND period_id = OLD.id) THEN
         RAISE EXCEPTION 'plan period % of company % has usage in the ledger', OLD.id, OLD.company_id

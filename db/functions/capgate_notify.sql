@@ -8,7 +8,10 @@ CREATE FUNCTION capgate_notify(
     p_company uuid, p_user uuid, p_feature text, p_span text, p_start timestamptz, p_end timestamptz,
     p_used bigint, p_units integer, p_limit bigint, p_thresholds integer[]
 ) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+SET enable_seqscan = off
+AS $$
 BEGIN
     IF p_limit IS NULL OR p_limit <= 0 OR p_units <= 0 THEN
         RETURN;

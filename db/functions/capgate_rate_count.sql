@@ -7,7 +7,10 @@ CREATE FUNCTION capgate_rate_count(
     p_company uuid, p_owner uuid, p_feature text, p_minute timestamptz, p_tokens bigint, p_rpm integer, p_tpm bigint, p_who text,
     OUT refused text, OUT calls bigint, OUT tokens bigint
 )
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+SET enable_seqscan = off
+AS $$
 DECLARE
     v_minute timestamptz;
 BEGIN

@@ -19,7 +19,10 @@ CREATE FUNCTION capgate_rate_take(
     p_urpm integer, p_utpm bigint, p_conc integer, p_feature text DEFAULT NULL, p_fcrpm integer DEFAULT NULL,
     p_fctpm bigint DEFAULT NULL, p_furpm integer DEFAULT NULL, p_futpm bigint DEFAULT NULL, p_fconc integer DEFAULT NULL
 ) RETURNS capgate_rate
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+SET enable_seqscan = off
+AS $$
 DECLARE
     r capgate_rate;
     v_nil constant uuid := '00000000-0000-0000-0000-000000000000';

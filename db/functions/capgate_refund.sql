@@ -15,7 +15,10 @@
 CREATE FUNCTION capgate_refund(p_company uuid, p_ledger_id bigint, p_upstream_status integer,
                                p_request_id text DEFAULT NULL)
 RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+SET enable_seqscan = off
+AS $$
 DECLARE
     l usage_ledger%ROWTYPE;
     v_period_start timestamptz;

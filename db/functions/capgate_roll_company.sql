@@ -1,7 +1,10 @@
 -- Moves one company whose period has ended into the period containing p_at.
 -- Returns none | renewed | to_default | no_plan. Locks the company row first.
 CREATE FUNCTION capgate_roll_company(p_company uuid, p_at timestamptz) RETURNS text
-LANGUAGE plpgsql SET timezone = 'UTC' AS $$
+LANGUAGE plpgsql SET timezone = 'UTC'
+-- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+SET enable_seqscan = off
+AS $$
 DECLARE
     v_latest plan_periods%ROWTYPE;
     v_renew boolean;

@@ -2,7 +2,10 @@
 -- rate windows (p_rate >= -1; -3: in no window) are ended by capgate_rate_end with their counts.
 -- A batch without any costs one scan of the array.
 CREATE FUNCTION capgate_settle_windows(p_company uuid[], p_ledger bigint[], p_rate bigint[]) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+SET enable_seqscan = off
+AS $$
 DECLARE
     v_company uuid[];
     v_ledger bigint[];
