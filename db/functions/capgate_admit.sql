@@ -10,8 +10,9 @@ CREATE FUNCTION capgate_admit(
     p_prompt bigint, p_max_tokens bigint, p_cache smallint, p_window bigint
 ) RETURNS SETOF capgate_admitted
 LANGUAGE plpgsql
--- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+-- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     r capgate_admitted;

@@ -40,9 +40,12 @@ SET plan_cache_mode = force_generic_plan
 -- tables are empty (or analyzed empty), and the planner then scans them sequentially even for a
 -- primary-key equality, a plan the connection kept while the table grew (measured, session 22:
 -- the rate window update of step 4 read every row of rate_windows, 1.5 ms a batch at 11,000
--- rows, against 0.16 ms for the user counters the benchmark seeds first). Every function of the
--- admission, settlement and refund paths sets the same.
+-- rows, against 0.16 ms for the user counters the benchmark seeds first). Never JIT: a statement
+-- that still needs a scan (the tiny plans table of the upgrade offer) then costs over 10^10, past
+-- jit_above_cost, and a generic plan was compiled again at every execution (330 ms a batch).
+-- Every function of the admission, settlement and refund paths sets the same.
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     n integer := coalesce(cardinality(p_units), 0);

@@ -43,8 +43,9 @@ CREATE FUNCTION capgate_charge(
     p_prompt bigint DEFAULT -2, p_max_tokens bigint DEFAULT -1, p_cache smallint DEFAULT 0, p_window bigint DEFAULT 0
 ) RETURNS capgate_admitted
 LANGUAGE plpgsql
--- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+-- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     r capgate_admitted;

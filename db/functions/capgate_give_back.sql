@@ -7,8 +7,9 @@ CREATE FUNCTION capgate_give_back(
     r capgate_admitted, p_units integer, p_steps integer, p_company_hold bigint, p_user_hold bigint
 ) RETURNS capgate_admitted
 LANGUAGE plpgsql
--- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+-- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
 SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     IF p_steps >= 4 THEN

@@ -8,8 +8,9 @@ CREATE FUNCTION capgate_grant_give_back(
     p_company uuid, p_units_grant bigint, p_units bigint, p_cost_grant bigint, p_held bigint, p_cost bigint
 ) RETURNS void
 LANGUAGE plpgsql
--- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+-- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
 SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     IF p_units_grant IS NOT NULL AND p_units > 0 THEN

@@ -18,8 +18,9 @@ CREATE FUNCTION capgate_grant_take(
     OUT units_grant bigint, OUT cost_grant bigint, OUT taken boolean
 )
 LANGUAGE plpgsql
--- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+-- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
 SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     taken := false;

@@ -4,8 +4,9 @@ CREATE FUNCTION capgate_idempotency_answer(
     p_company uuid, p_user uuid, p_key text, p_request_id text, p_status integer, p_type text, p_body bytea
 ) RETURNS boolean
 LANGUAGE plpgsql
--- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+-- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
 SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     UPDATE idempotency_keys

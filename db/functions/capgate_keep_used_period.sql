@@ -3,8 +3,9 @@
 -- references the period).
 CREATE OR REPLACE FUNCTION capgate_keep_used_period() RETURNS trigger
 LANGUAGE plpgsql
--- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+-- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
 SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM usage_ledger WHERE company_id = OLD.company_id AND period_id = OLD.id) THEN

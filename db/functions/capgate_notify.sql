@@ -9,8 +9,9 @@ CREATE FUNCTION capgate_notify(
     p_used bigint, p_units integer, p_limit bigint, p_thresholds integer[]
 ) RETURNS void
 LANGUAGE plpgsql
--- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+-- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
 SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     IF p_limit IS NULL OR p_limit <= 0 OR p_units <= 0 THEN

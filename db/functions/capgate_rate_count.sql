@@ -8,8 +8,9 @@ CREATE FUNCTION capgate_rate_count(
     OUT refused text, OUT calls bigint, OUT tokens bigint
 )
 LANGUAGE plpgsql
--- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+-- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_minute timestamptz;

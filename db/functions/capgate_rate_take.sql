@@ -20,8 +20,9 @@ CREATE FUNCTION capgate_rate_take(
     p_fctpm bigint DEFAULT NULL, p_furpm integer DEFAULT NULL, p_futpm bigint DEFAULT NULL, p_fconc integer DEFAULT NULL
 ) RETURNS capgate_rate
 LANGUAGE plpgsql
--- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+-- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     r capgate_rate;

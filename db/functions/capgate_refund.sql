@@ -16,8 +16,9 @@ CREATE FUNCTION capgate_refund(p_company uuid, p_ledger_id bigint, p_upstream_st
                                p_request_id text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
--- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+-- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     l usage_ledger%ROWTYPE;

@@ -2,8 +2,9 @@
 -- Returns none | renewed | to_default | no_plan. Locks the company row first.
 CREATE FUNCTION capgate_roll_company(p_company uuid, p_at timestamptz) RETURNS text
 LANGUAGE plpgsql SET timezone = 'UTC'
--- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+-- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_latest plan_periods%ROWTYPE;

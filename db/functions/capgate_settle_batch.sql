@@ -34,8 +34,9 @@ CREATE FUNCTION capgate_settle_batch(
 ) RETURNS TABLE (company_id uuid, ledger_id bigint, hold bigint, cost bigint)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan
--- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+-- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
 SET enable_seqscan = off
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -3,8 +3,9 @@
 -- A batch without any costs one scan of the array.
 CREATE FUNCTION capgate_settle_windows(p_company uuid[], p_ledger bigint[], p_rate bigint[]) RETURNS void
 LANGUAGE plpgsql
--- Key lookups only: never a sequential scan (see capgate_admit_batch.sql).
+-- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_company uuid[];
