@@ -76,4 +76,17 @@ struct PlanStabilityTests {
             #expect(after.sequential == before.sequential, "sequential scans: \(before.sequential) -> \(after.sequential)")
         }
     }
+
+    @Test("every function that disables sequential scans also disables JIT (a disabled scan costs past jit_above_cost)")
+    func noJIT() async throws {
+        try await Harness.with { h in
+            let keyed = "SELECT count(*) FROM pg_proc WHERE proname LIKE 'capgate%' AND 'enable_seqscan=off' = ANY (proconfig)"
+            #expect(try await h.scalar(keyed) >= 10)
+            let compiled = keyed + " AND NOT ('jit=off' = ANY (proconfig))"
+            #expect(try await h.scalar(compiled) == 0)
+            // The batch and the single call are among them.
+            let hot = keyed + " AND proname IN ('capgate_admit_batch', 'capgate_charge', 'capgate_settle_batch', 'capgate_rate_end')"
+            #expect(try await h.scalar(hot) == 4)
+        }
+    }
 }
