@@ -67,22 +67,8 @@ struct TopUpAdmissionTests {
             try await h.createPlan("free", company: 20, user: nil, isDefault: true)
             try await h.createTopUp("pack.15", units: 15)
             let (company, users) = try await h.createCompany(plan: "free", users: 4)
-            let now = Date()
-            for (tx, days) in [("g1", 5.0), ("g2", 50.0)] {
-                let reply = try await h.storeEvent(
-                    "purchase", company: company, product: "pack.15", transaction: tx, purchase: now - 60, expiration: now + 86_400 * days)
-                #expect(reply.status == 201, "\(reply.body)")
-            }
-            let statuses = try await withThrowingTaskGroup(of: [Int].self) { group in
-                for i in 0..<64 {
-                    group.addTask {
-                        var out: [Int] = []
-                        for _ in 0..<2 { out.append(try await h.message(key: users[i % 4].key).status) }
-                        return out
-                    }
-                }
-                return try await group.reduce(into: []) { $0 += $1 }
-            }
+            try await h.buyGrants(company, [("g1", "pack.15", 5), ("g2", "pack.15", 50)])
+            let statuses = try await h.concurrentStatuses(keys: users.map(\.key))
             #expect(statuses.filter { $0 == 200 }.count == 50)
             #expect(statuses.filter { $0 == 402 }.count == 78)
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 20)

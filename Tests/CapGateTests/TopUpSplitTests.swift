@@ -108,22 +108,8 @@ struct TopUpSplitTests {
             try await h.createTopUp("pack.12", units: 12)
             try await Self.weighted(h, units: 3)
             let (company, users) = try await h.createCompany(plan: "free", users: 4)
-            let now = Date()
-            for (tx, product, days) in [("g7", "pack.7", 5.0), ("g12", "pack.12", 50.0)] {
-                let reply = try await h.storeEvent(
-                    "purchase", company: company, product: product, transaction: tx, purchase: now - 60, expiration: now + 86_400 * days)
-                #expect(reply.status == 201, "\(reply.body)")
-            }
-            let statuses = try await withThrowingTaskGroup(of: [Int].self) { group in
-                for i in 0..<64 {
-                    group.addTask {
-                        var out: [Int] = []
-                        for _ in 0..<2 { out.append(try await h.message(key: users[i % 4].key).status) }
-                        return out
-                    }
-                }
-                return try await group.reduce(into: []) { $0 += $1 }
-            }
+            try await h.buyGrants(company, [("g7", "pack.7", 5), ("g12", "pack.12", 50)])
+            let statuses = try await h.concurrentStatuses(keys: users.map(\.key))
             // The plan's 20 (6 calls and 2 units of the 7th), g7's 7 (1 + 3 + 3), g12's 12 (4 calls).
             #expect(statuses.filter { $0 == 200 }.count == 13)
             #expect(statuses.filter { $0 == 402 }.count == 115)

@@ -26,6 +26,33 @@ extension Harness {
         return try await op(.POST, "/admin/v1/billing/events", .object(body))
     }
 
+    /// Buys each pack for `company` (a purchase event a minute ago, expiring `days` from now); each
+    /// answer must be 201.
+    func buyGrants(_ company: UUID, _ packs: [(transaction: String, product: String, days: Double)]) async throws {
+        let now = Date()
+        for pack in packs {
+            let reply = try await storeEvent(
+                "purchase", company: company, product: pack.product, transaction: pack.transaction, purchase: now - 60,
+                expiration: now + 86_400 * pack.days)
+            precondition(reply.status == 201, "purchase failed: \(reply.body)")
+        }
+    }
+
+    /// The statuses of `callers` concurrent callers making `each` calls one after another, caller
+    /// `i` with `keys[i % keys.count]`.
+    func concurrentStatuses(keys: [String], callers: Int = 64, each: Int = 2) async throws -> [Int] {
+        try await withThrowingTaskGroup(of: [Int].self) { group in
+            for i in 0..<callers {
+                group.addTask {
+                    var out: [Int] = []
+                    for _ in 0..<each { out.append(try await self.message(key: keys[i % keys.count]).status) }
+                    return out
+                }
+            }
+            return try await group.reduce(into: []) { $0 += $1 }
+        }
+    }
+
     /// A grant's counters by its transaction: units used, cost used, cost held (-1 when there is none).
     func grant(_ transaction: String) async throws -> (units: Int64, cost: Int64, held: Int64) {
         let condition = "FROM topup_grants WHERE transaction_id = '\(transaction)'"
