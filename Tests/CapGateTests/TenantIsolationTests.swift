@@ -174,8 +174,11 @@ struct TenantIsolationTests {
             // stays charged.
             let charged = "SELECT count(*) FROM usage_ledger WHERE company_id = '\(a.text)' AND outcome = 'charged'"
             #expect(try await h.eventually(charged, equals: 4, within: .seconds(40)) == 4)
-            // Four turns of http.idleTimeout (2 s) after each answer fills the socket buffers.
-            try await Task.sleep(for: .seconds(16))
+            // Every one of them cut: its answer settled (the gateway ends a call, cut or not, by
+            // settling it), which a fixed wait of four idle timeouts did not always see under the
+            // whole suite's load (a client then read its fourth answer whole before its cut).
+            let ended = charged + " AND settled_at IS NOT NULL"
+            #expect(try await h.eventually(ended, equals: 4, within: .seconds(60)) == 4)
             // Reading now, each client finds its answer cut short and its connection closed.
             for reader in readers {
                 try await reader.channel.setOption(.autoRead, value: true)
