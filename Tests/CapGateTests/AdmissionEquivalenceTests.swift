@@ -60,6 +60,10 @@ struct AdmissionEquivalenceTests {
              FROM company_usage WHERE used <> 0 OR cost_held <> 0),
           (SELECT string_agg(concat_ws(' ', company_id, period_id, user_id, used, cost_held), E'\\n' ORDER BY company_id, user_id)
              FROM user_usage WHERE used <> 0 OR cost_held <> 0),
+          (SELECT string_agg(concat_ws(' ', 'window', company_id, period_id, rate_minute, rate_calls, rate_tokens), E'\\n'
+                             ORDER BY company_id, period_id) FROM company_usage WHERE rate_calls <> 0),
+          (SELECT string_agg(concat_ws(' ', 'window', company_id, period_id, user_id, rate_minute, rate_calls, rate_tokens), E'\\n'
+                             ORDER BY company_id, period_id, user_id) FROM user_usage WHERE rate_calls <> 0),
           (SELECT string_agg(concat_ws(' ', company_id, feature_id, span, starts_at, used), E'\\n'
                              ORDER BY company_id, feature_id, span, starts_at) FROM company_feature_usage WHERE used <> 0),
           (SELECT string_agg(concat_ws(' ', company_id, user_id, feature_id, span, starts_at, used), E'\\n'

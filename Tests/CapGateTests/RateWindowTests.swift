@@ -46,9 +46,10 @@ struct RateWindowTests {
                 #expect(refused.count == 128 - 30)
                 #expect(first.mock.served.count + second.mock.served.count == 30)
                 #expect(try await first.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'") == 30)
-                // One row for the user, none per minute; refused calls are not in it.
-                #expect(try await first.scalar("SELECT count(*) FROM rate_windows") == 1)
-                #expect(try await first.scalar("SELECT calls FROM rate_windows WHERE company_id = '\(company.text)'") == 30)
+                // The user's period counter row holds the minute, no row per minute; refused calls are not in it.
+                #expect(try await first.scalar("SELECT count(*) FROM rate_windows") == 0)
+                #expect(try await first.scalar("SELECT count(*) FROM user_usage WHERE rate_calls > 0") == 1)
+                #expect(try await first.scalar("SELECT rate_calls FROM user_usage WHERE company_id = '\(company.text)'") == 30)
                 let answer = try #require(refused.first)
                 #expect(answer.json["error"]?["type"]?.stringValue == "rate_limit_error")
                 let rate = answer.json["usage"]?["rate"]
@@ -80,7 +81,7 @@ struct RateWindowTests {
             for index in 0..<9 { statuses.append(try await h.message(key: users[index % 3].key).status) }
             // The cap (4 units) refuses first: 402 stays for an allowance used up.
             #expect(statuses == [200, 200, 200, 200, 402, 402, 402, 402, 402])
-            #expect(try await h.scalar("SELECT calls FROM rate_windows") == 4)
+            #expect(try await h.scalar("SELECT rate_calls FROM company_usage") == 4)
             try await h.exec("UPDATE plans SET monthly_company_cap = NULL")
             statuses = []
             for index in 0..<4 { statuses.append(try await h.message(key: users[index % 3].key).status) }
@@ -93,7 +94,7 @@ struct RateWindowTests {
             #expect(check["allowed"]?.boolValue == false && check["reason"]?.stringValue == "rate_limit_error")
             #expect(check["usage"]?["rate"]?["window"]?.stringValue == "company-rpm")
             #expect(check["usage"]?["rate"]?["used"]?.intValue == 6)
-            #expect(try await h.scalar("SELECT calls FROM rate_windows") == 6)
+            #expect(try await h.scalar("SELECT rate_calls FROM company_usage") == 6)
         }
     }
 
@@ -151,9 +152,10 @@ struct RateWindowTests {
             let plan = try await h.message(key: key, headers: chat)
             #expect(plan.json["usage"]?["rate"]?["window"]?.stringValue == "user-rpm")
             #expect(plan.json["usage"]?["rate"]?["feature"] == nil)
-            #expect(try await h.scalar("SELECT count(*) FROM rate_windows") == 2)
+            // The feature's window in a rate_windows row, the plan's in the user's counter row.
+            #expect(try await h.scalar("SELECT count(*) FROM rate_windows") == 1)
             #expect(try await h.scalar("SELECT calls FROM rate_windows WHERE feature_id = 'analysis'") == 2)
-            #expect(try await h.scalar("SELECT calls FROM rate_windows WHERE feature_id = ''") == 5)
+            #expect(try await h.scalar("SELECT rate_calls FROM user_usage") == 5)
         }
     }
 }

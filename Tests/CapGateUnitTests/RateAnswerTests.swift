@@ -69,20 +69,22 @@ struct RateAnswerTests {
         #expect(featureError.headers[.rateLimitPolicy] == #""feature.analysis.user-rpm";q=2;w=60"#)
     }
 
-    @Test("a refund takes the call out of every count; a slot makes its end awaited, a token window alone not, call windows nothing")
+    @Test(
+        "a refund takes the call out of every count; a slot makes its end awaited, a token window its settlement count, call windows nothing"
+    )
     func refundAndEnd() {
         let rate = RateState(
             limits: Self.plan, minute: Self.minute,
             counts: .init(companyCalls: 4, companyTokens: nil, userCalls: 2, userTokens: 3_000, userInFlight: 1), tokens: 1_000)
         let back = rate.refunded()
         #expect(back.counts == .init(companyCalls: 3, userCalls: 1, userTokens: 2_000, userInFlight: 0))
-        #expect(rate.end == .slot)
+        #expect(rate.end == .init(slot: true, tokens: true))
         #expect(RateState(limits: .init(companyRPM: 5, userRPM: 5), minute: Self.minute, counts: .init()).end == .none)
-        #expect(RateState(limits: .init(userTPM: 5_000), minute: Self.minute, counts: .init()).end == .tokens)
+        #expect(RateState(limits: .init(userTPM: 5_000), minute: Self.minute, counts: .init()).end == .init(slot: false, tokens: true))
         let featureSlot = RateState(
             limits: .init(companyTPM: 9_000), minute: Self.minute, counts: .init(),
             feature: .init(id: "analysis", limits: .init(userConcurrency: 2), counts: .init()))
-        #expect(featureSlot.end == .slot)
+        #expect(featureSlot.end == .init(slot: true, tokens: true))
         var refused = rate
         refused.refused = .userRPM
         #expect(refused.end == .none)

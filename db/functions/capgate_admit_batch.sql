@@ -23,9 +23,10 @@
 -- its cap and its budget's room, the grant only the rest (g_up units, g_cp of the hold), which
 -- stays off the company counter (ledger units_grant_part, cost_grant_part).
 -- Rate windows (SPEC §14) as capgate_charge: the plan's and the entitlement's limits and each
--- call's token bound (capgate_rate_tokens) are read in step 1, every window row the batch may
--- touch is locked in key order in step 2b; a call that passed every counter and budget is counted
--- in its windows by capgate_rate_take in step 3, in arrival order, or refused rate_limited.
+-- call's token bound (capgate_rate_tokens) are read in step 1; the plan's windows are in the
+-- company and user counter rows (step 2), the entitlement's rows are locked in key order in step
+-- 2b with the users' live slots; a call that passed every counter and budget is counted in its
+-- windows in step 3 as capgate_rate_take would, in arrival order, or refused rate_limited.
 CREATE FUNCTION capgate_admit_batch(
     p_key_hash bytea[], p_company uuid[], p_user uuid[], p_units integer[], p_method text[], p_route text[],
     p_model text[], p_feature text[], p_request_id text[], p_routes_version bigint[], p_at timestamptz[],
@@ -75,6 +76,9 @@ DECLARE
     -- per locked counter (slot)
     c_company uuid[]; c_period bigint[]; c_used bigint[]; c_cost bigint[]; c_held bigint[];
     u_company uuid[]; u_period bigint[]; u_user uuid[]; u_used bigint[]; u_cost bigint[]; u_held bigint[];
+    -- the plan's rate windows in those rows (SPEC §14): minute, calls, tokens; the user's live slots
+    c_rmin timestamptz[]; c_rcalls bigint[]; c_rtok bigint[];
+    u_rmin timestamptz[]; u_rcalls bigint[]; u_rtok bigint[]; u_slots bigint[];
     fp_company uuid[]; fp_feature text[]; fp_start timestamptz[]; fp_used bigint[];
     fd_company uuid[]; fd_feature text[]; fd_start timestamptz[]; fd_used bigint[];
     up_company uuid[]; up_user uuid[]; up_feature text[]; up_start timestamptz[]; up_used bigint[];
@@ -89,11 +93,12 @@ DECLARE
     a_fcrpm integer[]; a_fctpm bigint[]; a_furpm integer[]; a_futpm bigint[]; a_fconc integer[];
     a_fcrc bigint[]; a_fcrt bigint[]; a_furc bigint[]; a_furt bigint[]; a_fus bigint[];
     v_windows boolean;  -- the call has a rate window or a concurrency limit
-    -- per locked window row (key order): its minute, counts, and the owner's live slots
+    -- per locked feature window row (key order): its minute, counts, and the owner's live slots
     w_company uuid[]; w_owner uuid[]; w_feature text[]; w_min timestamptz[]; w_calls bigint[]; w_tokens bigint[];
     w_slots bigint[]; w_moved boolean[];
-    a_wc integer[]; a_wfc integer[]; a_wu integer[]; a_wfu integer[];  -- per call: its window rows
+    a_wfc integer[]; a_wfu integer[];  -- per call: its feature window rows
     v_minute timestamptz; v_ref text; v_k integer; v_rpm bigint; v_tpm bigint; v_conc bigint; v_c bigint; v_t bigint;
+    v_s bigint;
     v_scopes smallint; v_slot boolean;
     g_cap boolean; g_budget boolean; g_units bigint; g_cost bigint; g_taken boolean;
     g_up bigint; g_cp bigint;  -- the grant's parts of the call: units past the cap's rest, hold past the budget's room
@@ -253,12 +258,14 @@ BEGIN
         INSERT INTO company_usage AS cu (company_id, period_id, used)
         SELECT slot.c, slot.p, 0 FROM slot ORDER BY slot.c, slot.p
         ON CONFLICT (company_id, period_id) DO UPDATE SET used = cu.used
-        RETURNING cu.company_id, cu.period_id, cu.used, cu.cost_used, cu.cost_held
+        RETURNING cu.company_id, cu.period_id, cu.used, cu.cost_used, cu.cost_held, cu.rate_minute, cu.rate_calls,
+                  cu.rate_tokens
     )
     SELECT array_agg(l.company_id ORDER BY slot.slot), array_agg(l.period_id ORDER BY slot.slot),
            array_agg(l.used ORDER BY slot.slot), array_agg(l.cost_used ORDER BY slot.slot),
-           array_agg(l.cost_held ORDER BY slot.slot)
-      INTO c_company, c_period, c_used, c_cost, c_held
+           array_agg(l.cost_held ORDER BY slot.slot), array_agg(l.rate_minute ORDER BY slot.slot),
+           array_agg(l.rate_calls ORDER BY slot.slot), array_agg(l.rate_tokens ORDER BY slot.slot)
+      INTO c_company, c_period, c_used, c_cost, c_held, c_rmin, c_rcalls, c_rtok
       FROM slot JOIN locked l ON l.company_id = slot.c AND l.period_id = slot.p;
 
     WITH slot AS (
@@ -268,12 +275,15 @@ BEGIN
         INSERT INTO user_usage AS uu (company_id, period_id, user_id, used)
         SELECT slot.c, slot.p, slot.u, 0 FROM slot ORDER BY slot.c, slot.p, slot.u
         ON CONFLICT (company_id, period_id, user_id) DO UPDATE SET used = uu.used
-        RETURNING uu.company_id, uu.period_id, uu.user_id, uu.used, uu.cost_used, uu.cost_held
+        RETURNING uu.company_id, uu.period_id, uu.user_id, uu.used, uu.cost_used, uu.cost_held, uu.rate_minute,
+                  uu.rate_calls, uu.rate_tokens
     )
     SELECT array_agg(l.company_id ORDER BY slot.slot), array_agg(l.period_id ORDER BY slot.slot),
            array_agg(l.user_id ORDER BY slot.slot), array_agg(l.used ORDER BY slot.slot),
-           array_agg(l.cost_used ORDER BY slot.slot), array_agg(l.cost_held ORDER BY slot.slot)
-      INTO u_company, u_period, u_user, u_used, u_cost, u_held
+           array_agg(l.cost_used ORDER BY slot.slot), array_agg(l.cost_held ORDER BY slot.slot),
+           array_agg(l.rate_minute ORDER BY slot.slot), array_agg(l.rate_calls ORDER BY slot.slot),
+           array_agg(l.rate_tokens ORDER BY slot.slot)
+      INTO u_company, u_period, u_user, u_used, u_cost, u_held, u_rmin, u_rcalls, u_rtok
       FROM slot JOIN locked l ON l.company_id = slot.c AND l.period_id = slot.p AND l.user_id = slot.u;
 
     IF EXISTS (SELECT 1 FROM unnest(a_fps) s WHERE s IS NOT NULL) THEN
@@ -340,23 +350,32 @@ BEGIN
             ON l.company_id = slot.c AND l.user_id = slot.u AND l.feature_id = slot.f AND l.starts_at = slot.st;
     END IF;
 
-    -- 2b. The rate windows (SPEC §14) of the calls that may reach them: locked in key order
-    --     (created at zero when new) and read, with each user's live slots, for step 3 to decide
-    --     in memory as it decides the counters; each call's rows by index (a_wc company,
-    --     a_wfc company x feature, a_wu user, a_wfu user x feature).
-    IF EXISTS (SELECT 1 FROM unnest(a_crpm, a_ctpm, a_urpm, a_utpm, a_uconc, a_fcrpm, a_fctpm, a_furpm, a_futpm, a_fconc)
-                      AS w(a, b, c, d, e, f, g, h, i, j)
-                WHERE coalesce(w.a, w.b, w.c, w.d, w.e, w.f, w.g, w.h, w.i, w.j) IS NOT NULL) THEN
+    -- 2b. The rate windows (SPEC §14). The plan's are in the company and user counter rows
+    --     locked above; each user whose plan limits its calls in flight has its live slots
+    --     counted (rate_calls, read under the user's counter lock: every admission of the user
+    --     holds it when it adds a slot). The windows of a feature's entitlement: its rows locked in
+    --     key order (created at zero when new) and read, with the user's live slots of that
+    --     feature, for step 3 to decide in memory as it decides the counters; each call's rows by
+    --     index (a_wfc company x feature, a_wfu user x feature).
+    IF EXISTS (SELECT 1 FROM unnest(a_uconc) c WHERE c IS NOT NULL) THEN
+        SELECT array_agg(CASE WHEN x.conc THEN (SELECT count(*) FROM rate_calls rc
+                                                 WHERE rc.company_id = x.c AND rc.user_id = x.u AND (rc.scopes & 4) <> 0
+                                                   AND rc.lease_until > x.at) END ORDER BY o)
+          INTO u_slots
+          FROM generate_series(1, coalesce(cardinality(u_company), 0)) o
+          LEFT JOIN (SELECT s.slot, s.c, s.u, bool_or(s.conc IS NOT NULL) AS conc, min(s.at) AS at
+                       FROM unnest(a_uslot, a_company, a_user, a_uconc, p_at, p_units) AS s(slot, c, u, conc, at, units)
+                      WHERE s.slot IS NOT NULL AND s.units > 0
+                      GROUP BY s.slot, s.c, s.u) x ON x.slot = o;
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(a_fcrpm, a_fctpm, a_furpm, a_futpm, a_fconc) AS w(f, g, h, i, j)
+                WHERE coalesce(w.f, w.g, w.h, w.i, w.j) IS NOT NULL) THEN
         WITH calls AS (
             SELECT s.*, o.bit, o.owner, o.feature, o.conc
-              FROM unnest(a_company, a_user, a_feature, a_uslot, p_units, p_at, a_crpm, a_ctpm, a_urpm, a_utpm, a_uconc,
-                          a_fcrpm, a_fctpm, a_furpm, a_futpm, a_fconc)
-                   WITH ORDINALITY AS s(c, u, f, slot, units, at, crpm, ctpm, urpm, utpm, uconc, fcrpm, fctpm, furpm, futpm,
-                                        fconc, ord)
+              FROM unnest(a_company, a_user, a_feature, a_uslot, p_units, p_at, a_fcrpm, a_fctpm, a_furpm, a_futpm, a_fconc)
+                   WITH ORDINALITY AS s(c, u, f, slot, units, at, fcrpm, fctpm, furpm, futpm, fconc, ord)
              CROSS JOIN LATERAL (VALUES
-                   (1, '00000000-0000-0000-0000-000000000000'::uuid, '', s.crpm IS NOT NULL OR s.ctpm IS NOT NULL, false),
                    (8, '00000000-0000-0000-0000-000000000000'::uuid, s.f, s.fcrpm IS NOT NULL OR s.fctpm IS NOT NULL, false),
-                   (2, s.u, '', s.urpm IS NOT NULL OR s.utpm IS NOT NULL OR s.uconc IS NOT NULL, s.uconc IS NOT NULL),
                    (16, s.u, s.f, s.furpm IS NOT NULL OR s.futpm IS NOT NULL OR s.fconc IS NOT NULL, s.fconc IS NOT NULL))
                    AS o(bit, owner, feature, applies, conc)
              WHERE o.applies AND o.feature IS NOT NULL AND s.slot IS NOT NULL AND s.units > 0
@@ -376,11 +395,10 @@ BEGIN
                    CASE WHEN NOT k.conc THEN 0
                         ELSE (SELECT count(*) FROM rate_calls rc
                                WHERE rc.company_id = k.c AND rc.user_id = k.owner AND (rc.scopes & 4) <> 0
-                                 AND rc.lease_until > k.at AND (k.feature = '' OR rc.feature_id = k.feature)) END AS slots
+                                 AND rc.lease_until > k.at AND rc.feature_id = k.feature) END AS slots
               FROM keys k JOIN locked l ON l.company_id = k.c AND l.user_id = k.owner AND l.feature_id = k.feature
         ), slots AS (
-            SELECT c.ord, max(CASE WHEN c.bit = 1 THEN k.idx END) AS wc, max(CASE WHEN c.bit = 8 THEN k.idx END) AS wfc,
-                   max(CASE WHEN c.bit = 2 THEN k.idx END) AS wu, max(CASE WHEN c.bit = 16 THEN k.idx END) AS wfu
+            SELECT c.ord, max(CASE WHEN c.bit = 8 THEN k.idx END) AS wfc, max(CASE WHEN c.bit = 16 THEN k.idx END) AS wfu
               FROM calls c JOIN keys k ON k.c = c.c AND k.owner = c.owner AND k.feature = c.feature
              GROUP BY c.ord
         )
@@ -388,11 +406,9 @@ BEGIN
                (SELECT array_agg(r.feature_id ORDER BY r.idx) FROM rows r), (SELECT array_agg(r.minute ORDER BY r.idx) FROM rows r),
                (SELECT array_agg(r.calls ORDER BY r.idx) FROM rows r), (SELECT array_agg(r.tokens ORDER BY r.idx) FROM rows r),
                (SELECT array_agg(r.slots ORDER BY r.idx) FROM rows r),
-               (SELECT array_agg(x.wc ORDER BY o) FROM generate_series(1, n) o LEFT JOIN slots x ON x.ord = o),
                (SELECT array_agg(x.wfc ORDER BY o) FROM generate_series(1, n) o LEFT JOIN slots x ON x.ord = o),
-               (SELECT array_agg(x.wu ORDER BY o) FROM generate_series(1, n) o LEFT JOIN slots x ON x.ord = o),
                (SELECT array_agg(x.wfu ORDER BY o) FROM generate_series(1, n) o LEFT JOIN slots x ON x.ord = o)
-          INTO w_company, w_owner, w_feature, w_min, w_calls, w_tokens, w_slots, a_wc, a_wfc, a_wu, a_wfu;
+          INTO w_company, w_owner, w_feature, w_min, w_calls, w_tokens, w_slots, a_wfc, a_wfu;
         w_moved := array_fill(false, ARRAY[coalesce(cardinality(w_company), 0)]);
     END IF;
 
@@ -503,9 +519,11 @@ BEGIN
                      OR a_uconc[i] IS NOT NULL OR a_fcrpm[i] IS NOT NULL OR a_fctpm[i] IS NOT NULL OR a_furpm[i] IS NOT NULL
                      OR a_futpm[i] IS NOT NULL OR a_fconc[i] IS NOT NULL;
         IF a_decision[i] = 'charged' AND u > 0 AND v_windows THEN
-            -- As capgate_rate_take, in memory: the owners in key order (company, company x
+            -- As capgate_rate_take, in memory: the owners in its order (company, company x
             -- feature, user, user x feature); the first window that does not fit refuses, and the
             -- counts of the owners read so far stand as they are; else every one takes the call.
+            -- A plan counter row on an earlier minute starts again (from what the periods before
+            -- took in this minute when its period started inside it: capgate_rate_carry).
             a_rtok[i] := coalesce(a_rtok[i], 0);
             v_minute := date_trunc('minute', p_at[i], 'UTC');
             a_rmin[i] := v_minute;
@@ -517,22 +535,37 @@ BEGIN
                 v_tpm := (ARRAY[a_ctpm[i], a_fctpm[i], a_utpm[i], a_futpm[i]])[o];
                 v_conc := (ARRAY[NULL, NULL, a_uconc[i], a_fconc[i]]::bigint[])[o];
                 CONTINUE WHEN v_rpm IS NULL AND v_tpm IS NULL AND v_conc IS NULL;
-                v_k := (ARRAY[a_wc[i], a_wfc[i], a_wu[i], a_wfu[i]])[o];
-                v_c := CASE WHEN w_min[v_k] >= v_minute THEN w_calls[v_k] ELSE 0 END;
-                v_t := CASE WHEN w_min[v_k] >= v_minute THEN w_tokens[v_k] ELSE 0 END;
+                IF o = 1 THEN
+                    IF c_rmin[cs] IS NULL OR c_rmin[cs] < v_minute THEN
+                        SELECT x.calls, x.tokens INTO v_c, v_t FROM capgate_rate_carry(a_company[i], NULL, a_start[i], v_minute) x;
+                        c_rmin[cs] := v_minute; c_rcalls[cs] := v_c; c_rtok[cs] := v_t;
+                    END IF;
+                    v_c := c_rcalls[cs]; v_t := c_rtok[cs]; v_s := NULL;
+                ELSIF o = 3 THEN
+                    IF u_rmin[us] IS NULL OR u_rmin[us] < v_minute THEN
+                        SELECT x.calls, x.tokens INTO v_c, v_t FROM capgate_rate_carry(a_company[i], a_user[i], a_start[i], v_minute) x;
+                        u_rmin[us] := v_minute; u_rcalls[us] := v_c; u_rtok[us] := v_t;
+                    END IF;
+                    v_c := u_rcalls[us]; v_t := u_rtok[us]; v_s := u_slots[us];
+                ELSE
+                    v_k := CASE o WHEN 2 THEN a_wfc[i] ELSE a_wfu[i] END;
+                    v_c := CASE WHEN w_min[v_k] >= v_minute THEN w_calls[v_k] ELSE 0 END;
+                    v_t := CASE WHEN w_min[v_k] >= v_minute THEN w_tokens[v_k] ELSE 0 END;
+                    v_s := w_slots[v_k];
+                END IF;
                 v_ref := CASE WHEN v_rpm IS NOT NULL AND v_c + 1 > v_rpm THEN '-rpm'
                               WHEN v_tpm IS NOT NULL AND v_t + a_rtok[i] > v_tpm THEN '-tpm'
-                              WHEN v_conc IS NOT NULL AND w_slots[v_k] >= v_conc THEN '-concurrency' END;
+                              WHEN v_conc IS NOT NULL AND v_s >= v_conc THEN '-concurrency' END;
                 -- The owner's counts as they stand (the call is added below once every window took it).
                 CASE o
                     WHEN 1 THEN a_crc[i] := v_c; a_crt[i] := v_t;
                     WHEN 2 THEN a_fcrc[i] := v_c; a_fcrt[i] := v_t;
                     WHEN 3 THEN a_urc[i] := v_c; a_urt[i] := v_t;
                         a_us[i] := CASE WHEN v_conc IS NOT NULL AND coalesce(v_ref, '-concurrency') = '-concurrency'
-                                        THEN w_slots[v_k] END;
+                                        THEN v_s END;
                     ELSE a_furc[i] := v_c; a_furt[i] := v_t;
                         a_fus[i] := CASE WHEN v_conc IS NOT NULL AND coalesce(v_ref, '-concurrency') = '-concurrency'
-                                         THEN w_slots[v_k] END;
+                                         THEN v_s END;
                 END CASE;
                 IF v_ref IS NOT NULL THEN
                     v_ref := (ARRAY['company', 'feature.company', 'user', 'feature.user'])[o] || v_ref;
@@ -554,8 +587,17 @@ BEGIN
                 a_decision[i] := 'rate_limited';
                 a_rref[i] := v_ref;
             ELSE
-                -- Taken: every window row of the call moves, and a slot counts for the user's rows.
-                FOREACH v_k IN ARRAY ARRAY[a_wc[i], a_wfc[i], a_wu[i], a_wfu[i]] LOOP
+                -- Taken: every window of the call moves, and a slot counts for the user's.
+                IF (v_scopes & 1) <> 0 THEN
+                    c_rcalls[cs] := c_rcalls[cs] + 1; c_rtok[cs] := c_rtok[cs] + a_rtok[i];
+                END IF;
+                IF (v_scopes & 2) <> 0 THEN
+                    u_rcalls[us] := u_rcalls[us] + 1; u_rtok[us] := u_rtok[us] + a_rtok[i];
+                END IF;
+                IF v_slot AND u_slots IS NOT NULL THEN
+                    u_slots[us] := u_slots[us] + 1;
+                END IF;
+                FOREACH v_k IN ARRAY ARRAY[a_wfc[i], a_wfu[i]] LOOP
                     CONTINUE WHEN v_k IS NULL;
                     IF w_min[v_k] < v_minute THEN
                         w_calls[v_k] := 0;
@@ -643,22 +685,28 @@ BEGIN
         UPDATE rate_windows rw SET minute = s.m, calls = s.calls, tokens = s.tokens
           FROM unnest(w_company, w_owner, w_feature, w_min, w_calls, w_tokens, w_moved) AS s(c, o, f, m, calls, tokens, moved)
          WHERE s.moved AND rw.company_id = s.c AND rw.user_id = s.o AND rw.feature_id = s.f;
-        -- The charged calls their end must settle in the windows (a slot, or tokens in a token window).
+    END IF;
+    -- The charged calls holding a concurrency slot, until their end (capgate_rate_end) or lease.
+    IF EXISTS (SELECT 1 FROM unnest(a_rscopes) r WHERE (r & 4) <> 0) THEN
         INSERT INTO rate_calls (company_id, ledger_id, user_id, feature_id, minute, tokens, scopes, lease_until)
         SELECT s.c, s.ledger, s.u, coalesce(s.f, ''), s.m, s.tok, s.scopes, s.at + make_interval(secs => v_lease)
-          FROM unnest(a_company, a_ledger, a_user, a_feature, a_rmin, a_rtok, a_rscopes, p_at, a_decision, a_ctpm, a_utpm,
-                      a_fctpm, a_futpm)
-               AS s(c, ledger, u, f, m, tok, scopes, at, decision, ctpm, utpm, fctpm, futpm)
-         WHERE s.decision = 'charged' AND s.scopes IS NOT NULL
-           AND ((s.scopes & 4) <> 0 OR coalesce(s.ctpm, s.utpm, s.fctpm, s.futpm) IS NOT NULL);
+          FROM unnest(a_company, a_ledger, a_user, a_feature, a_rmin, a_rtok, a_rscopes, p_at, a_decision)
+               AS s(c, ledger, u, f, m, tok, scopes, at, decision)
+         WHERE s.decision = 'charged' AND (s.scopes & 4) <> 0;
     END IF;
-    UPDATE company_usage cu SET used = s.used, cost_held = s.held
-      FROM unnest(c_company, c_period, c_used, c_held) AS s(c, p, used, held)
-     WHERE cu.company_id = s.c AND cu.period_id = s.p AND (cu.used <> s.used OR cu.cost_held <> s.held);
-    UPDATE user_usage uu SET used = s.used, cost_held = s.held
-      FROM unnest(u_company, u_period, u_user, u_used, u_held) AS s(c, p, u, used, held)
+    UPDATE company_usage cu SET used = s.used, cost_held = s.held, rate_minute = s.rmin, rate_calls = s.rcalls,
+                                rate_tokens = s.rtok
+      FROM unnest(c_company, c_period, c_used, c_held, c_rmin, c_rcalls, c_rtok) AS s(c, p, used, held, rmin, rcalls, rtok)
+     WHERE cu.company_id = s.c AND cu.period_id = s.p
+       AND (cu.used <> s.used OR cu.cost_held <> s.held OR cu.rate_calls <> s.rcalls OR cu.rate_tokens <> s.rtok
+            OR cu.rate_minute IS DISTINCT FROM s.rmin);
+    UPDATE user_usage uu SET used = s.used, cost_held = s.held, rate_minute = s.rmin, rate_calls = s.rcalls,
+                             rate_tokens = s.rtok
+      FROM unnest(u_company, u_period, u_user, u_used, u_held, u_rmin, u_rcalls, u_rtok)
+           AS s(c, p, u, used, held, rmin, rcalls, rtok)
      WHERE uu.company_id = s.c AND uu.period_id = s.p AND uu.user_id = s.u
-       AND (uu.used <> s.used OR uu.cost_held <> s.held);
+       AND (uu.used <> s.used OR uu.cost_held <> s.held OR uu.rate_calls <> s.rcalls OR uu.rate_tokens <> s.rtok
+            OR uu.rate_minute IS DISTINCT FROM s.rmin);
     IF fp_company IS NOT NULL THEN
         UPDATE company_feature_usage fu SET used = s.used
           FROM unnest(fp_company, fp_feature, fp_start, fp_used) AS s(c, f, st, used)

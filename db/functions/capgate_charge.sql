@@ -34,8 +34,9 @@
 -- 8. Rate windows (SPEC §14), for a metered call whose plan or entitlement sets any: a token
 --    window needs the call bounded (capgate_rate_tokens; else unbounded_call or
 --    max_tokens_required, before any counter); after the budgets (3b), before the grants are
---    taken (3c), capgate_rate_take counts the call in its minute windows and takes a concurrency
---    slot (rate_calls, leased for config_versions.slot_lease_seconds), or refuses it
+--    taken (3c), capgate_rate_take counts the call in its minute windows (the plan's in the
+--    company's and the user's counter rows, locked in 1 and 2) and takes a concurrency slot
+--    (rate_calls, leased for config_versions.slot_lease_seconds), or refuses it
 --    (rate_limited) and everything this call added is given back.
 CREATE FUNCTION capgate_charge(
     p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
@@ -329,7 +330,7 @@ BEGIN
     -- 3b'. the rate windows (8): a refusal gives back what the counters took (the part of a hold
     --      a grant holds never entered the company counter: v_c_hold)
     IF v_rated THEN
-        v_rate := capgate_rate_take(p_company, p_user, p_at, r.rate_tokens, r.company_rpm, r.company_tpm, r.user_rpm,
+        v_rate := capgate_rate_take(p_company, r.period_id, r.period_start, p_user, p_at, r.rate_tokens, r.company_rpm, r.company_tpm, r.user_rpm,
                                     r.user_tpm, r.user_concurrency, p_feature, r.f_company_rpm, r.f_company_tpm,
                                     r.f_user_rpm, r.f_user_tpm, r.f_user_concurrency);
         r.rate_minute := v_rate.minute;
@@ -406,9 +407,9 @@ BEGIN
                                                         THEN 4 ELSE 0 END END,
             CASE WHEN v_units_grant IS NOT NULL THEN v_g_part END, CASE WHEN v_cost_grant IS NOT NULL THEN v_hold - v_c_hold END)
     RETURNING id INTO r.ledger_id;
-    -- A call holding a slot or tokens in a token window is ended in the windows by capgate_rate_end.
-    IF v_rate.u_slots IS NOT NULL OR v_rate.fu_slots IS NOT NULL OR r.company_tpm IS NOT NULL OR r.user_tpm IS NOT NULL
-       OR r.f_company_tpm IS NOT NULL OR r.f_user_tpm IS NOT NULL THEN
+    -- A call holding a slot is in rate_calls until its end (capgate_rate_end) or its lease; its
+    -- token hold is settled from the ledger row by its settlement.
+    IF v_rate.u_slots IS NOT NULL OR v_rate.fu_slots IS NOT NULL THEN
         INSERT INTO rate_calls (company_id, ledger_id, user_id, feature_id, minute, tokens, scopes, lease_until)
         VALUES (p_company, r.ledger_id, p_user, coalesce(p_feature, ''), r.rate_minute, r.rate_tokens,
                 v_rate.scopes | CASE WHEN v_rate.u_slots IS NOT NULL OR v_rate.fu_slots IS NOT NULL THEN 4 ELSE 0 END,

@@ -1,21 +1,23 @@
 -- Counts one metered call in its rate windows (SPEC §14), or refuses it and changes nothing:
--- the plan's company window (p_crpm calls, p_ctpm tokens a minute), then for a call of p_feature
--- whose entitlement sets some, the company's window of that feature (p_fcrpm, p_fctpm); the
--- user's (p_urpm, p_utpm) and the user's calls in flight (p_conc); the user's window of the
--- feature (p_furpm, p_futpm) and the user's calls of that feature in flight (p_fconc). NULL limits are not checked; an owner with no
--- limit set has no row touched. p_tokens: what the call holds in the token windows (its prompt
--- bound plus max_tokens, capgate_rate_tokens; 0 when it has none and no token window applies).
+-- the plan's company window (p_crpm calls, p_ctpm tokens a minute, kept in the company's counter
+-- row of p_period), then for a call of p_feature whose entitlement sets some, the company's
+-- window of that feature (p_fcrpm, p_fctpm, a rate_windows row); the user's (p_urpm, p_utpm, in
+-- the user's counter row) and the user's calls in flight (p_conc); the user's window of the
+-- feature (p_furpm, p_futpm) and the user's calls of that feature in flight (p_fconc). NULL
+-- limits are not checked; an owner with no limit set has no row touched. p_tokens: what the call
+-- holds in the token windows (its prompt bound plus max_tokens, capgate_rate_tokens; 0 when it
+-- has none and no token window applies). p_started: the period's start (capgate_rate_carry).
 --
 -- The window is the UTC minute of p_at. A row still on an earlier minute starts again at zero
--- in the same conditional update; a row already on a later one (another gateway's clock ahead)
--- takes the call into that minute. Each update takes its row's lock, held to commit, in key
--- order (as capgate_rate_end takes them; the batch locks all of its calls' rows in key order
--- before its first call), so two calls of one user are decided one after the other (the
--- in-flight counts included: the caller adds the call's slot, in rate_calls, before its
--- transaction ends; a slot past its lease does not count).
+-- in the same update; a feature row already on a later one (another gateway's clock ahead) takes
+-- the call into that minute. The caller (capgate_charge) holds the company's and the user's
+-- counter rows locked; the feature rows are locked here in key order (the company's before the
+-- user's, as the batch's step 2b takes them), so two calls of one user are decided one after the
+-- other (the in-flight counts included: the caller adds the call's slot, in rate_calls, before
+-- its transaction ends; a slot past its lease does not count).
 -- A refusal takes back what this call added to the windows before it.
 CREATE FUNCTION capgate_rate_take(
-    p_company uuid, p_user uuid, p_at timestamptz, p_tokens bigint, p_crpm integer, p_ctpm bigint,
+    p_company uuid, p_period bigint, p_started timestamptz, p_user uuid, p_at timestamptz, p_tokens bigint, p_crpm integer, p_ctpm bigint,
     p_urpm integer, p_utpm bigint, p_conc integer, p_feature text DEFAULT NULL, p_fcrpm integer DEFAULT NULL,
     p_fctpm bigint DEFAULT NULL, p_furpm integer DEFAULT NULL, p_futpm bigint DEFAULT NULL, p_fconc integer DEFAULT NULL
 ) RETURNS capgate_rate
@@ -30,12 +32,10 @@ DECLARE
 BEGIN
     r.minute := date_trunc('minute', p_at, 'UTC');
     r.scopes := 0;
-    -- In key order (company_id, user_id, feature_id): the company's rows (the nil user id) before
-    -- the user's, the plan's ('') before the feature's, as capgate_rate_end and the batch's
-    -- step 2 lock them.
+    -- The company's windows before the user's, the plan's before the feature's.
     IF p_crpm IS NOT NULL OR p_ctpm IS NOT NULL THEN
         SELECT * INTO r.refused, r.c_calls, r.c_tokens
-          FROM capgate_rate_count(p_company, v_nil, '', r.minute, p_tokens, p_crpm, p_ctpm, 'company');
+          FROM capgate_rate_counter(p_company, p_period, NULL, p_started, r.minute, p_tokens, p_crpm, p_ctpm, 'company');
         r.scopes := CASE WHEN r.refused IS NULL THEN 1 ELSE 0 END;
     END IF;
     IF r.refused IS NULL AND p_feature IS NOT NULL AND (p_fcrpm IS NOT NULL OR p_fctpm IS NOT NULL) THEN
@@ -45,7 +45,7 @@ BEGIN
     END IF;
     IF r.refused IS NULL AND (p_urpm IS NOT NULL OR p_utpm IS NOT NULL OR p_conc IS NOT NULL) THEN
         SELECT * INTO r.refused, r.u_calls, r.u_tokens
-          FROM capgate_rate_count(p_company, p_user, '', r.minute, p_tokens, p_urpm, p_utpm, 'user');
+          FROM capgate_rate_counter(p_company, p_period, p_user, p_started, r.minute, p_tokens, p_urpm, p_utpm, 'user');
         IF r.refused IS NULL THEN
             r.scopes := r.scopes | 2;
             IF p_conc IS NOT NULL THEN
@@ -87,14 +87,14 @@ BEGIN
             RETURNING calls, tokens INTO r.fc_calls, r.fc_tokens;
         END IF;
         IF (r.scopes & 2) <> 0 THEN
-            UPDATE rate_windows SET calls = calls - 1, tokens = tokens - p_tokens
-             WHERE company_id = p_company AND user_id = p_user AND feature_id = ''
-            RETURNING calls, tokens INTO r.u_calls, r.u_tokens;
+            UPDATE user_usage SET rate_calls = rate_calls - 1, rate_tokens = rate_tokens - p_tokens
+             WHERE company_id = p_company AND period_id = p_period AND user_id = p_user
+            RETURNING rate_calls, rate_tokens INTO r.u_calls, r.u_tokens;
         END IF;
         IF (r.scopes & 1) <> 0 THEN
-            UPDATE rate_windows SET calls = calls - 1, tokens = tokens - p_tokens
-             WHERE company_id = p_company AND user_id = v_nil AND feature_id = ''
-            RETURNING calls, tokens INTO r.c_calls, r.c_tokens;
+            UPDATE company_usage SET rate_calls = rate_calls - 1, rate_tokens = rate_tokens - p_tokens
+             WHERE company_id = p_company AND period_id = p_period
+            RETURNING rate_calls, rate_tokens INTO r.c_calls, r.c_tokens;
         END IF;
         r.scopes := 0;
     END IF;

@@ -7,7 +7,11 @@
 -- that paid part of it (SPEC §12: units_grant_id, cost_grant_id; the parts they paid,
 -- units_grant_part, cost_grant_part, never were on the company counter, so they are given back to
 -- them instead: capgate_grant_give_back; the company gets back the rest), the call's rate_calls
--- row, the rate windows (SPEC §14; grants before windows, as capgate_charge takes them).
+-- row, the feature's rate windows (SPEC §14; grants before windows, as capgate_charge takes them).
+-- The call leaves the rate windows it was counted in (rate_scopes), if their minute is still
+-- rate_minute: the plan's in the company and user counters, with the units, a feature's in its
+-- rate_windows rows; with its tokens as the ledger row has them (the hold, or the real count once
+-- settled).
 -- A settled cost is divided as capgate_settle_batch divided it: the company's share is at most its
 -- part of the hold, the grant's the rest. A part NULL with its grant set (before 0020) is the whole.
 -- A charge replayed under 0009's rules (ledger rows written before 0010) stands until every
@@ -25,7 +29,6 @@ DECLARE
     v_period_start timestamptz;
     v_held bigint;
     v_cost bigint;
-    v_rate_tokens bigint;  -- what the call held in a token window, while it was in rate_calls
     v_g_units bigint;      -- the grant's part of the units, of the open hold, of the settled cost
     v_g_held bigint;
     v_g_cost bigint;
@@ -67,9 +70,18 @@ BEGIN
         UPDATE company_usage
            SET used = used - (l.units - v_g_units),
                cost_held = cost_held - (v_held - v_g_held),
-               cost_used = cost_used - (v_cost - v_g_cost)
+               cost_used = cost_used - (v_cost - v_g_cost),
+               rate_calls = CASE WHEN (l.rate_scopes & 1) <> 0 AND rate_minute = l.rate_minute
+                                 THEN greatest(rate_calls - 1, 0) ELSE rate_calls END,
+               rate_tokens = CASE WHEN (l.rate_scopes & 1) <> 0 AND rate_minute = l.rate_minute
+                                  THEN rate_tokens - coalesce(l.rate_tokens, 0) ELSE rate_tokens END
          WHERE company_id = p_company AND period_id = l.period_id;
-        UPDATE user_usage SET used = used - l.units, cost_held = cost_held - v_held, cost_used = cost_used - v_cost
+        UPDATE user_usage
+           SET used = used - l.units, cost_held = cost_held - v_held, cost_used = cost_used - v_cost,
+               rate_calls = CASE WHEN (l.rate_scopes & 2) <> 0 AND rate_minute = l.rate_minute
+                                 THEN greatest(rate_calls - 1, 0) ELSE rate_calls END,
+               rate_tokens = CASE WHEN (l.rate_scopes & 2) <> 0 AND rate_minute = l.rate_minute
+                                  THEN rate_tokens - coalesce(l.rate_tokens, 0) ELSE rate_tokens END
          WHERE company_id = p_company AND period_id = l.period_id AND user_id = l.user_id;
     END IF;
     IF l.units > 0 THEN
@@ -91,15 +103,13 @@ BEGIN
         PERFORM capgate_grant_give_back(p_company, l.units_grant_id, v_g_units, l.cost_grant_id, v_g_held, v_g_cost);
     END IF;
     -- The rate windows (SPEC §14): the call leaves rate_calls (its concurrency slot freed), then
-    -- it and its tokens leave the minute they were counted in (if it is still the row's).
+    -- it and its tokens leave its feature's minute windows (if the minute is still the row's).
     IF l.rate_scopes IS NOT NULL THEN
-        DELETE FROM rate_calls WHERE company_id = p_company AND ledger_id = p_ledger_id RETURNING tokens INTO v_rate_tokens;
-        UPDATE rate_windows w SET calls = greatest(w.calls - 1, 0), tokens = w.tokens - coalesce(v_rate_tokens, l.rate_tokens)
-          FROM (VALUES (1, '00000000-0000-0000-0000-000000000000'::uuid, ''), (2, l.user_id, ''),
-                       (8, '00000000-0000-0000-0000-000000000000'::uuid, coalesce(l.feature, '')),
-                       (16, l.user_id, coalesce(l.feature, ''))) AS o(bit, owner, feature)
+        DELETE FROM rate_calls WHERE company_id = p_company AND ledger_id = p_ledger_id;
+        UPDATE rate_windows w SET calls = greatest(w.calls - 1, 0), tokens = w.tokens - coalesce(l.rate_tokens, 0)
+          FROM (VALUES (8, '00000000-0000-0000-0000-000000000000'::uuid), (16, l.user_id)) AS o(bit, owner)
          WHERE (l.rate_scopes & o.bit) <> 0 AND w.company_id = p_company AND w.user_id = o.owner
-           AND w.feature_id = o.feature AND w.minute = l.rate_minute;
+           AND w.feature_id = l.feature AND w.minute = l.rate_minute;
     END IF;
     UPDATE usage_ledger
        SET outcome = 'refunded', upstream_status = p_upstream_status, settled_at = clock_timestamp()

@@ -7,24 +7,24 @@ import PostgresNIO
 extension UsageStore {
     /// nil when the company's plan (of the period containing `at`) sets no rate limit.
     func rateWindows(company: UUID, user: UUID, at: Date) async throws -> RateState? {
-        let nilUser = UUID.zero
         let rows = try await database.run { client in
             try await client.query(
                 """
                 SELECT pl.company_rpm::bigint, pl.company_tpm, pl.user_rpm::bigint, pl.user_tpm, pl.user_concurrency::bigint,
-                       date_trunc('minute', \(at)::timestamptz, 'UTC'),
-                       (SELECT CASE WHEN w.minute >= date_trunc('minute', \(at)::timestamptz, 'UTC') THEN w.calls ELSE 0 END
-                          FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(nilUser) AND w.feature_id = ''),
-                       (SELECT CASE WHEN w.minute >= date_trunc('minute', \(at)::timestamptz, 'UTC') THEN w.tokens ELSE 0 END
-                          FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(nilUser) AND w.feature_id = ''),
-                       (SELECT CASE WHEN w.minute >= date_trunc('minute', \(at)::timestamptz, 'UTC') THEN w.calls ELSE 0 END
-                          FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(user) AND w.feature_id = ''),
-                       (SELECT CASE WHEN w.minute >= date_trunc('minute', \(at)::timestamptz, 'UTC') THEN w.tokens ELSE 0 END
-                          FROM rate_windows w WHERE w.company_id = pp.company_id AND w.user_id = \(user) AND w.feature_id = ''),
+                       m.minute,
+                       coalesce(CASE WHEN cu.rate_minute >= m.minute THEN cu.rate_calls END, cc.calls),
+                       coalesce(CASE WHEN cu.rate_minute >= m.minute THEN cu.rate_tokens END, cc.tokens),
+                       coalesce(CASE WHEN uu.rate_minute >= m.minute THEN uu.rate_calls END, uc.calls),
+                       coalesce(CASE WHEN uu.rate_minute >= m.minute THEN uu.rate_tokens END, uc.tokens),
                        (SELECT count(*) FROM rate_calls s
                          WHERE s.company_id = pp.company_id AND s.user_id = \(user) AND (s.scopes & 4) <> 0
                            AND s.lease_until > \(at)::timestamptz)
                   FROM plan_periods pp JOIN plans pl ON pl.id = pp.plan_id
+                 CROSS JOIN (SELECT date_trunc('minute', \(at)::timestamptz, 'UTC') AS minute) m
+                  LEFT JOIN company_usage cu ON cu.company_id = pp.company_id AND cu.period_id = pp.id
+                  LEFT JOIN user_usage uu ON uu.company_id = pp.company_id AND uu.period_id = pp.id AND uu.user_id = \(user)
+                 CROSS JOIN LATERAL capgate_rate_carry(pp.company_id, NULL, pp.started_at, m.minute) cc
+                 CROSS JOIN LATERAL capgate_rate_carry(pp.company_id, \(user), pp.started_at, m.minute) uc
                  WHERE pp.company_id = \(company) AND pp.started_at <= \(at)::timestamptz AND pp.ends_at > \(at)::timestamptz
                 """,
                 logger: logger

@@ -158,12 +158,12 @@ struct Settlement: Sendable {
     var ledgerID: Int64
     var status: Int32
     var usage: ProviderUsage
-    /// The call ends in its rate windows in the same transaction (SPEC §14): its `rate_calls`
-    /// row goes, its slot with it, and its token hold is traded for the real count.
+    /// The call holds tokens in a token window (SPEC §14): the settlement trades that hold for
+    /// the real count in the same transaction.
     var endsInWindows = false
 
-    /// `capgate_rate_end`'s count for this call: the real tokens (input, cache writes and reads,
-    /// output), -1 when the usage is not known (the hold stays), -3 when it is in no window.
+    /// The settlement's count for this call's token windows: the real tokens (input, cache writes
+    /// and reads, output), -1 when the usage is not known (the hold stays), -3 when it is in none.
     var windowTokens: Int64 {
         guard endsInWindows else { return -3 }
         guard usage.known else { return -1 }

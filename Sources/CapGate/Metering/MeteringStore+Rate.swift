@@ -2,13 +2,10 @@ import Foundation
 import Logging
 import PostgresNIO
 
-/// A call holding a concurrency slot that ends in its rate windows (SPEC §14, `capgate_rate_end`):
-/// `tokens` its real count (-1: not known, the hold stays), or -2 when its client left (the slot
-/// is freed now; the rest of its end comes when the stream is read to its end).
+/// A call whose concurrency slot is freed (SPEC §14, `capgate_rate_end`).
 struct RateEnd: Sendable {
     var companyID: UUID
     var ledgerID: Int64
-    var tokens: Int64
 }
 
 extension MeteringStore {
@@ -22,25 +19,18 @@ extension MeteringStore {
                 }
                 return items.map { _ in .success(()) }
             } catch {
-                // The slot comes back at its lease (rate.leaseSeconds), the hold with the minute's end.
+                // The slot comes back at its lease (rate.leaseSeconds).
                 database.logger.warning("could not end calls in their rate windows", metadata: ["calls": "\(items.count)"])
                 return items.map { _ in .failure(error) }
             }
         }
     }
 
-    /// Ends a call holding a concurrency slot in its rate windows before its answer ends, so that
-    /// a caller who saw the answer end finds the slot free: its slot freed, its token hold traded
-    /// for the `usage`'s real count. A failure is logged, not thrown: the slot then frees at its
-    /// lease.
-    public func endRate(companyID: UUID, ledgerID: Int64, usage: ProviderUsage) async {
-        let settlement = Settlement(companyID: companyID, ledgerID: ledgerID, status: 0, usage: usage, endsInWindows: true)
-        _ = try? await rateEnds.submit(RateEnd(companyID: companyID, ledgerID: ledgerID, tokens: settlement.windowTokens))
-    }
-
-    /// Frees a call's concurrency slot now (its client left); its tokens are settled at its end.
+    /// Frees a call's concurrency slot: before its answer ends, so that a caller who saw the
+    /// answer end finds the slot free, or when its client left. (Its token hold is settled by its
+    /// settlement.) A failure is logged, not thrown: the slot then frees at its lease.
     public func freeSlot(companyID: UUID, ledgerID: Int64) async {
-        _ = try? await rateEnds.submit(RateEnd(companyID: companyID, ledgerID: ledgerID, tokens: -2))
+        _ = try? await rateEnds.submit(RateEnd(companyID: companyID, ledgerID: ledgerID))
     }
 
     /// Removes the rows of calls a dead gateway never ended, once their lease is over (they no
@@ -63,18 +53,17 @@ extension MeteringStore {
     }
 }
 
-/// `capgate_rate_end`: many calls ended in their rate windows at once.
+/// `capgate_rate_end`: many calls' slots freed at once.
 struct RateEndStatement: PostgresPreparedStatement {
-    static let sql = "SELECT capgate_rate_end($1, $2, $3)"
+    static let sql = "SELECT capgate_rate_end($1, $2)"
     typealias Row = Void
 
     var items: [RateEnd]
 
     func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 3)
+        var bindings = PostgresBindings(capacity: 2)
         bindings.append(items.map(\.companyID))
         bindings.append(items.map(\.ledgerID))
-        bindings.append(items.map(\.tokens))
         return bindings
     }
 

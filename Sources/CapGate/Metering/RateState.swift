@@ -115,23 +115,26 @@ public struct RateState: Sendable, Equatable {
         window == .userConcurrency ? now.addingTimeInterval(1) : minute.addingTimeInterval(60)
     }
 
-    /// What a charged call's end gives back in its windows (`capgate_rate_end`).
-    public enum End: Sendable, Equatable {
-        /// Nothing: no token window, no concurrency limit.
-        case none
-        /// Its token hold, traded for the real count by its settlement (not awaited).
-        case tokens
-        /// Its concurrency slot (and any token hold): the answer ends only after its end is
+    /// What a charged call's end gives back in its windows.
+    public struct End: Sendable, Equatable {
+        /// Its concurrency slot (`capgate_rate_end`): the answer ends only after its end is
         /// written, so that a caller who saw the answer end finds the slot free.
-        case slot
+        public var slot = false
+        /// Its token hold in a token window: traded for the real count by its settlement (not
+        /// awaited).
+        public var tokens = false
+
+        /// Nothing: no token window, no concurrency limit.
+        public static let none = End()
     }
 
     /// What the call's end gives back in its windows.
     public var end: End {
         guard refused == nil else { return .none }
         let owners = [limits] + (feature.map { [$0.limits] } ?? [])
-        if owners.contains(where: { $0.userConcurrency != nil }) { return .slot }
-        return owners.contains(where: { $0.companyTPM != nil || $0.userTPM != nil }) ? .tokens : .none
+        return End(
+            slot: owners.contains { $0.userConcurrency != nil },
+            tokens: owners.contains { $0.companyTPM != nil || $0.userTPM != nil })
     }
 
     /// The window a call made now would be refused by (`GET /v1/usage/check`, a dry run without a

@@ -12,25 +12,25 @@ struct Charge: Sendable {
     /// What its end gives back in its rate windows (SPEC §14): a token hold, a concurrency slot.
     var windows: RateState.End = .none
 
-    /// The charge stands: records the provider's status and token counts (queued, not awaited)
-    /// and ends the call in its rate windows: a token hold only in the same transaction as the
-    /// counts; a concurrency slot (and its tokens) in a small transaction of its own, awaited, so
+    /// The charge stands: records the provider's status and token counts (queued, not awaited),
+    /// which trade the call's token hold in its rate windows for the real count in the same
+    /// transaction; a concurrency slot is freed in a small transaction of its own, awaited, so
     /// that a caller who saw the answer end finds the slot free. (Awaiting the whole settlement
     /// instead cost a lone call 0.8 ms more, measured in session 22.)
     func settle(status: Int, usage: UsageCapture) async {
         metering.settle(
             Settlement(
                 companyID: companyID, ledgerID: ledgerID, status: Int32(clamping: status), usage: usage.usage,
-                endsInWindows: windows == .tokens))
-        if windows == .slot {
-            await metering.endRate(companyID: companyID, ledgerID: ledgerID, usage: usage.usage)
+                endsInWindows: windows.tokens))
+        if windows.slot {
+            await metering.freeSlot(companyID: companyID, ledgerID: ledgerID)
         }
     }
 
     /// The client left while the answer streams on (read for its usage): the call's concurrency
     /// slot is freed now (SPEC §14); its token hold is settled when the stream ends.
     func clientLeft() async {
-        guard windows == .slot else { return }
+        guard windows.slot else { return }
         await metering.freeSlot(companyID: companyID, ledgerID: ledgerID)
     }
 
