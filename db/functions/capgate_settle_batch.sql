@@ -15,9 +15,11 @@
 -- (a cost past the whole hold is the grant's); a part NULL (a row from before 0020) is the whole.
 -- A batch in which no cost moves (no open hold, no priced model) locks no counter.
 -- Committed without waiting for the WAL flush: a settlement lost in a crash leaves the hold open,
--- which is never less than the call may cost (`capgate unsettled` decides it). Planned for each
--- call (custom plan): a generic plan made while the ledger was empty scanned the whole ledger per
--- batch until the first ANALYZE (measured: 41.7 million rows read in the benchmark's first minute).
+-- which is never less than the call may cost (`capgate unsettled` decides it). Planned once per
+-- session (generic plans): every statement joins the arrays to primary keys, and with sequential
+-- scans disabled a plan made while the ledger was empty still reads it by key (a custom plan for
+-- every batch, chosen when a generic plan made on an empty ledger scanned the whole ledger per
+-- batch, 41.7 million rows in the benchmark's first minute, cost its planning in every batch).
 --
 -- Rate windows (SPEC §14): p_rate, per call, is the real count of tokens (input, cache writes
 -- and reads, output) of a call counted in a token window, -1 when not known (the hold stays), -3
@@ -37,7 +39,7 @@ CREATE FUNCTION capgate_settle_batch(
     p_cache_write_5m bigint[], p_cache_write_1h bigint[], p_cache_read bigint[], p_known boolean[], p_rate bigint[]
 ) RETURNS TABLE (company_id uuid, ledger_id bigint, hold bigint, cost bigint)
 LANGUAGE plpgsql
-SET plan_cache_mode = force_custom_plan
+SET plan_cache_mode = force_generic_plan
 -- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
 SET enable_seqscan = off
 SET jit = off
