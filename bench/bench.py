@@ -229,6 +229,11 @@ def main():
         settings = {"shared_buffers": "1GB", "synchronous_commit": "on", "max_connections": "300",
                     "wal_buffers": "16MB", "max_wal_size": "4GB", "checkpoint_timeout": "15min",
                     "work_mem": "16MB", "random_page_cost": "1.1"}
+        # Extra server settings for profiling, ";"-separated, e.g. BENCH_PG_SETTINGS="shared_preload_libraries=
+        # pg_stat_statements;pg_stat_statements.track=all" (with --pause, then CREATE EXTENSION).
+        for item in filter(None, os.environ.get("BENCH_PG_SETTINGS", "").split(";")):
+            k, _, v = item.partition("=")
+            settings[k.strip()] = v.strip()
         url_file = os.path.join(WORK, "database_url")
         db_args = [BIN, "db", "--directory", os.path.join(WORK, "postgres"), "--url-file", url_file]
         for k, v in settings.items():

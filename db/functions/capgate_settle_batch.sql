@@ -15,11 +15,11 @@
 -- (a cost past the whole hold is the grant's); a part NULL (a row from before 0020) is the whole.
 -- A batch in which no cost moves (no open hold, no priced model) locks no counter.
 -- Committed without waiting for the WAL flush: a settlement lost in a crash leaves the hold open,
--- which is never less than the call may cost (`capgate unsettled` decides it). Planned once per
--- session (generic plans): every statement joins the arrays to primary keys, and with sequential
--- scans disabled a plan made while the ledger was empty still reads it by key (a custom plan for
--- every batch, chosen when a generic plan made on an empty ledger scanned the whole ledger per
--- batch, 41.7 million rows in the benchmark's first minute, cost its planning in every batch).
+-- which is never less than the call may cost (`capgate unsettled` decides it). Planned for each
+-- call (custom plan): a generic plan made while the ledger was empty scanned the whole ledger per
+-- batch until the first ANALYZE (measured: 41.7 million rows read in the benchmark's first minute),
+-- and with sequential scans disabled the generic plan of the main statement still took 950 ms a
+-- batch (measured, session 23).
 --
 -- Rate windows (SPEC §14): p_rate, per call, is the real count of tokens (input, cache writes
 -- and reads, output) of a call counted in a token window, -1 when not known (the hold stays), -3
@@ -39,7 +39,7 @@ CREATE FUNCTION capgate_settle_batch(
     p_cache_write_5m bigint[], p_cache_write_1h bigint[], p_cache_read bigint[], p_known boolean[], p_rate bigint[]
 ) RETURNS TABLE (company_id uuid, ledger_id bigint, hold bigint, cost bigint)
 LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
+SET plan_cache_mode = force_custom_plan
 -- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
 SET enable_seqscan = off
 SET jit = off
@@ -49,18 +49,21 @@ DECLARE
     v_priced boolean := EXISTS (SELECT 1 FROM prices);  -- an empty book prices nothing
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
-    PERFORM 1 FROM company_usage cu
-     WHERE (cu.company_id, cu.period_id) IN (
-             SELECT l.company_id, l.period_id
+    -- Driven from the batch's calls (a probe of each counter by key): written as a membership
+    -- test of every counter row (`WHERE (company_id, period_id) IN (...)`) this read the whole
+    -- company_usage index for every batch, 8 to 18 ms at 11,000 rows (measured, session 23).
+    PERFORM 1
+       FROM (SELECT DISTINCT l.company_id, l.period_id
                FROM unnest(p_company, p_ledger, p_rate) AS s(c, id, rate)
                JOIN usage_ledger l ON l.company_id = s.c AND l.id = s.id
               WHERE l.outcome = 'charged' AND l.units > 0
                 AND ((l.cost_source IS NULL
                       AND (l.hold_micros IS NOT NULL
                            OR (v_priced AND EXISTS (SELECT 1 FROM capgate_price(l.model, l.created_at)))))
-                     OR (s.rate >= 0 AND (l.rate_scopes & 27) <> 0 AND l.rate_tokens <> s.rate)))
-     ORDER BY cu.company_id, cu.period_id
-       FOR UPDATE;
+                     OR (s.rate >= 0 AND (l.rate_scopes & 27) <> 0 AND l.rate_tokens <> s.rate))) k
+       JOIN company_usage cu ON cu.company_id = k.company_id AND cu.period_id = k.period_id
+      ORDER BY cu.company_id, cu.period_id
+        FOR UPDATE OF cu;
     IF NOT FOUND THEN
         -- No cost and no window moves (no hold, no priced model, no token window): the status and
         -- token counts only, one statement, no counter locked (a caps-only gateway's settlement).
