@@ -33,11 +33,8 @@ BEGIN
            greatest(w.minute, p_minute)
       INTO calls, tokens, v_minute
       FROM rate_windows w WHERE w.company_id = p_company AND w.user_id = p_owner AND w.feature_id = p_feature FOR UPDATE;
-    IF p_rpm IS NOT NULL AND calls + 1 > p_rpm THEN
-        refused := p_who || '-rpm';
-        RETURN;
-    ELSIF p_tpm IS NOT NULL AND tokens + p_tokens > p_tpm THEN
-        refused := p_who || '-tpm';
+    refused := capgate_rate_refusal(calls, tokens, p_tokens, p_rpm, p_tpm, p_who);
+    IF refused IS NOT NULL THEN
         RETURN;
     END IF;
     calls := calls + 1;

@@ -29,11 +29,8 @@ BEGIN
         SELECT c.calls, c.tokens INTO calls, tokens FROM capgate_rate_carry(p_company, p_user, p_started, p_minute) c;
         v_minute := p_minute;
     END IF;
-    IF p_rpm IS NOT NULL AND calls + 1 > p_rpm THEN
-        refused := p_who || '-rpm';
-        RETURN;
-    ELSIF p_tpm IS NOT NULL AND tokens + p_tokens > p_tpm THEN
-        refused := p_who || '-tpm';
+    refused := capgate_rate_refusal(calls, tokens, p_tokens, p_rpm, p_tpm, p_who);
+    IF refused IS NOT NULL THEN
         RETURN;
     END IF;
     calls := calls + 1;
