@@ -165,7 +165,7 @@ BEGIN
     -- 0. The hold, and whether the call can be held where a budget applies. (An empty price book,
     --    a caps-only gateway, costs one probe of its index, not the lookup of every prefix.)
     IF p_model IS NOT NULL AND EXISTS (SELECT 1 FROM prices) THEN
-        SELECT * INTO v_price FROM capgate_price(p_model, p_at);
+        v_price := capgate_price_row(p_model, p_at);
     END IF;
     r.hold := capgate_hold(v_price, p_prompt, p_max_tokens, p_cache, p_window);
     v_hold := coalesce(r.hold, 0);
