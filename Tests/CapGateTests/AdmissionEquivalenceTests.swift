@@ -189,6 +189,15 @@ struct AdmissionEquivalenceTests {
             """)
         let fast = try await h.createCompany(plan: "fast", users: 3)
         let lean = try await h.createCompany(plan: "lean", users: 3)
+        // A feature's own window and nothing else, for a user no random call is from: its third
+        // call is refused by that window whatever the random calls did.
+        try await h.createPlan("burst", company: nil, user: nil, sort: 5)
+        try await h.exec(
+            """
+            INSERT INTO plan_features (plan_id, feature_id, daily_limit, period_limit, user_daily_limit, user_period_limit, user_rpm)
+            VALUES ('burst', 'analysis', NULL, NULL, NULL, NULL, 2)
+            """)
+        let burst = try await h.createCompany(plan: "burst", users: 1)
         // Top-ups (SPEC §12): a may pass its cap on two small grants; e's whole company budget is
         // small and grants pay past it; f is a as it was (its company cap refuses).
         try await h.createPlan("tight", company: nil, user: nil, sort: 3)
@@ -215,7 +224,9 @@ struct AdmissionEquivalenceTests {
                    ('\(te)', 'eq.both', 'eq-e2', 5, 200000, now() - interval '1 day', now() + interval '3 days', NULL)
             """)
         let at = Date()
-        for company in [a.company, b.company, c.company, d.company, e.company, f.company, fast.company, lean.company] {
+        for company in [
+            a.company, b.company, c.company, d.company, e.company, f.company, fast.company, lean.company, burst.company,
+        ] {
             try await h.exec("SELECT capgate_roll_company('\(company.uuidString.lowercased())', now())")
         }
 
@@ -270,6 +281,13 @@ struct AdmissionEquivalenceTests {
                 companyID: d.company, userID: user, units: 1, method: "POST", route: "/v1/messages", model: "m0",
                 requestID: "req_tail\(i)", at: at,
                 bound: CostBound(promptTokens: Int64(prompt), maxTokens: 8_000, cache: .none, window: Int64(window)))
+            items.append(AdmissionItem(keyHash: nil, request: request))
+        }
+        for i in 0..<3 {
+            let request = AdmissionRequest(
+                companyID: burst.company, userID: burst.users[0].id, units: 1, method: "POST", route: "/v1/messages",
+                model: "m0", feature: "analysis", requestID: "req_burst\(i)", at: at,
+                bound: CostBound(promptTokens: 100, maxTokens: 16, cache: .none, window: 0))
             items.append(AdmissionItem(keyHash: nil, request: request))
         }
         return items + (try await splitCalls(h))
