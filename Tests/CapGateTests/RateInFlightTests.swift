@@ -90,10 +90,12 @@ struct RateInFlightTests {
             // The hold: the body's bytes plus costs.promptOverheadTokens (1,000), plus max_tokens.
             let hold = Int64(Self.body.utf8.count) + 1_000 + 1_000
             try await RateWindowTests.setLimits(h, plan: "p", .obj(["user_tpm": .int(hold + hold / 2)]))
-            try await RateWindowTests.roomInMinute(20)
+            try await RateWindowTests.roomInMinute(30)
             let window = "SELECT rate_tokens FROM user_usage WHERE company_id = '\(company.text)'"
 
-            let first = try await Self.slowStream(h, key: key, delay: 300)
+            // Its events 1.5 s apart (about 10 s in all): still running when the second call
+            // arrives even under the whole suite's load (at 300 ms apart it once ended first).
+            let first = try await Self.slowStream(h, key: key, delay: 1500)
             #expect(first.status == .ok)
             #expect(try await h.scalar(window) == hold)
             let second = try await h.request(
