@@ -181,7 +181,12 @@ struct TenantIsolationTests {
             #expect(try await h.eventually(ended, equals: 4, within: .seconds(60)) == 4)
             // Reading now, each client finds its answer cut short and its connection closed.
             for reader in readers {
-                try await reader.channel.setOption(.autoRead, value: true)
+                do {
+                    try await reader.channel.setOption(.autoRead, value: true)
+                } catch let error as IOError where error.errnoCode == ECONNRESET {
+                    // The gateway closed it with the answer unread, so the kernel reset it: closed
+                    // as expected (seen once in a fresh-clone run).
+                } catch ChannelError.ioOnClosedChannel {}
                 try await withThrowingTaskGroup(of: Bool.self) { group in
                     group.addTask {
                         try await reader.channel.closeFuture.get()
