@@ -154,6 +154,21 @@ class DiskProbe:
             os.remove(self.path)
 
 
+# `--ab SETTING`: the seed file that turns the setting on (re-run before each of its runs) and
+# the statement that turns it off again (caps only), so both alternate run by run in one stack.
+AB_SETTINGS = {
+    "budgets": ("budgets.sql", "UPDATE plans SET monthly_company_budget = NULL, monthly_user_budget = NULL WHERE id = 'bench'"),
+    "rate": ("rate.sql", "UPDATE plans SET company_rpm = NULL, user_rpm = NULL, company_tpm = NULL, user_tpm = NULL, "
+                         "user_concurrency = NULL WHERE id = 'bench'"),
+    "rate-rpm": ("rate-rpm.sql", "UPDATE plans SET company_rpm = NULL, user_rpm = NULL WHERE id = 'bench'"),
+}
+
+
+def median(values):
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
+
+
 def median_run(runs):
     """The run with the median requests/s, with every run's requests/s beside it."""
     ordered = sorted(runs, key=lambda r: r["rps"])
@@ -214,6 +229,9 @@ def main():
                         help="seed bench/rate-rpm.sql: the company's and the user's call windows only (no token window, no concurrency limit)")
     parser.add_argument("--quick", action="store_true",
                         help="only the rows a change is compared on: many companies c=1 and c=64, one hot company c=64 (no relaxed or info gateway)")
+    parser.add_argument("--ab", choices=sorted(AB_SETTINGS),
+                        help="one stack, caps only and the setting alternating run by run (the setting's seed file re-run to turn it on, "
+                             "its columns set to NULL to turn it off): each pair of adjacent runs gives a ratio, and their median is reported")
     parser.add_argument("--notifications", action="store_true",
                         help="threshold notifications on: a signed-webhook receiver on loopback, the gateway's deliverer sending a backlog of "
                              "pending rows while the calls are measured")
@@ -223,7 +241,7 @@ def main():
         raise SystemExit(f"{BIN} missing: run `swift build -c release --product capgate` (bench/run does)")
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK, exist_ok=True)
-    results = {"wrk": [], "pgbench": [], "batched": [], "ledger": [], "verify": [], "soak": [], "notifications": None}
+    results = {"wrk": [], "pgbench": [], "batched": [], "ledger": [], "verify": [], "soak": [], "notifications": None, "ab": []}
     try:
         # PostgreSQL: durable commits (synchronous_commit=on, fsync on), sized for this machine.
         settings = {"shared_buffers": "1GB", "synchronous_commit": "on", "max_connections": "300",
@@ -255,6 +273,9 @@ def main():
             psql(url, file=os.path.join(BENCH, "rate.sql"))
         if args.rate_rpm:
             psql(url, file=os.path.join(BENCH, "rate-rpm.sql"))
+        if args.ab:
+            # Warmed up with the setting on (its window and counter rows made), measured alternating.
+            psql(url, file=os.path.join(BENCH, AB_SETTINGS[args.ab][0]))
         receiver = None
         if args.notifications:
             receiver = WebhookSink()
@@ -329,7 +350,31 @@ def main():
                 SELECT md5('c' || (1 + i % 1000))::uuid, NULL, 'company', 'period', now() - (i || ' seconds')::interval, now() + interval '1 day',
                        80, 80, 100 FROM generate_series(1, {backlog}) i;""")
             log(f"notifications: {backlog} pending rows queued for delivery")
-        for name, c, keys, stream in scenarios:
+        for name, c, keys, stream in scenarios if args.ab else []:
+            # Direct, then caps only and the setting in one stack, their order swapped each
+            # repeat (ABBA: a drift of the machine does not favour either); each adjacent pair
+            # of runs gives a ratio (requests/s) and a difference (call-by-call p50 at c=1).
+            ds, offs, ons = [], [], []
+            on_file, off_sql = AB_SETTINGS[args.ab]
+            for i in range(args.repeats):
+                ds.append(wrk(direct, c, args.seconds, None, stream, per_call=c == 1))
+                for on in ([False, True] if i % 2 == 0 else [True, False]):
+                    if on:
+                        psql(url, file=os.path.join(BENCH, on_file))
+                    else:
+                        psql(url, off_sql)
+                    (ons if on else offs).append(wrk(gateways[name], c, args.seconds, keys, stream, per_call=c == 1))
+            ok, line = verify(url)
+            results["verify"].append((f"{name} c={c}, caps only and {args.ab} alternating", ok, line))
+            d = median_run(ds)
+            for label, runs in [("caps only", offs), (args.ab, ons)]:
+                results["wrk"].append({"scenario": f"{name}, {label}", "c": c, "direct": d, "capgate": median_run(runs)})
+            ratios = [b["rps"] / a["rps"] for a, b in zip(offs, ons)]
+            added = [b["calls"]["p50_ms"] - a["calls"]["p50_ms"] for a, b in zip(offs, ons)] if c == 1 else []
+            results["ab"].append({"scenario": name, "c": c, "ratios": ratios, "added_p50": added})
+            log(f"{name:28} c={c:<3} {args.ab} / caps only: median ratio {median(ratios):.3f} ({' / '.join(f'{r:.3f}' for r in ratios)})"
+                + (f"; added p50 median {median(added):+.3f} ms ({' / '.join(f'{x:+.3f}' for x in added)})" if added else ""))
+        for name, c, keys, stream in [] if args.ab else scenarios:
             # Direct and through CapGate alternate `repeats` times; the run with the median
             # requests/s of each is reported, with the spread of all runs.
             ds, gs = [], []
@@ -465,6 +510,16 @@ def write_report(args, results, settings):
         lines.append(f"| {r['scenario']} | {r['c']} | {d['rps']:.0f} | {g['rps']:.0f} | {g['rps'] / d['rps']:.3f} | {d['p50_ms']:.3f} | {g['p50_ms']:.3f} | "
                      f"{g['p50_ms'] - d['p50_ms']:.3f} | {d['p99_ms']:.3f} | {g['p99_ms']:.3f} | {g['p99_ms'] - d['p99_ms']:.3f} | {g['non2xx']} | "
                      + " / ".join(f"{x:.0f}" for x in g.get("all_rps", [g["rps"]])) + " |")
+    if results["ab"]:
+        lines += ["", f"## {args.ab} against caps only, alternating in one stack", "",
+                  f"Each repeat runs caps only and `{args.ab}` back to back on the same gateway and database (order swapped every",
+                  "repeat); a pair's ratio is its two runs' requests/s, its added p50 the difference of their call-by-call p50.", "",
+                  "| scenario | conc. | median ratio | every pair's ratio | median added p50 ms (c=1) | every pair's added p50 ms |",
+                  "| --- | ---: | ---: | --- | ---: | --- |"]
+        for r in results["ab"]:
+            added = r["added_p50"]
+            lines.append(f"| {r['scenario']} | {r['c']} | {median(r['ratios']):.3f} | " + " / ".join(f"{x:.3f}" for x in r["ratios"]) + " | "
+                         + (f"{median(added):+.3f} | " + " / ".join(f"{x:+.3f}" for x in added) if added else "— | —") + " |")
     per_call = [r for r in results["wrk"] if "calls" in r["capgate"]]
     if per_call:
         lines += ["", "## Concurrency 1, call by call", "",
