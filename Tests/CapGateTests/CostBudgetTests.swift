@@ -272,7 +272,7 @@ struct CostBudgetTests {
         }
     }
 
-    @Test("a batch whose calls straddle a new price: each call is held at the price in force at its own time")
+    @Test("a batch whose calls straddle a new price: each call is held and settled at the price in force at its own time")
     func batchAcrossPriceChange() async throws {
         try await Harness.with { h in
             let (company, user, _) = try await setUp(h, company: 1_000_000_000, user: nil)
@@ -298,6 +298,22 @@ struct CostBudgetTests {
                 """)
             // 1,000 prompt tokens at $3 or $6 per million, no output.
             #expect(holds == "3000,6000,3000")
+            // Settled in one batch too: the model is priced once at its latest call (b, the new
+            // row), and the calls before the change are looked up alone. 500 input and 2 output
+            // tokens each: 500 × 3 + 2 × 15 = 1,530, or 500 × 6 + 2 × 15 = 3,030.
+            try await h.exec(
+                """
+                SELECT count(*) FROM capgate_settle_batch(
+                    (SELECT array_agg(company_id ORDER BY request_id) FROM usage_ledger),
+                    (SELECT array_agg(id ORDER BY request_id) FROM usage_ledger),
+                    array_fill(200, ARRAY[3]), array_fill(500::bigint, ARRAY[3]), array_fill(2::bigint, ARRAY[3]),
+                    array_fill(0::bigint, ARRAY[3]), array_fill(0::bigint, ARRAY[3]), array_fill(0::bigint, ARRAY[3]),
+                    array_fill(true, ARRAY[3]), array_fill(-3::bigint, ARRAY[3]))
+                """)
+            let costs = try await h.text("SELECT string_agg(cost_micros::text, ',' ORDER BY request_id) FROM usage_ledger")
+            #expect(costs == "1530,3030,1530")
+            let (used, held, userUsed, userHeld) = try await counters(h, company)
+            #expect([used, held, userUsed, userHeld] == [6090, 0, 6090, 0])
         }
     }
 
