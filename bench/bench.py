@@ -157,11 +157,41 @@ class DiskProbe:
 # `--ab SETTING`: the seed file that turns the setting on (re-run before each of its runs) and
 # the statement that turns it off again (caps only), so both alternate run by run in one stack.
 AB_SETTINGS = {
-    "budgets": ("budgets.sql", "UPDATE plans SET monthly_company_budget = NULL, monthly_user_budget = NULL WHERE id = 'bench'"),
+    # Off is caps only as `bench.py` without `--budgets` runs it: no budgets and no price book
+    # (a priced call is held and settled at its cost with or without a budget).
+    "budgets": ("budgets.sql", "UPDATE plans SET monthly_company_budget = NULL, monthly_user_budget = NULL WHERE id = 'bench'; "
+                               "DELETE FROM prices WHERE model = 'claude-*'"),
     "rate": ("rate.sql", "UPDATE plans SET company_rpm = NULL, user_rpm = NULL, company_tpm = NULL, user_tpm = NULL, "
                          "user_concurrency = NULL WHERE id = 'bench'"),
     "rate-rpm": ("rate-rpm.sql", "UPDATE plans SET company_rpm = NULL, user_rpm = NULL WHERE id = 'bench'"),
+    # The parts of `rate` alone, to see which costs what: the concurrency limit, the token windows.
+    "rate-concurrency": ("UPDATE plans SET user_concurrency = 1000000 WHERE id = 'bench'",
+                         "UPDATE plans SET user_concurrency = NULL WHERE id = 'bench'"),
+    "rate-tpm": ("UPDATE plans SET company_tpm = 1000000000000, user_tpm = 1000000000000 WHERE id = 'bench'",
+                 "UPDATE plans SET company_tpm = NULL, user_tpm = NULL WHERE id = 'bench'"),
 }
+
+
+# What a call's ledger row shows when the `--ab` setting applied to it: each run is checked to
+# have run with the setting on (every such run has such rows) or off (none).
+AB_MARK = {"budgets": "hold_micros IS NOT NULL"}
+
+
+def ab_check(url, setting, since, on):
+    """Fails the benchmark when a run did not run as labelled (the toggle did not take)."""
+    mark = AB_MARK.get(setting, "rate_scopes <> 0")
+    marked = int(psql(url, f"SELECT count(*) FROM usage_ledger WHERE created_at >= '{since}' AND {mark}").strip())
+    if (marked > 0) != on:
+        raise SystemExit(f"--ab {setting}: a run meant to be {'on' if on else 'off'} had {marked} calls with {mark}")
+
+
+def ab_on(url, setting):
+    """Turns an `--ab` setting on: its seed file, or its statement."""
+    on = AB_SETTINGS[setting][0]
+    if on.endswith(".sql"):
+        psql(url, file=os.path.join(BENCH, on))
+    else:
+        psql(url, on)
 
 
 def median(values):
@@ -230,8 +260,8 @@ def main():
     parser.add_argument("--quick", action="store_true",
                         help="only the rows a change is compared on: many companies c=1 and c=64, one hot company c=64 (no relaxed or info gateway)")
     parser.add_argument("--ab", choices=sorted(AB_SETTINGS),
-                        help="one stack, caps only and the setting alternating run by run (the setting's seed file re-run to turn it on, "
-                             "its columns set to NULL to turn it off): each pair of adjacent runs gives a ratio, and their median is reported")
+                        help="one stack, caps only and the setting alternating run by run (the setting's seed file or statement re-run to "
+                             "turn it on, its columns set to NULL to turn it off): each pair of adjacent runs gives a ratio, and their median is reported")
     parser.add_argument("--notifications", action="store_true",
                         help="threshold notifications on: a signed-webhook receiver on loopback, the gateway's deliverer sending a backlog of "
                              "pending rows while the calls are measured")
@@ -275,7 +305,7 @@ def main():
             psql(url, file=os.path.join(BENCH, "rate-rpm.sql"))
         if args.ab:
             # Warmed up with the setting on (its window and counter rows made), measured alternating.
-            psql(url, file=os.path.join(BENCH, AB_SETTINGS[args.ab][0]))
+            ab_on(url, args.ab)
         receiver = None
         if args.notifications:
             receiver = WebhookSink()
@@ -355,15 +385,17 @@ def main():
             # repeat (ABBA: a drift of the machine does not favour either); each adjacent pair
             # of runs gives a ratio (requests/s) and a difference (call-by-call p50 at c=1).
             ds, offs, ons = [], [], []
-            on_file, off_sql = AB_SETTINGS[args.ab]
+            off_sql = AB_SETTINGS[args.ab][1]
             for i in range(args.repeats):
                 ds.append(wrk(direct, c, args.seconds, None, stream, per_call=c == 1))
                 for on in ([False, True] if i % 2 == 0 else [True, False]):
                     if on:
-                        psql(url, file=os.path.join(BENCH, on_file))
+                        ab_on(url, args.ab)
                     else:
                         psql(url, off_sql)
+                    since = psql(url, "SELECT now()").strip()
                     (ons if on else offs).append(wrk(gateways[name], c, args.seconds, keys, stream, per_call=c == 1))
+                    ab_check(url, args.ab, since, on)
             ok, line = verify(url)
             results["verify"].append((f"{name} c={c}, caps only and {args.ab} alternating", ok, line))
             d = median_run(ds)
