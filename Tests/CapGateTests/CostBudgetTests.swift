@@ -38,11 +38,7 @@ struct CostBudgetTests {
 
     /// A company on a plan with the given budgets (micro-dollars, nil: unlimited), with one user.
     func setUp(_ h: Harness, company: Int64?, user: Int64?) async throws -> (company: UUID, user: UUID, key: String) {
-        try await h.exec(Self.priceRow)
-        try await h.createPlan("p", company: 1000, user: 1000)
-        try await h.exec(
-            "UPDATE plans SET monthly_company_budget = \(company.map(String.init) ?? "NULL"), "
-                + "monthly_user_budget = \(user.map(String.init) ?? "NULL") WHERE id = 'p'")
+        try await h.createBudgetPlan("p", company: 1000, user: 1000, companyBudget: company, userBudget: user)
         let (companyID, users) = try await h.createCompany(plan: "p", users: 1)
         return (companyID, users[0].id, users[0].key)
     }

@@ -17,10 +17,8 @@ struct CostOvershootTests {
     func neverExceeded() async throws {
         let seed = UInt64.random(in: 1...UInt64.max)
         try await Harness.with { first in
-            try await first.exec(CostBudgetTests.priceRow)
-            try await first.createPlan("p", company: 100_000, user: 100_000)
-            try await first.exec(
-                "UPDATE plans SET monthly_company_budget = \(Self.companyBudget), monthly_user_budget = \(Self.userBudget)")
+            try await first.createBudgetPlan(
+                "p", company: 100_000, user: 100_000, companyBudget: Self.companyBudget, userBudget: Self.userBudget)
             let (company, users) = try await first.createCompany(plan: "p", users: 8)
             try await Harness.with(database: first.databaseURL) { second in
                 // Every committed state, read as often as the machine allows while the calls run.

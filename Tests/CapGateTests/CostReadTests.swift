@@ -84,9 +84,7 @@ struct CostReadTests {
     )
     func endToEnd() async throws {
         try await Harness.with { h in
-            try await h.exec(CostBudgetTests.priceRow)
-            try await h.createPlan("p", company: 1000, user: 1000)
-            try await h.exec("UPDATE plans SET monthly_company_budget = 5000000, monthly_user_budget = 1000000 WHERE id = 'p'")
+            try await h.createBudgetPlan("p", company: 1000, user: 1000, companyBudget: 5_000_000, userBudget: 1_000_000)
             let (company, users) = try await h.createCompany(plan: "p", users: 2, role: "admin")
             for (i, user) in users.enumerated() {
                 for _ in 0...i { #expect(try await h.message(key: user.key).status == 200) }

@@ -12,10 +12,8 @@ struct SettlementLockTests {
     @Test("settlements, refunds and admissions of one company's users at once: no deadlock, the counters equal the ledger")
     func noDeadlock() async throws {
         try await Harness.with { h in
-            try await h.exec(CostBudgetTests.priceRow)
-            try await h.createPlan("p", company: 1_000_000, user: 1_000_000)
-            try await h.exec(
-                "UPDATE plans SET monthly_company_budget = 1000000000, monthly_user_budget = 1000000000 WHERE id = 'p'")
+            try await h.createBudgetPlan(
+                "p", company: 1_000_000, user: 1_000_000, companyBudget: 1_000_000_000, userBudget: 1_000_000_000)
             let (company, users) = try await h.createCompany(plan: "p", users: 4)
             let c = company.text
             for i in 0..<60 {

@@ -207,6 +207,16 @@ struct Harness: Sendable {
         precondition(reply.status == 201, "plan create failed: \(reply.body)")
     }
 
+    /// The price book's test row (`CostBudgetTests.priceRow`) and plan `id` with unit caps and cost
+    /// budgets (micro-dollars; nil: none).
+    func createBudgetPlan(_ id: String, company: Int64?, user: Int64?, companyBudget: Int64?, userBudget: Int64?) async throws {
+        try await exec(CostBudgetTests.priceRow)
+        try await createPlan(id, company: company, user: user)
+        try await exec(
+            "UPDATE plans SET monthly_company_budget = \(companyBudget.map(String.init) ?? "NULL"), "
+                + "monthly_user_budget = \(userBudget.map(String.init) ?? "NULL") WHERE id = '\(id)'")
+    }
+
     /// A company on `plan` with `users` members, each with one API key.
     func createCompany(
         plan: String?, users: Int, role: String = "member", startedAt: String? = nil

@@ -86,9 +86,7 @@ struct SDKTests {
     func anthropicSDKWithBudget() async throws {
         let python = try await PythonTools.python()
         try await Harness.with { h in
-            try await h.exec(CostBudgetTests.priceRow)
-            try await h.createPlan("low", company: 100, user: 100)
-            try await h.exec("UPDATE plans SET monthly_company_budget = 10000")
+            try await h.createBudgetPlan("low", company: 100, user: 100, companyBudget: 10_000, userBudget: nil)
             let (company, users) = try await h.createCompany(plan: "low", users: 1)
             let (status, output) = try await Self.run(
                 python, [Self.root.appendingPathComponent("Tests/sdk/anthropic_sdk_budget.py").path],
