@@ -1,8 +1,9 @@
 import AsyncHTTPClient
-import CapGate
 import Foundation
 import NIOCore
 import Testing
+
+@testable import CapGate
 
 /// SPEC §14's windows that a call holds while it runs: the user's calls in flight, and the token
 /// windows, which hold a call's bound until its answer ends and then keep its real count.
@@ -66,18 +67,66 @@ struct RateInFlightTests {
             // A call the provider fails is refunded and frees its slot before its answer.
             #expect(try await h.message(key: key, headers: [("x-mock-status", "500")]).status == 500)
             #expect(try await h.scalar(slots) == 2)
-            // A stream read to its end frees its slot before its last byte reaches the client.
+            // A stream read to its end frees its slot for the next call at once (its end rides the
+            // gateway's next admission), and in the database within milliseconds.
             let streamed = try await Self.slowStream(h, key: key, delay: 0)
             #expect(streamed.status == .ok)
             try await Self.drain(streamed)
-            #expect(try await h.scalar(slots) == 2)
             let fits = try await h.message(key: key)
             #expect(fits.status == 200)
             #expect(fits.headers.first(name: "ratelimit")?.contains("\"user-concurrency\";r=0") == true)
+            #expect(try await h.eventually(slots, equals: 2) == 2)
 
             for connection in slow { connection.close() }
             #expect(try await h.eventually(slots, equals: 0, within: .seconds(20)) == 0)
             #expect(try await h.eventually("SELECT count(*) FROM rate_calls", equals: 0) == 0)
+        }
+    }
+
+    @Test(
+        "an ended call's slot rides its gateway's next admission (alone or in a batch), which admits after it with no write of its own; ends no admission takes are written by themselves"
+    )
+    func endsRideAdmissions() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: nil, user: nil)
+            try await RateWindowTests.setLimits(h, plan: "p", .obj(["user_concurrency": 1]))
+            let (company, users) = try await h.createCompany(plan: "p", users: 2)
+            let slots = "SELECT count(*) FROM rate_calls WHERE scopes & 4 <> 0"
+            try await BatchAdmissionTests.withMetering(h) { _, database in
+                // Ends no admission takes would be written after 10 minutes: never in this test.
+                let ends = SlotEnds(database: database, gather: .seconds(600))
+                func admit(_ keys: [String]) async -> [AdmissionRow?] {
+                    await MeteringStore.admitBatch(
+                        keys.map { BatchAdmissionTests.call(key: $0) }, database: database, relaxed: false, slotEnds: ends
+                    ).map { try? $0.get() }
+                }
+                func ended(_ row: AdmissionRow?) throws -> RateEnd {
+                    RateEnd(companyID: company, ledgerID: try #require(row?.ledgerID))
+                }
+                // Alone (capgate_admit): the slot is taken; a second call waits for it.
+                let first = await admit([users[0].key])
+                #expect(first.map { $0?.decision } == ["charged"])
+                #expect(await admit([users[0].key]).map { $0?.decision } == ["rate_limited"])
+                ends.add(try ended(first[0]))
+                #expect(try await h.scalar(slots) == 1)  // noted, not written
+                let second = await admit([users[0].key])
+                #expect(second.map { $0?.decision } == ["charged"])
+                #expect(try await h.scalar(slots) == 1)  // the first's row went, the second's came
+
+                // In a batch (capgate_admit_batch): both users' slots freed, both calls admitted.
+                let other = await admit([users[1].key])
+                #expect(other.map { $0?.decision } == ["charged"])
+                ends.add([try ended(second[0]), try ended(other[0])])
+                let batch = await admit([users[0].key, users[1].key])
+                #expect(batch.map { $0?.decision } == ["charged", "charged"])
+                #expect(try await h.scalar(slots) == 2)
+                #expect(await ends.take().isEmpty)
+
+                // Without an admission: one write of their own.
+                ends.add(try batch.map(ended))
+                await ends.flush()
+                #expect(try await h.scalar(slots) == 0)
+            }
         }
     }
 

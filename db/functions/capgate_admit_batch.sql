@@ -27,10 +27,13 @@
 -- company and user counter rows (step 2), the entitlement's rows are locked in key order in step
 -- 2b with the users' live slots; a call that passed every counter and budget is counted in its
 -- windows in step 3 as capgate_rate_take would, in arrival order, or refused rate_limited.
+-- p_ended_company, p_ended_ledger: calls that ended on this gateway since its last admission
+-- transaction; their slots are freed first (capgate_slots_free).
 CREATE FUNCTION capgate_admit_batch(
     p_key_hash bytea[], p_company uuid[], p_user uuid[], p_units integer[], p_method text[], p_route text[],
     p_model text[], p_feature text[], p_request_id text[], p_routes_version bigint[], p_at timestamptz[],
-    p_relaxed boolean, p_prompt bigint[], p_max_tokens bigint[], p_cache smallint[], p_window bigint[]
+    p_relaxed boolean, p_prompt bigint[], p_max_tokens bigint[], p_cache smallint[], p_window bigint[],
+    p_ended_company uuid[] DEFAULT '{}', p_ended_ledger bigint[] DEFAULT '{}'
 ) RETURNS SETOF capgate_admitted
 LANGUAGE plpgsql
 -- Planned once per session: re-planning for every call (custom plans for the array arguments)
@@ -105,6 +108,10 @@ DECLARE
     a_gu bigint[]; a_gc bigint[];  -- per call: the grants that paid its units, its hold
     a_gup bigint[]; a_gcp bigint[];  -- per call: the parts they paid (units, hold)
 BEGIN
+    -- Calls that ended on this gateway since its last admission give their slots back first.
+    IF cardinality(p_ended_ledger) > 0 THEN
+        PERFORM capgate_slots_free(p_ended_company, p_ended_ledger);
+    END IF;
     IF n = 0 THEN
         RETURN;
     END IF;

@@ -1,8 +1,9 @@
 -- Frees the concurrency slots of calls that ended (SPEC §14): their rate_calls rows (written by
--- their admission when they took a slot) go. The gateway awaits it before an answer's last byte
--- (or when the client left), so a caller who saw the answer end finds the slot free; the call's
--- token hold is settled by its settlement (capgate_settle_batch), not here. Idempotent: a call
--- whose row is gone changes nothing.
+-- their admission when they took a slot) go. The ends a gateway notes (an answer's last byte, a
+-- client that left) ride its next admission transaction (capgate_slots_free); this writes those
+-- no admission took within a few milliseconds, and every admission of that gateway waits for one
+-- in flight. The call's token hold is settled by its settlement (capgate_settle_batch), not
+-- here. Idempotent: a call whose row is gone changes nothing.
 --
 -- No counter, window row or ledger row is taken: an end waits for nothing but the deletes of its
 -- own rows. Committed without waiting for the WAL flush: an end lost in a crash leaves the slot to

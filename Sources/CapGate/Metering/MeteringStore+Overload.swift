@@ -12,14 +12,14 @@ extension MeteringStore {
     public static let defaultAdmissionQueueLimit = 10_000
 
     static func admissionQueue(
-        database: Database, relaxed: Bool, queueLimit: Int, spool: Spool?
+        database: Database, relaxed: Bool, queueLimit: Int, spool: Spool?, slotEnds: SlotEnds
     ) -> BatchQueue<AdmissionItem, AdmissionRow> {
         BatchQueue(
             maxBatch: maxBatch, waitLimit: database.timeout, queueLimit: queueLimit, rejection: overloaded,
             late: { item, result in
                 LateAdmissions(items: [item], database: database, spool: spool).committedLate(result.map { [$0] })
             },
-            process: { items in await admitBatch(items, database: database, relaxed: relaxed, spool: spool) }
+            process: { items in await admitBatch(items, database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds) }
         )
     }
 

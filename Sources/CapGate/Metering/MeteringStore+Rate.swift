@@ -9,28 +9,12 @@ struct RateEnd: Sendable {
 }
 
 extension MeteringStore {
-    /// Slots are freed in batches while one is in flight (no gathering wait: the caller's answer
-    /// ends only after its own is written).
-    static func rateEndQueue(database: Database) -> BatchQueue<RateEnd, Void> {
-        BatchQueue(maxBatch: Self.maxBatch) { items in
-            do {
-                try await database.run { client in
-                    _ = try await client.execute(RateEndStatement(items: items), logger: database.logger).collect()
-                }
-                return items.map { _ in .success(()) }
-            } catch {
-                // The slot comes back at its lease (rate.leaseSeconds).
-                database.logger.warning("could not end calls in their rate windows", metadata: ["calls": "\(items.count)"])
-                return items.map { _ in .failure(error) }
-            }
-        }
-    }
-
-    /// Frees a call's concurrency slot: before its answer ends, so that a caller who saw the
-    /// answer end finds the slot free, or when its client left. (Its token hold is settled by its
-    /// settlement.) A failure is logged, not thrown: the slot then frees at its lease.
-    public func freeSlot(companyID: UUID, ledgerID: Int64) async {
-        _ = try? await rateEnds.submit(RateEnd(companyID: companyID, ledgerID: ledgerID))
+    /// Frees a call's concurrency slot: noted before its answer ends, or when its client left,
+    /// and written with this gateway's next admission transaction or within milliseconds
+    /// (``SlotEnds``), so a call this gateway admits after the answer ended finds the slot free.
+    /// (Its token hold is settled by its settlement.) A write that fails leaves the slot to its lease.
+    public func freeSlot(companyID: UUID, ledgerID: Int64) {
+        slotEnds.add(RateEnd(companyID: companyID, ledgerID: ledgerID))
     }
 
     /// Removes the rows of calls a dead gateway never ended, once their lease is over (they no

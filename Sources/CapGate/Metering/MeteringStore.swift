@@ -20,8 +20,8 @@ public struct MeteringStore: Sendable {
     let relaxed: Bool
     let admissions: BatchQueue<AdmissionItem, AdmissionRow>
     let settlements: BatchQueue<Settlement, Void>
-    /// Calls ending in their rate windows (SPEC §14), awaited by the call's answer.
-    let rateEnds: BatchQueue<RateEnd, Void>
+    /// Concurrency slots of calls that ended (SPEC §14), freed by the next admission transaction.
+    let slotEnds: SlotEnds
     /// Where a refund, give-back, settlement or kept answer waits while the database cannot take
     /// it (`spool.directory`); nil: retried in memory only (lost if the process ends).
     let spool: Spool?
@@ -41,11 +41,13 @@ public struct MeteringStore: Sendable {
         self.database = database
         self.relaxed = relaxed
         self.spool = spool
-        self.admissions = Self.admissionQueue(database: database, relaxed: relaxed, queueLimit: admissionQueueLimit, spool: spool)
+        let slotEnds = SlotEnds(database: database)
+        self.slotEnds = slotEnds
+        self.admissions = Self.admissionQueue(
+            database: database, relaxed: relaxed, queueLimit: admissionQueueLimit, spool: spool, slotEnds: slotEnds)
         self.settlements = BatchQueue(maxBatch: Self.maxBatch * 4, gather: Self.settlementGather) { items in
             await Self.settleBatch(items, database: database, spool: spool)
         }
-        self.rateEnds = Self.rateEndQueue(database: database)
     }
 
     /// How admission batching went so far (batches, calls, largest batch).
@@ -81,6 +83,8 @@ public struct MeteringStore: Sendable {
     /// the key is claimed before any counter is locked); every other call joins the next batch.
     func admissionRow(_ item: AdmissionItem) async throws -> AdmissionRow {
         guard item.request.idempotencyKey != nil else { return try await admissions.submit(item) }
+        // Its own transaction: slots of calls that ended before it are written first.
+        await slotEnds.flush()
         let relaxed = self.relaxed
         let rows = try await Self.runAdmission([item], database: database, spool: spool) { client in
             try await client.execute(
@@ -97,37 +101,46 @@ public struct MeteringStore: Sendable {
     /// fail closed); a transaction that commits after that, or whose connection broke with the
     /// outcome unknown, has its charges given back (``LateAdmissions``): none of its calls was
     /// forwarded.
+    ///
+    /// The transaction also frees the slots of calls that ended on this gateway since the last
+    /// one (`slotEnds`); when it fails they are handed back for the next.
     static func admitBatch(
-        _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool? = nil
+        _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool? = nil, slotEnds: SlotEnds? = nil
     ) async -> [Result<AdmissionRow, any Error>] {
         GatewayMetrics.admissionBatch(size: items.count)
+        let ended = await slotEnds?.take() ?? []
         do {
             let started = ContinuousClock.now
-            let rows = try await runAdmitBatch(items, database: database, relaxed: relaxed, spool: spool)
+            let rows = try await runAdmitBatch(items, database: database, relaxed: relaxed, spool: spool, ended: ended)
             GatewayMetrics.admissionBatch(duration: ContinuousClock.now - started)
             guard rows.count == items.count else {
                 throw DatabaseError.other("capgate_admit_batch returned \(rows.count) rows for \(items.count) calls")
             }
             return rows.map { .success($0) }
         } catch DatabaseError.unavailable {
+            slotEnds?.add(ended)
             return items.map { _ in .failure(DatabaseError.unavailable) }
         } catch {
+            slotEnds?.add(ended)
             guard items.count > 1 else { return [.failure(error)] }
             var results: [Result<AdmissionRow, any Error>] = []
             results.reserveCapacity(items.count)
             for item in items {
-                results += await admitBatch([item], database: database, relaxed: relaxed, spool: spool)
+                results += await admitBatch([item], database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds)
             }
             return results
         }
     }
 
-    static func runAdmitBatch(_ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool?) async throws -> [AdmissionRow] {
+    static func runAdmitBatch(
+        _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool?, ended: [RateEnd] = []
+    ) async throws -> [AdmissionRow] {
         if items.count == 1 {
-            return try await runAdmitOne(items[0], database: database, relaxed: relaxed, spool: spool)
+            return try await runAdmitOne(items[0], database: database, relaxed: relaxed, spool: spool, ended: ended)
         }
         return try await runAdmission(items, database: database, spool: spool) { client in
-            try await client.execute(AdmitBatchStatement(items: items, relaxed: relaxed), logger: database.logger).collect()
+            try await client.execute(AdmitBatchStatement(items: items, relaxed: relaxed, ended: ended), logger: database.logger)
+                .collect()
         }
     }
 
@@ -152,9 +165,11 @@ public struct MeteringStore: Sendable {
     /// same decision, same lock order (period, company counter, user counter, feature counters),
     /// a quarter of the work of the array version (measured: 0.3 ms against 1.1 ms), which is
     /// what a lone call on an idle gateway waits for.
-    static func runAdmitOne(_ item: AdmissionItem, database: Database, relaxed: Bool, spool: Spool?) async throws -> [AdmissionRow] {
+    static func runAdmitOne(
+        _ item: AdmissionItem, database: Database, relaxed: Bool, spool: Spool?, ended: [RateEnd] = []
+    ) async throws -> [AdmissionRow] {
         let rows = try await runAdmission([item], database: database, spool: spool) { client -> [AdmissionRow] in
-            try await client.execute(AdmitStatement(item: item, relaxed: relaxed), logger: database.logger).collect()
+            try await client.execute(AdmitStatement(item: item, relaxed: relaxed, ended: ended), logger: database.logger).collect()
         }
         guard rows.count == 1 else { throw DatabaseError.other("the admission returned \(rows.count) rows") }
         return rows

@@ -14,24 +14,24 @@ struct Charge: Sendable {
 
     /// The charge stands: records the provider's status and token counts (queued, not awaited),
     /// which trade the call's token hold in its rate windows for the real count in the same
-    /// transaction; a concurrency slot is freed in a small transaction of its own, awaited, so
-    /// that a caller who saw the answer end finds the slot free. (Awaiting the whole settlement
-    /// instead cost a lone call 0.8 ms more, measured in session 22.)
-    func settle(status: Int, usage: UsageCapture) async {
+    /// transaction; a concurrency slot is noted free before the answer ends and written with the
+    /// gateway's next admission (``SlotEnds``), so that a caller who saw the answer end finds the
+    /// slot free.
+    func settle(status: Int, usage: UsageCapture) {
         metering.settle(
             Settlement(
                 companyID: companyID, ledgerID: ledgerID, status: Int32(clamping: status), usage: usage.usage,
                 endsInWindows: windows.tokens))
         if windows.slot {
-            await metering.freeSlot(companyID: companyID, ledgerID: ledgerID)
+            metering.freeSlot(companyID: companyID, ledgerID: ledgerID)
         }
     }
 
     /// The client left while the answer streams on (read for its usage): the call's concurrency
     /// slot is freed now (SPEC §14); its token hold is settled when the stream ends.
-    func clientLeft() async {
+    func clientLeft() {
         guard windows.slot else { return }
-        await metering.freeSlot(companyID: companyID, ledgerID: ledgerID)
+        metering.freeSlot(companyID: companyID, ledgerID: ledgerID)
     }
 
     /// Reports this attempt's failure before the caller is answered: the charge is given back

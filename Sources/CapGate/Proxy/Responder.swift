@@ -46,7 +46,7 @@ struct Responder: Sendable {
             answer.ticket.release()
             var capture = UsageCapture(contentType: contentType)
             capture.read(whole: whole)
-            await admitted.charge?.settle(status: answer.status, usage: capture)
+            admitted.charge?.settle(status: answer.status, usage: capture)
             await keeper?.keep(
                 status: answer.status, contentType: contentType,
                 body: failure == nil && whole.readableBytes <= idempotencyMaxBytes ? whole : nil)

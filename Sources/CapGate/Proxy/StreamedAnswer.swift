@@ -45,7 +45,7 @@ struct StreamedAnswer: Sendable {
                     } catch {
                         failure = error
                         drainUntil = ContinuousClock.now + drain
-                        await charge?.clientLeft()
+                        charge?.clientLeft()
                         if !readsOn() { break }
                     }
                 }
@@ -56,7 +56,7 @@ struct StreamedAnswer: Sendable {
             capture.finish()
             // Queued before the answer ends, so a ledger read after it finds the tokens; a slot is
             // free before the client sees the answer end (SPEC §14).
-            await charge?.settle(status: status, usage: capture)
+            charge?.settle(status: status, usage: capture)
             // Kept before the answer's last byte goes out: a retry sent after it finds it.
             await keeper?.keep(status: status, contentType: contentType, body: upstreamBroke ? nil : recorder?.bytes)
             if let failure { throw failure }
