@@ -87,4 +87,27 @@ struct BatchQueueTests {
     }
 
     enum Failure: Error { case odd }
+
+    @Test("pace: under a steady stream the next batch starts no sooner than pace after the last one started, with what arrived meanwhile")
+    func paced() async throws {
+        let starts = Mutex<[ContinuousClock.Instant]>([])
+        let recorder = Recorder()
+        let queue = BatchQueue<Int, Void>(maxBatch: 1000, gather: .milliseconds(100), pace: .milliseconds(100)) { items in
+            starts.withLock { $0.append(.now) }
+            recorder.record(items)
+            return items.map { _ in .success(()) }
+        }
+        // An item every 2 ms for 0.5 s: unpaced, a batch would start as soon as one ended.
+        for i in 0..<250 {
+            queue.enqueue(i)
+            try await Task.sleep(for: .milliseconds(2))
+        }
+        await queue.flush()
+        let times = starts.withLock { $0 }
+        #expect(recorder.all.flatMap { $0 } == Array(0..<250))
+        #expect(times.count >= 3, "\(times.count) batches")
+        for (earlier, later) in zip(times, times.dropFirst()) {
+            #expect(later - earlier >= .milliseconds(99), "\(later - earlier)")
+        }
+    }
 }

@@ -80,6 +80,7 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
     private let state = Mutex(State())
     private let maxBatch: Int
     private let gather: Duration
+    private let pace: Duration
     private let waitLimit: Duration?
     private let queueLimit: Int
     private let rejection: @Sendable (BatchQueueRejection) -> any Error
@@ -91,6 +92,9 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
     ///     at an idle queue waits for company before its batch starts. Nobody waits on such
     ///     items, so a short wait turns many small transactions into one. Items submitted with
     ///     ``submit(_:)`` never wait for it.
+    ///   - pace: the least time from the start of one batch to the start of the next (zero: the
+    ///     next starts as soon as one ends). Fewer, larger batches when the transaction's cost is
+    ///     mostly per batch and nobody waits for its items.
     ///   - waitLimit: the longest a submitted item that queued waits, from its arrival, for its
     ///     result; nil: no limit. (An item processed at once by its own caller is not queued:
     ///     `process` must bound its own time.)
@@ -98,13 +102,14 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
     ///   - rejection: the error a caller gets when its item gave up or was refused.
     ///   - late: receives the result of an item that gave up while its batch was in flight.
     public init(
-        maxBatch: Int, gather: Duration = .zero, waitLimit: Duration? = nil, queueLimit: Int = .max,
+        maxBatch: Int, gather: Duration = .zero, pace: Duration = .zero, waitLimit: Duration? = nil, queueLimit: Int = .max,
         rejection: @escaping @Sendable (BatchQueueRejection) -> any Error = { $0 },
         late: Late? = nil, process: @escaping Process
     ) {
         precondition(maxBatch > 0 && queueLimit > 0)
         self.maxBatch = maxBatch
         self.gather = gather
+        self.pace = pace
         self.waitLimit = waitLimit
         self.queueLimit = queueLimit
         self.rejection = rejection
@@ -277,6 +282,7 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
                 for waiter in idle { waiter.resume() }
                 return
             }
+            let started = ContinuousClock.now
             let results = await process(batch.map(\.item))
             let (reached, answered) = state.withLock { state -> ([CheckedContinuation<Void, Never>], [Waiter?]) in
                 let answered = batch.map { entry in entry.id == 0 ? nil : state.waiters.removeValue(forKey: entry.id) }
@@ -295,6 +301,9 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
                 } else {
                     waiter.continuation.resume(with: result)
                 }
+            }
+            if pace > .zero, ContinuousClock.now < started + pace {
+                try? await Task.sleep(until: started + pace)
             }
         }
     }
