@@ -3,7 +3,7 @@
 -- one transaction. Idempotent: a refund retried after a lost answer changes nothing.
 --
 -- Lock order: the attempt's Idempotency-Key row (marked failed, so a retry is a new attempt),
--- the company counter, the ledger row, the user counter, the feature counters, the top-up grants
+-- the ledger row, the company counter, the user counter, the feature counters, the top-up grants
 -- that paid part of it (SPEC §12: units_grant_id, cost_grant_id; the parts they paid,
 -- units_grant_part, cost_grant_part, never were on the company counter, so they are given back to
 -- them instead: capgate_grant_give_back; the company gets back the rest), the call's rate_calls
@@ -42,8 +42,8 @@ BEGIN
          WHERE company_id = p_company AND user_id = l.user_id AND key = l.idempotency_key
            AND request_id = l.request_id AND state = 'in_flight';
     END IF;
-    PERFORM 1 FROM company_usage WHERE company_id = p_company AND period_id = l.period_id FOR UPDATE;
     SELECT * INTO l FROM usage_ledger WHERE company_id = p_company AND id = p_ledger_id FOR UPDATE;
+    PERFORM 1 FROM company_usage WHERE company_id = p_company AND period_id = l.period_id FOR UPDATE;
     IF l.outcome <> 'charged' THEN
         RETURN false;
     END IF;

@@ -7,10 +7,14 @@
 -- the company's and the user's counters trade the hold (cost_held) for the cost (cost_used).
 -- Usage arrays hold -1 for a count the answer did not give.
 --
--- Lock order, as capgate_refund: the company counters (key order), the ledger rows, the user
--- counters (each user is one company's, so two batches meet at the company counter first), then
--- the top-up grants that hold part of a call's cost (cost_grant_id, SPEC §12: the grant, not the
--- company counter, trades its part of the hold, cost_grant_part, for its part of the cost). The
+-- Lock order, as capgate_refund: the ledger rows (key order), the company counters (key order),
+-- the user counters (each user is one company's, so two batches meet at the company counter
+-- first), then the top-up grants that hold part of a call's cost (cost_grant_id, SPEC §12: the
+-- grant, not the company counter, trades its part of the hold, cost_grant_part, for its part of
+-- the cost). An admission locks counters but no existing ledger row, so it never waits for a
+-- settlement that waits for it; the ledger rows come first so that the counters, which the
+-- admissions of those companies wait for, are held only for the short last statement (with the
+-- counters first, the batch's planning and cost computation ran under them). The
 -- cost is divided as the hold was: the plan pays first, up to the part it held, the grant the rest
 -- (a cost past the whole hold is the grant's); a part NULL (a row from before 0020) is the whole.
 -- A batch in which no cost moves (no open hold, no priced model) locks no counter.
@@ -29,9 +33,9 @@
 -- one update of each row), a feature's in its rate_windows rows; a row already on a later minute
 -- is left as it is, and of a batch's calls of one row only those of its latest minute count. The
 -- ledger row then holds the real count (what a refund gives back). The company counter is locked
--- first for these calls too, so a settlement meets an admission of the same company there, before
--- any window row. (A call's concurrency slot is freed apart, by the gateway's awaited
--- capgate_rate_end: awaiting this whole batch instead cost a lone call 0.8 ms more.)
+-- (after the ledger rows) for these calls too, so a settlement meets an admission of the same
+-- company there, before any window row. (A call's concurrency slot is freed apart, by the gateway's next admission,
+-- capgate_slots_free, or capgate_rate_end.)
 --
 -- Returns the settled calls that cost more than their hold (the provider billed past the bound).
 CREATE FUNCTION capgate_settle_batch(
@@ -57,6 +61,10 @@ DECLARE
     v_models text[];      -- the batch's models with an open hold, each priced once (below)
     v_prices prices[];
     v_exact boolean[];
+    -- the settled calls (step 1), for steps 2 and 3
+    m_company uuid[]; m_id bigint[]; m_period bigint[]; m_user uuid[]; m_grant bigint[]; m_open boolean[];
+    m_hold bigint[]; m_cost bigint[]; m_part bigint[]; m_feature text[]; m_minute timestamptz[]; m_scopes smallint[];
+    m_tok bigint[];
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     -- Each model is priced once, at its latest call of the batch, as capgate_admit_batch's step 1
@@ -73,24 +81,18 @@ BEGIN
                  GROUP BY l.model) d
           LEFT JOIN LATERAL (SELECT q FROM capgate_price(d.model, d.hi) q) pr ON true;
     END IF;
-    -- Driven from the batch's calls (a probe of each counter by key): written as a membership
-    -- test of every counter row (`WHERE (company_id, period_id) IN (...)`) this read the whole
-    -- company_usage index for every batch, 8 to 18 ms at 11,000 rows (measured, session 23).
-    PERFORM 1
-       FROM (SELECT DISTINCT l.company_id, l.period_id
-               FROM unnest(p_company, p_ledger, p_rate) AS s(c, id, rate)
-               JOIN usage_ledger l ON l.company_id = s.c AND l.id = s.id
-              WHERE l.outcome = 'charged' AND l.units > 0
-                AND ((l.cost_source IS NULL
-                      AND (l.hold_micros IS NOT NULL
-                           OR (v_priced AND EXISTS (SELECT 1 FROM capgate_price(l.model, l.created_at)))))
-                     OR (s.rate >= 0 AND (l.rate_scopes & 27) <> 0 AND l.rate_tokens <> s.rate))) k
-       JOIN company_usage cu ON cu.company_id = k.company_id AND cu.period_id = k.period_id
-      ORDER BY cu.company_id, cu.period_id
-        FOR UPDATE OF cu;
-    IF NOT FOUND THEN
-        -- No cost and no window moves (no hold, no priced model, no token window): the status and
-        -- token counts only, one statement, no counter locked (a caps-only gateway's settlement).
+    -- Whether any cost or window moves (read only; the rows that move are then locked): a batch
+    -- in which none does (no hold, no priced model, no token window) writes the status and token
+    -- counts only, one statement, no counter locked (a caps-only gateway's settlement).
+    IF NOT EXISTS (
+        SELECT 1
+          FROM unnest(p_company, p_ledger, p_rate) AS s(c, id, rate)
+          JOIN usage_ledger l ON l.company_id = s.c AND l.id = s.id
+         WHERE l.outcome = 'charged' AND l.units > 0
+           AND ((l.cost_source IS NULL
+                 AND (l.hold_micros IS NOT NULL
+                      OR (v_priced AND EXISTS (SELECT 1 FROM capgate_price(l.model, l.created_at)))))
+                OR (s.rate >= 0 AND (l.rate_scopes & 27) <> 0 AND l.rate_tokens <> s.rate))) THEN
         UPDATE usage_ledger l
            SET upstream_status = s.status, input_tokens = nullif(s.input, -1), output_tokens = nullif(s.output, -1),
                cache_write_5m_tokens = nullif(s.w5, -1), cache_write_1h_tokens = nullif(s.w1, -1),
@@ -100,7 +102,9 @@ BEGIN
          WHERE l.company_id = s.c AND l.id = s.id AND l.outcome = 'charged';
         RETURN;
     END IF;
-    RETURN QUERY
+    -- 1. The ledger rows, locked in key order, settled: the cost of each open hold computed and
+    --    written before any counter is locked, so the counters stay locked only for step 3's
+    --    short update (admissions of the same companies wait for them).
     WITH settled AS (
         UPDATE usage_ledger l
            SET upstream_status = o.status, input_tokens = nullif(o.input, -1), output_tokens = nullif(o.output, -1),
@@ -138,6 +142,29 @@ BEGIN
         RETURNING l.company_id, l.id, l.period_id, l.user_id, l.cost_grant_id, o.open, o.hold, o.cost,
                   CASE WHEN l.cost_grant_id IS NOT NULL THEN coalesce(l.cost_grant_part, o.hold) END AS part,
                   coalesce(l.feature, '') AS feature, l.rate_minute, l.rate_scopes, o.tok
+    )
+    SELECT array_agg(m.company_id), array_agg(m.id), array_agg(m.period_id), array_agg(m.user_id),
+           array_agg(m.cost_grant_id), array_agg(m.open), array_agg(m.hold), array_agg(m.cost), array_agg(m.part),
+           array_agg(m.feature), array_agg(m.rate_minute), array_agg(m.rate_scopes), array_agg(m.tok)
+      INTO m_company, m_id, m_period, m_user, m_grant, m_open, m_hold, m_cost, m_part, m_feature, m_minute, m_scopes,
+           m_tok
+      FROM settled m;
+    -- 2. The company counters whose cost or tokens move, in key order (as an admission takes them).
+    PERFORM 1
+       FROM (SELECT DISTINCT m.c, m.p
+               FROM unnest(m_company, m_period, m_open, m_hold, m_cost, m_tok) AS m(c, p, open, hold, cost, tok)
+              WHERE (m.open AND (m.hold IS NOT NULL OR m.cost IS NOT NULL)) OR m.tok IS NOT NULL) k
+       JOIN company_usage cu ON cu.company_id = k.c AND cu.period_id = k.p
+      ORDER BY cu.company_id, cu.period_id
+        FOR UPDATE OF cu;
+    -- 3. The counters, grants and feature windows trade the holds for what was settled.
+    RETURN QUERY
+    WITH settled AS (
+        SELECT *
+          FROM unnest(m_company, m_id, m_period, m_user, m_grant, m_open, m_hold, m_cost, m_part, m_feature, m_minute,
+                      m_scopes, m_tok)
+               AS m(company_id, id, period_id, user_id, cost_grant_id, open, hold, cost, part, feature, rate_minute,
+                    rate_scopes, tok)
     ), tokens AS (
         -- The token windows' deltas, per window row (period_id NULL for a feature's rows, which are
         -- not the period's), of the calls of its latest minute in the batch.

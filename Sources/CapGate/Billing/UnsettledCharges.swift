@@ -187,8 +187,8 @@ public struct UnsettledCharges: Sendable {
     }
 
     /// Keeps one charge inside the caller's transaction; nil when it no longer qualifies. Lock
-    /// order as admission, settlement and `capgate_refund`: the company counter, the ledger row,
-    /// the user counter. An open hold (`hold_micros` set, `cost_source` NULL) becomes the cost
+    /// order as settlement and `capgate_refund`: the ledger row, the company counter, the user
+    /// counter (an admission locks counters but no existing ledger row). An open hold (`hold_micros` set, `cost_source` NULL) becomes the cost
     /// (`cost_source` `hold`) and moves from `cost_held` to `cost_used` in both counters; the part
     /// a top-up grant held (SPEC §12, `cost_grant_part`; NULL: the whole) moves in the grant instead
     /// of the company counter.
@@ -198,8 +198,6 @@ public struct UnsettledCharges: Sendable {
             logger: logger
         ).decode((Int64, UUID, Int64?, Int64?).self).collect()
         guard let (period, user, grant, grantPart) = found.first else { return nil }
-        try await connection.query(
-            "SELECT 1 FROM company_usage WHERE company_id = \(row.company) AND period_id = \(period) FOR UPDATE", logger: logger)
         let open = try await connection.query(
             """
             SELECT CASE WHEN cost_source IS NULL THEN hold_micros END FROM usage_ledger
@@ -210,6 +208,8 @@ public struct UnsettledCharges: Sendable {
             logger: logger
         ).decode(Int64?.self).collect()
         guard let held = open.first else { return nil }
+        try await connection.query(
+            "SELECT 1 FROM company_usage WHERE company_id = \(row.company) AND period_id = \(period) FOR UPDATE", logger: logger)
         try await connection.query(
             """
             UPDATE usage_ledger SET settled_at = clock_timestamp(), cost_micros = COALESCE(\(held), cost_micros),
