@@ -1,9 +1,9 @@
 import Foundation
 import Testing
 
-/// One lock order for every path that moves a counter: the company counter first (the batch's in
-/// key order), then the ledger rows, then the user counters (admission: company, then user; refund
-/// and settlement: company, ledger row, user). Settlements of overlapping batches (a spool replay
+/// One lock order for every path that moves a counter: an existing ledger row before any counter,
+/// then the company counters (a batch's in key order), then the user counters (admission: company,
+/// then user, and no existing ledger row; refund and settlement: ledger rows, company, user). Settlements of overlapping batches (a spool replay
 /// settles a call again), refunds of calls in those batches and new admissions of the same users,
 /// all at once: none may deadlock, and every counter must end equal to what the ledger says it
 /// holds and used.
