@@ -40,14 +40,17 @@ public struct MeteringStore: Sendable {
     /// NULL, and an open hold stands until `capgate unsettled` decides it).
     public static let settlementGather = Duration.milliseconds(50)
 
-    /// - Parameter admissionQueueLimit: `database.admissionQueueLimit` (see `MeteringStore+Overload.swift`).
+    /// - Parameters:
+    ///   - admissionQueueLimit: `database.admissionQueueLimit` (see `MeteringStore+Overload.swift`).
+    ///   - slotEndGather: how long a slot end waits for an admission to carry it (``SlotEnds``).
     public init(
-        database: Database, relaxed: Bool = false, admissionQueueLimit: Int = Self.defaultAdmissionQueueLimit, spool: Spool? = nil
+        database: Database, relaxed: Bool = false, admissionQueueLimit: Int = Self.defaultAdmissionQueueLimit, spool: Spool? = nil,
+        slotEndGather: Duration = .milliseconds(10)
     ) {
         self.database = database
         self.relaxed = relaxed
         self.spool = spool
-        let slotEnds = SlotEnds(database: database)
+        let slotEnds = SlotEnds(database: database, gather: slotEndGather)
         self.slotEnds = slotEnds
         self.admissions = Self.admissionQueue(
             database: database, relaxed: relaxed, queueLimit: admissionQueueLimit, spool: spool, slotEnds: slotEnds)
@@ -259,9 +262,12 @@ public struct MeteringStore: Sendable {
         await settlements.processedSoFar()
     }
 
-    /// Waits until every queued settlement is written (graceful shutdown, tests).
+    /// Waits until every queued settlement and every noted slot end is written (graceful
+    /// shutdown, tests): a gateway stopped right after an answer ended must not leave its slot
+    /// taken until the lease.
     public func flush() async {
         await settlements.flush()
+        await slotEnds.flush()
     }
 
     static func settleBatch(_ items: [Settlement], database: Database, spool: Spool? = nil) async -> [Result<Void, any Error>] {
