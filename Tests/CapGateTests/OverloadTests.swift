@@ -91,16 +91,17 @@ struct OverloadTests {
         let late = Mutex<[Int]>([])
         let (leaderRunning, running) = AsyncStream.makeStream(of: Void.self)
         let queue = BatchQueue<Int, Int>(
-            maxBatch: 8, waitLimit: .milliseconds(1500),
+            maxBatch: 8, waitLimit: .milliseconds(2500),
             late: { item, result in
                 if case .success = result { late.withLock { $0.append(item) } }
             }
         ) { items in
-            // The leader's batch takes 1 s, the next one 4 s: its items give up in flight (1.5 s after
-            // they arrived, during the leader's batch: a call arriving at an idle queue would run its
-            // own admission at once, bounded by database.timeout instead).
+            // The leader's batch takes 1 s, the next one 5 s: its items give up in flight (2.5 s after
+            // they arrived, after the leader's batch, with 1.5 s to spare for a loaded machine: a
+            // call arriving at an idle queue would run its own admission at once, bounded by
+            // database.timeout instead).
             if items.contains(0) { running.yield() }
-            try? await Task.sleep(for: items.contains(0) ? .seconds(1) : .seconds(4))
+            try? await Task.sleep(for: items.contains(0) ? .seconds(1) : .seconds(5))
             return items.map { .success($0) }
         }
         let leader = Task { try await queue.submit(0) }
@@ -116,8 +117,8 @@ struct OverloadTests {
             }
             return await group.reduce(into: []) { $0.append($1) }
         }
-        // They gave up at 1.5 s (the failures below), not when their 4 s batch ended.
-        #expect(ContinuousClock.now - started < .seconds(4))
+        // They gave up at 2.5 s (the failures below), not when their 5 s batch ended.
+        #expect(ContinuousClock.now - started < .seconds(5))
         #expect(results.allSatisfy { if case .failure(let e) = $0 { (e as? BatchQueueRejection) == .waitedTooLong } else { false } })
         #expect(try await leader.value == 0)
         await queue.flush()
