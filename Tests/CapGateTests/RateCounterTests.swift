@@ -138,6 +138,55 @@ struct RateCounterTests {
         }
     }
 
+    @Test(
+        "company_tpm, 64 callers over two gateways while answers settle: the minute never takes more than its limit, and takes more calls than their holds alone fit"
+    )
+    func exactUnderLoad() async throws {
+        try await Harness.with { first in
+            try await first.createPlan("p", company: nil, user: nil)
+            try await RateWindowTests.setLimits(first, plan: "p", .obj(["company_tpm": 1_000_000_000]))
+            let (company, users) = try await first.createCompany(plan: "p", users: 4)
+            try await Harness.with(database: first.databaseURL) { second in
+                try await RateWindowTests.roomInMinute(20)
+                // One call's hold (what its counter row took), then a limit of four such holds.
+                #expect(try await first.message(key: users[0].key).status == 200)
+                let hold = try await first.scalar("SELECT rate_tokens FROM company_usage")
+                let limit = 4 * hold
+                try await RateWindowTests.setLimits(first, plan: "p", .obj(["company_tpm": .int(limit)]))
+                let statuses = try await withThrowingTaskGroup(of: [Int].self) { group in
+                    for caller in 0..<64 {
+                        let base = caller % 2 == 0 ? first.gatewayURL : second.gatewayURL
+                        group.addTask {
+                            var seen: [Int] = []
+                            for _ in 0..<4 {
+                                seen.append(try await first.message(key: users[caller % 4].key, base: base).status)
+                                try await Task.sleep(for: .milliseconds(150))
+                            }
+                            return seen
+                        }
+                    }
+                    return try await group.reduce(into: []) { $0 += $1 }
+                }
+                #expect(statuses.allSatisfy { $0 == 200 || $0 == 429 }, "\(statuses)")
+                #expect(statuses.contains(429))
+                let admitted = Int64(statuses.filter { $0 == 200 }.count)
+                // More than four holds' worth of calls: the settled ones left their room to others.
+                #expect(admitted > 4)
+                let charged = "FROM usage_ledger WHERE outcome = 'charged'"
+                #expect(try await first.eventually("SELECT count(*) \(charged) AND settled_at IS NULL", equals: 0) == 0)
+                #expect(try await first.scalar("SELECT count(*) \(charged)") == admitted + 1)
+                let real = try await first.scalar("SELECT sum(input_tokens + output_tokens) \(charged)")
+                #expect(try await first.scalar("SELECT sum(rate_tokens) \(charged)") == real)
+                #expect(real <= limit)
+                #expect(try await Self.exact(first, company: company, user: nil) == real)
+                #expect(try await first.scalar("SELECT rate_tokens FROM company_usage") >= real)
+                // One more call fits exactly when its hold fits what is left.
+                let next = try await first.message(key: users[0].key).status
+                #expect(next == (real + hold <= limit ? 200 : 429))
+            }
+        }
+    }
+
     /// A plan token window counted from the ledger, in the current minute: the company's (user nil) or the user's.
     static func exact(_ h: Harness, company: UUID, user: UUID?) async throws -> Int64 {
         try await h.scalar(

@@ -10,7 +10,8 @@
 -- concurrency 64: BENCHMARKS.md session 27.)
 --
 -- rate_scopes gains two bits: 32, the call holds tokens in the company's plan token window
--- (company_tpm set), 64 in the user's (user_tpm set). These two indexes, holding only such calls,
--- are what the recount reads: the company's minute, the user's minute.
-CREATE INDEX usage_ledger_rate_company ON usage_ledger (company_id, rate_minute) WHERE (rate_scopes & 32) <> 0;
-CREATE INDEX usage_ledger_rate_user ON usage_ledger (company_id, user_id, rate_minute) WHERE (rate_scopes & 64) <> 0;
+-- (company_tpm set), 64 in the user's (user_tpm set). This index, holding only such calls, is
+-- what the recount reads: the company's minute is one range of it, the user's minute a range
+-- within that one (one index rather than one per window: each is an insert per call, and a
+-- settlement's update that cannot stay on its page inserts again).
+CREATE INDEX usage_ledger_rate ON usage_ledger (company_id, rate_minute, user_id) WHERE (rate_scopes & 96) <> 0;
