@@ -160,11 +160,8 @@ struct RateInFlightTests {
             // The settlement (queued) writes the same usage to the ledger.
             #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE settled_at IS NOT NULL", equals: 1) == 1)
             let real = try await h.scalar("SELECT input_tokens + output_tokens FROM usage_ledger")
-            // The window counts it from the ledger (its counter row keeps the hold: an upper bound).
-            let counted = try await RateCounterTests.exact(h, company: company, user: users[0].id)
+            let counted = try await h.scalar(window)
             #expect(counted == real && counted > 0 && counted < hold)
-            #expect(try await RateCounterTests.usageTokens(h, key: key) == ["user-tpm": real])
-            #expect(try await h.scalar(window) == hold)
             // The ledger row now holds the real count (what a refund would give back); a call
             // without a slot never had a rate_calls row.
             #expect(try await h.scalar("SELECT rate_tokens FROM usage_ledger") == real)
@@ -173,8 +170,6 @@ struct RateInFlightTests {
             let again = try await h.request(
                 .POST, "/v1/messages", headers: [("x-api-key", key), ("content-type", "application/json")], body: Self.body)
             #expect(again.status == 200)
-            // (The bound, hold + hold, would have refused it: the batch counted exactly, and the row keeps that.)
-            #expect(try await h.scalar(window) == real + hold)
 
             // A token window needs a bound: no max_tokens is 400 and changes nothing.
             let unbounded = try await h.request(

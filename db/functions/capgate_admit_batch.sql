@@ -26,10 +26,7 @@
 -- call's token bound (capgate_rate_tokens) are read in step 1; the plan's windows are in the
 -- company and user counter rows (step 2), the entitlement's rows are locked in key order in step
 -- 2b with the users' live slots; a call that passed every counter and budget is counted in its
--- windows in step 3 as capgate_rate_take would, in arrival order, or refused rate_limited. A
--- plan token window's counter is an upper bound (migration 0022): a call it would refuse has the
--- window counted exactly from the ledger first (capgate_rate_recount, once per row and batch,
--- plus what the batch's earlier calls added), as capgate_rate_counter does.
+-- windows in step 3 as capgate_rate_take would, in arrival order, or refused rate_limited.
 -- p_ended_company, p_ended_ledger: calls that ended on this gateway since its last admission
 -- transaction; their slots are freed first (capgate_slots_free).
 CREATE FUNCTION capgate_admit_batch(
@@ -85,8 +82,6 @@ DECLARE
     -- the plan's rate windows in those rows (SPEC §14): minute, calls, tokens; the user's live slots
     c_rmin timestamptz[]; c_rcalls bigint[]; c_rtok bigint[];
     u_rmin timestamptz[]; u_rcalls bigint[]; u_rtok bigint[]; u_slots bigint[];
-    -- the tokens this batch added to a plan token window, NULL once it was counted exactly
-    c_radd bigint[]; u_radd bigint[];
     fp_company uuid[]; fp_feature text[]; fp_start timestamptz[]; fp_used bigint[];
     fd_company uuid[]; fd_feature text[]; fd_start timestamptz[]; fd_used bigint[];
     up_company uuid[]; up_user uuid[]; up_feature text[]; up_start timestamptz[]; up_used bigint[];
@@ -297,8 +292,6 @@ BEGIN
            array_agg(l.rate_tokens ORDER BY slot.slot)
       INTO u_company, u_period, u_user, u_used, u_cost, u_held, u_rmin, u_rcalls, u_rtok
       FROM slot JOIN locked l ON l.company_id = slot.c AND l.period_id = slot.p AND l.user_id = slot.u;
-    c_radd := array_fill(0::bigint, ARRAY[coalesce(cardinality(c_company), 0)]);
-    u_radd := array_fill(0::bigint, ARRAY[coalesce(cardinality(u_company), 0)]);
 
     IF EXISTS (SELECT 1 FROM unnest(a_fps) s WHERE s IS NOT NULL) THEN
         WITH slot AS (
@@ -552,13 +545,13 @@ BEGIN
                 IF o = 1 THEN
                     IF c_rmin[cs] IS NULL OR c_rmin[cs] < v_minute THEN
                         SELECT x.calls, x.tokens INTO v_c, v_t FROM capgate_rate_carry(a_company[i], NULL, a_start[i], v_minute) x;
-                        c_rmin[cs] := v_minute; c_rcalls[cs] := v_c; c_rtok[cs] := v_t; c_radd[cs] := 0;
+                        c_rmin[cs] := v_minute; c_rcalls[cs] := v_c; c_rtok[cs] := v_t;
                     END IF;
                     v_c := c_rcalls[cs]; v_t := c_rtok[cs]; v_s := NULL;
                 ELSIF o = 3 THEN
                     IF u_rmin[us] IS NULL OR u_rmin[us] < v_minute THEN
                         SELECT x.calls, x.tokens INTO v_c, v_t FROM capgate_rate_carry(a_company[i], a_user[i], a_start[i], v_minute) x;
-                        u_rmin[us] := v_minute; u_rcalls[us] := v_c; u_rtok[us] := v_t; u_radd[us] := 0;
+                        u_rmin[us] := v_minute; u_rcalls[us] := v_c; u_rtok[us] := v_t;
                     END IF;
                     v_c := u_rcalls[us]; v_t := u_rtok[us]; v_s := u_slots[us];
                 ELSE
@@ -566,20 +559,6 @@ BEGIN
                     v_c := CASE WHEN w_min[v_k] >= v_minute THEN w_calls[v_k] ELSE 0 END;
                     v_t := CASE WHEN w_min[v_k] >= v_minute THEN w_tokens[v_k] ELSE 0 END;
                     v_s := w_slots[v_k];
-                END IF;
-                -- A plan token window's bound that would refuse (its call window fits): the exact
-                -- count, once per row and batch.
-                IF v_tpm IS NOT NULL AND v_t + a_rtok[i] > v_tpm AND (v_rpm IS NULL OR v_c + 1 <= v_rpm)
-                   AND (o = 1 AND c_radd[cs] IS NOT NULL OR o = 3 AND u_radd[us] IS NOT NULL) THEN
-                    IF o = 1 THEN
-                        c_rtok[cs] := capgate_rate_recount(a_company[i], NULL, c_rmin[cs]) + c_radd[cs];
-                        c_radd[cs] := NULL;
-                        v_t := c_rtok[cs];
-                    ELSE
-                        u_rtok[us] := capgate_rate_recount(a_company[i], a_user[i], u_rmin[us]) + u_radd[us];
-                        u_radd[us] := NULL;
-                        v_t := u_rtok[us];
-                    END IF;
                 END IF;
                 v_ref := CASE WHEN v_rpm IS NOT NULL AND v_c + 1 > v_rpm THEN '-rpm'
                               WHEN v_tpm IS NOT NULL AND v_t + a_rtok[i] > v_tpm THEN '-tpm'
@@ -599,8 +578,7 @@ BEGIN
                     v_ref := (ARRAY['company', 'feature.company', 'user', 'feature.user'])[o] || v_ref;
                     EXIT;
                 END IF;
-                v_scopes := v_scopes | (ARRAY[1, 8, 2, 16])[o]
-                            | CASE WHEN v_tpm IS NOT NULL AND o IN (1, 3) THEN (ARRAY[32, 0, 64, 0])[o] ELSE 0 END;
+                v_scopes := v_scopes | (ARRAY[1, 8, 2, 16])[o];
             END LOOP;
             IF v_ref IS NULL THEN
                 IF (v_scopes & 1) <> 0 THEN a_crc[i] := a_crc[i] + 1; a_crt[i] := a_crt[i] + a_rtok[i]; END IF;
@@ -619,11 +597,9 @@ BEGIN
                 -- Taken: every window of the call moves, and a slot counts for the user's.
                 IF (v_scopes & 1) <> 0 THEN
                     c_rcalls[cs] := c_rcalls[cs] + 1; c_rtok[cs] := c_rtok[cs] + a_rtok[i];
-                    c_radd[cs] := c_radd[cs] + CASE WHEN (v_scopes & 32) <> 0 THEN a_rtok[i] ELSE 0 END;
                 END IF;
                 IF (v_scopes & 2) <> 0 THEN
                     u_rcalls[us] := u_rcalls[us] + 1; u_rtok[us] := u_rtok[us] + a_rtok[i];
-                    u_radd[us] := u_radd[us] + CASE WHEN (v_scopes & 64) <> 0 THEN a_rtok[i] ELSE 0 END;
                 END IF;
                 IF v_slot AND u_slots IS NOT NULL THEN
                     u_slots[us] := u_slots[us] + 1;

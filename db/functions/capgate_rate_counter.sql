@@ -4,9 +4,7 @@
 -- tokens; NULL: no limit): a row on an earlier minute starts again from zero, or from what the
 -- periods before took in p_minute when p_period started inside it (capgate_rate_carry). Answers
 -- the refusing window ('<p_who>-rpm' before '<p_who>-tpm', NULL when it fits) and the counts:
--- with the call, or as they stand. The row's tokens are an upper bound (migration 0022): a call
--- it would refuse for its tokens has the window counted exactly (capgate_rate_recount) and is
--- decided on that, which the row then keeps.
+-- with the call, or as they stand.
 CREATE FUNCTION capgate_rate_counter(
     p_company uuid, p_period bigint, p_user uuid, p_started timestamptz, p_minute timestamptz, p_tokens bigint,
     p_rpm integer, p_tpm bigint, p_who text,
@@ -32,22 +30,6 @@ BEGIN
         v_minute := p_minute;
     END IF;
     refused := capgate_rate_refusal(calls, tokens, p_tokens, p_rpm, p_tpm, p_who);
-    IF refused = p_who || '-tpm' THEN
-        tokens := capgate_rate_recount(p_company, p_user, v_minute);
-        refused := capgate_rate_refusal(calls, tokens, p_tokens, p_rpm, p_tpm, p_who);
-        IF refused IS NOT NULL THEN
-            -- The exact count stands in the row (as the batch writes it).
-            IF p_user IS NULL THEN
-                UPDATE company_usage cu SET rate_minute = v_minute, rate_calls = capgate_rate_counter.calls,
-                                            rate_tokens = capgate_rate_counter.tokens
-                 WHERE cu.company_id = p_company AND cu.period_id = p_period;
-            ELSE
-                UPDATE user_usage uu SET rate_minute = v_minute, rate_calls = capgate_rate_counter.calls,
-                                         rate_tokens = capgate_rate_counter.tokens
-                 WHERE uu.company_id = p_company AND uu.period_id = p_period AND uu.user_id = p_user;
-            END IF;
-        END IF;
-    END IF;
     IF refused IS NOT NULL THEN
         RETURN;
     END IF;

@@ -15,10 +15,7 @@
 -- user's, as the batch's step 2b takes them), so two calls of one user are decided one after the
 -- other (the in-flight counts included: the caller adds the call's slot, in rate_calls, before
 -- its transaction ends; a slot past its lease does not count).
--- A refusal takes back what this call added to the windows before it. Scopes (the ledger's
--- rate_scopes): 1 the company's window, 2 the user's, 8 and 16 the feature's; 32 and 64: the
--- call holds tokens in the company's, the user's plan token window (counted exactly from the
--- ledger by capgate_rate_recount).
+-- A refusal takes back what this call added to the windows before it.
 CREATE FUNCTION capgate_rate_take(
     p_company uuid, p_period bigint, p_started timestamptz, p_user uuid, p_at timestamptz, p_tokens bigint, p_crpm integer, p_ctpm bigint,
     p_urpm integer, p_utpm bigint, p_conc integer, p_feature text DEFAULT NULL, p_fcrpm integer DEFAULT NULL,
@@ -39,7 +36,7 @@ BEGIN
     IF p_crpm IS NOT NULL OR p_ctpm IS NOT NULL THEN
         SELECT * INTO r.refused, r.c_calls, r.c_tokens
           FROM capgate_rate_counter(p_company, p_period, NULL, p_started, r.minute, p_tokens, p_crpm, p_ctpm, 'company');
-        r.scopes := CASE WHEN r.refused IS NULL THEN 1 | CASE WHEN p_ctpm IS NOT NULL THEN 32 ELSE 0 END ELSE 0 END;
+        r.scopes := CASE WHEN r.refused IS NULL THEN 1 ELSE 0 END;
     END IF;
     IF r.refused IS NULL AND p_feature IS NOT NULL AND (p_fcrpm IS NOT NULL OR p_fctpm IS NOT NULL) THEN
         SELECT * INTO r.refused, r.fc_calls, r.fc_tokens
@@ -50,7 +47,7 @@ BEGIN
         SELECT * INTO r.refused, r.u_calls, r.u_tokens
           FROM capgate_rate_counter(p_company, p_period, p_user, p_started, r.minute, p_tokens, p_urpm, p_utpm, 'user');
         IF r.refused IS NULL THEN
-            r.scopes := r.scopes | 2 | CASE WHEN p_utpm IS NOT NULL THEN 64 ELSE 0 END;
+            r.scopes := r.scopes | 2;
             IF p_conc IS NOT NULL THEN
                 SELECT count(*) INTO r.u_slots FROM rate_calls
                  WHERE company_id = p_company AND user_id = p_user AND (scopes & 4) <> 0 AND lease_until > p_at;

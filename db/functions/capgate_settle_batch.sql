@@ -27,15 +27,15 @@
 --
 -- Rate windows (SPEC §14): p_rate, per call, is the real count of tokens (input, cache writes
 -- and reads, output) of a call counted in a token window, -1 when not known (the hold stays), -3
--- for a call in none. The ledger row's rate_tokens (its hold) becomes the real count: what the
--- plan's token windows count (capgate_rate_recount reads the ledger: the counter rows keep an
--- upper bound, migration 0022, so no counter is locked for them) and what a refund gives back. A
--- feature's token windows, in rate_windows rows, trade the hold for the real count in the same
--- transaction (a row already on a later minute is left as it is, and of a batch's calls of one
--- row only those of its latest minute count); the company counter is locked (after the ledger
--- rows) for these calls too, so a settlement meets an admission of the same company there,
--- before any window row. (A call's concurrency slot is freed apart, by the gateway's next
--- admission, capgate_slots_free, or capgate_rate_end.)
+-- for a call in none. A call's hold in its windows (usage_ledger.rate_tokens, in the minute
+-- rate_minute, in the rows rate_scopes names) is traded for its real count in the same
+-- transaction: the plan's windows in the company's and the user's counter rows (with the cost,
+-- one update of each row), a feature's in its rate_windows rows; a row already on a later minute
+-- is left as it is, and of a batch's calls of one row only those of its latest minute count. The
+-- ledger row then holds the real count (what a refund gives back). The company counter is locked
+-- (after the ledger rows) for these calls too, so a settlement meets an admission of the same
+-- company there, before any window row. (A call's concurrency slot is freed apart, by the gateway's next admission,
+-- capgate_slots_free, or capgate_rate_end.)
 --
 -- Returns the settled calls that cost more than their hold (the provider billed past the bound).
 CREATE FUNCTION capgate_settle_batch(
@@ -81,10 +81,9 @@ BEGIN
                  GROUP BY l.model) d
           LEFT JOIN LATERAL (SELECT q FROM capgate_price(d.model, d.hi) q) pr ON true;
     END IF;
-    -- Whether any cost or feature window moves (read only; the rows that move are then locked):
-    -- a batch in which none does (no hold, no priced model, no feature token window) writes the
-    -- status and token counts only, one statement, no counter locked (a caps-only gateway's
-    -- settlement, or one with the plan's windows only).
+    -- Whether any cost or window moves (read only; the rows that move are then locked): a batch
+    -- in which none does (no hold, no priced model, no token window) writes the status and token
+    -- counts only, one statement, no counter locked (a caps-only gateway's settlement).
     IF NOT EXISTS (
         SELECT 1
           FROM unnest(p_company, p_ledger, p_rate) AS s(c, id, rate)
@@ -93,15 +92,13 @@ BEGIN
            AND ((l.cost_source IS NULL
                  AND (l.hold_micros IS NOT NULL
                       OR (v_priced AND EXISTS (SELECT 1 FROM capgate_price(l.model, l.created_at)))))
-                OR (s.rate >= 0 AND (l.rate_scopes & 24) <> 0 AND l.rate_tokens <> s.rate))) THEN
+                OR (s.rate >= 0 AND (l.rate_scopes & 27) <> 0 AND l.rate_tokens <> s.rate))) THEN
         UPDATE usage_ledger l
            SET upstream_status = s.status, input_tokens = nullif(s.input, -1), output_tokens = nullif(s.output, -1),
                cache_write_5m_tokens = nullif(s.w5, -1), cache_write_1h_tokens = nullif(s.w1, -1),
-               cache_read_tokens = nullif(s.rd, -1), settled_at = clock_timestamp(),
-               rate_tokens = CASE WHEN s.rate >= 0 AND l.units > 0 AND (l.rate_scopes & 123) <> 0 THEN s.rate
-                                  ELSE l.rate_tokens END
+               cache_read_tokens = nullif(s.rd, -1), settled_at = clock_timestamp()
           FROM unnest(p_company, p_ledger, p_upstream_status, p_input_tokens, p_output_tokens, p_cache_write_5m,
-                      p_cache_write_1h, p_cache_read, p_rate) AS s(c, id, status, input, output, w5, w1, rd, rate)
+                      p_cache_write_1h, p_cache_read) AS s(c, id, status, input, output, w5, w1, rd)
          WHERE l.company_id = s.c AND l.id = s.id AND l.outcome = 'charged';
         RETURN;
     END IF;
@@ -116,14 +113,13 @@ BEGIN
                cost_micros = CASE WHEN o.open THEN o.cost ELSE l.cost_micros END,
                cost_source = CASE WHEN NOT o.open OR o.cost IS NULL THEN l.cost_source
                                   WHEN o.usage_cost IS NOT NULL THEN 'usage' ELSE 'hold' END,
-               rate_tokens = CASE WHEN o.rate >= 0 AND l.units > 0 AND (l.rate_scopes & 123) <> 0 THEN o.rate
-                                  ELSE l.rate_tokens END
+               rate_tokens = CASE WHEN o.tok IS NOT NULL THEN o.rate ELSE l.rate_tokens END
           FROM (
             SELECT x.*, CASE WHEN x.open THEN coalesce(x.usage_cost, x.hold) END AS cost
               FROM (
                 SELECT l2.company_id, l2.id, l2.hold_micros AS hold, s.status, s.input, s.output, s.w5, s.w1, s.rd,
                        (l2.cost_source IS NULL AND l2.units > 0) AS open, s.rate,
-                       CASE WHEN s.rate >= 0 AND l2.units > 0 AND (l2.rate_scopes & 24) <> 0 AND l2.rate_tokens <> s.rate
+                       CASE WHEN s.rate >= 0 AND l2.units > 0 AND (l2.rate_scopes & 27) <> 0 AND l2.rate_tokens <> s.rate
                             THEN s.rate - l2.rate_tokens END AS tok,
                        CASE WHEN l2.cost_source IS NULL AND l2.units > 0 AND s.known
                             THEN (SELECT capgate_cost(pr.q, greatest(s.input, 0), greatest(s.w5, 0), greatest(s.w1, 0),
@@ -170,17 +166,20 @@ BEGIN
                AS m(company_id, id, period_id, user_id, cost_grant_id, open, hold, cost, part, feature, rate_minute,
                     rate_scopes, tok)
     ), tokens AS (
-        -- The feature token windows' deltas, per window row, of the calls of its latest minute in
-        -- the batch.
-        SELECT t.company_id, t.owner, t.feature, t.minute, sum(t.tok)::bigint AS tok
-          FROM (SELECT m.company_id, o.owner, m.feature, m.rate_minute AS minute, m.tok,
-                       max(m.rate_minute) OVER (PARTITION BY m.company_id, o.owner, m.feature) AS latest
+        -- The token windows' deltas, per window row (period_id NULL for a feature's rows, which are
+        -- not the period's), of the calls of its latest minute in the batch.
+        SELECT t.company_id, t.period_id, t.owner, t.feature, t.minute, sum(t.tok)::bigint AS tok
+          FROM (SELECT m.company_id, CASE WHEN o.feature = '' THEN m.period_id END AS period_id, o.owner, o.feature,
+                       m.rate_minute AS minute, m.tok,
+                       max(m.rate_minute) OVER (PARTITION BY m.company_id, CASE WHEN o.feature = '' THEN m.period_id END,
+                                                             o.owner, o.feature) AS latest
                   FROM settled m
-                 CROSS JOIN LATERAL (VALUES (8, '00000000-0000-0000-0000-000000000000'::uuid), (16, m.user_id))
-                       AS o(bit, owner)
+                 CROSS JOIN LATERAL (VALUES (1, '00000000-0000-0000-0000-000000000000'::uuid, ''), (2, m.user_id, ''),
+                                            (8, '00000000-0000-0000-0000-000000000000'::uuid, m.feature),
+                                            (16, m.user_id, m.feature)) AS o(bit, owner, feature)
                  WHERE m.tok IS NOT NULL AND (m.rate_scopes & o.bit) <> 0) t
          WHERE t.minute = t.latest
-         GROUP BY t.company_id, t.owner, t.feature, t.minute
+         GROUP BY t.company_id, t.period_id, t.owner, t.feature, t.minute
     ), moved AS (
         SELECT m.company_id, m.period_id, m.user_id, m.cost_grant_id, sum(coalesce(m.hold, 0))::bigint AS hold,
                sum(coalesce(m.cost, 0))::bigint AS cost,
@@ -192,21 +191,34 @@ BEGIN
          WHERE m.open AND (m.hold IS NOT NULL OR m.cost IS NOT NULL)
          GROUP BY m.company_id, m.period_id, m.user_id, m.cost_grant_id
     ), companies AS (
+        -- One update of each row: its cost and its window's tokens.
         UPDATE company_usage cu
-           SET cost_held = cu.cost_held - c.hold, cost_used = cu.cost_used + c.cost
-          FROM (SELECT m.company_id, m.period_id, sum(m.c_hold)::bigint AS hold, sum(m.c_cost)::bigint AS cost
-                  FROM moved m GROUP BY m.company_id, m.period_id) c
+           SET cost_held = cu.cost_held - coalesce(c.hold, 0), cost_used = cu.cost_used + coalesce(c.cost, 0),
+               rate_tokens = cu.rate_tokens + CASE WHEN cu.rate_minute = c.minute THEN c.tok ELSE 0 END
+          FROM (SELECT coalesce(a.company_id, b.company_id) AS company_id, coalesce(a.period_id, b.period_id) AS period_id,
+                       a.hold, a.cost, b.minute, b.tok
+                  FROM (SELECT m.company_id, m.period_id, sum(m.c_hold)::bigint AS hold, sum(m.c_cost)::bigint AS cost
+                          FROM moved m GROUP BY m.company_id, m.period_id) a
+                  FULL JOIN (SELECT t.* FROM tokens t
+                              WHERE t.owner = '00000000-0000-0000-0000-000000000000' AND t.feature = '') b
+                    ON b.company_id = a.company_id AND b.period_id = a.period_id) c
          WHERE cu.company_id = c.company_id AND cu.period_id = c.period_id
     ), users AS (
         UPDATE user_usage uu
-           SET cost_held = uu.cost_held - m.hold, cost_used = uu.cost_used + m.cost
-          FROM (SELECT m.company_id, m.period_id, m.user_id, sum(m.hold)::bigint AS hold, sum(m.cost)::bigint AS cost
-                  FROM moved m GROUP BY m.company_id, m.period_id, m.user_id) m
+           SET cost_held = uu.cost_held - coalesce(m.hold, 0), cost_used = uu.cost_used + coalesce(m.cost, 0),
+               rate_tokens = uu.rate_tokens + CASE WHEN uu.rate_minute = m.minute THEN m.tok ELSE 0 END
+          FROM (SELECT coalesce(a.company_id, b.company_id) AS company_id, coalesce(a.period_id, b.period_id) AS period_id,
+                       coalesce(a.user_id, b.owner) AS user_id, a.hold, a.cost, b.minute, b.tok
+                  FROM (SELECT m.company_id, m.period_id, m.user_id, sum(m.hold)::bigint AS hold, sum(m.cost)::bigint AS cost
+                          FROM moved m GROUP BY m.company_id, m.period_id, m.user_id) a
+                  FULL JOIN (SELECT t.* FROM tokens t
+                              WHERE t.owner <> '00000000-0000-0000-0000-000000000000' AND t.feature = '') b
+                    ON b.company_id = a.company_id AND b.period_id = a.period_id AND b.owner = a.user_id) m
          WHERE uu.company_id = m.company_id AND uu.period_id = m.period_id AND uu.user_id = m.user_id
     ), windows AS (
         UPDATE rate_windows w SET tokens = w.tokens + t.tok
           FROM tokens t
-         WHERE w.company_id = t.company_id AND w.user_id = t.owner AND w.feature_id = t.feature
+         WHERE t.feature <> '' AND w.company_id = t.company_id AND w.user_id = t.owner AND w.feature_id = t.feature
            AND w.minute = t.minute
     ), grants AS (
         UPDATE topup_grants g SET cost_held = g.cost_held - m.hold, cost_used = g.cost_used + m.cost

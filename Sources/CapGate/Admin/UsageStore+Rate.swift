@@ -3,9 +3,7 @@ import PostgresNIO
 
 /// The rate windows of `GET /v1/usage` (SPEC §14): the caller's plan's per-minute limits, what
 /// the company's and the caller's windows hold in the current UTC minute, and the caller's calls
-/// in flight. Read apart from the period snapshot: the windows move every minute anyway. The
-/// token windows are counted from the ledger (capgate_rate_recount: the real count of every
-/// settled call, the hold of a running one); their counter rows keep only an upper bound.
+/// in flight. Read apart from the period snapshot: the windows move every minute anyway.
 extension UsageStore {
     /// nil when the company's plan (of the period containing `at`) sets no rate limit.
     func rateWindows(company: UUID, user: UUID, at: Date) async throws -> RateState? {
@@ -15,9 +13,9 @@ extension UsageStore {
                 SELECT pl.company_rpm::bigint, pl.company_tpm, pl.user_rpm::bigint, pl.user_tpm, pl.user_concurrency::bigint,
                        m.minute,
                        coalesce(CASE WHEN cu.rate_minute >= m.minute THEN cu.rate_calls END, cc.calls),
-                       capgate_rate_recount(pp.company_id, NULL, greatest(cu.rate_minute, m.minute)),
+                       coalesce(CASE WHEN cu.rate_minute >= m.minute THEN cu.rate_tokens END, cc.tokens),
                        coalesce(CASE WHEN uu.rate_minute >= m.minute THEN uu.rate_calls END, uc.calls),
-                       capgate_rate_recount(pp.company_id, \(user), greatest(uu.rate_minute, m.minute)),
+                       coalesce(CASE WHEN uu.rate_minute >= m.minute THEN uu.rate_tokens END, uc.tokens),
                        (SELECT count(*) FROM rate_calls s
                          WHERE s.company_id = pp.company_id AND s.user_id = \(user) AND (s.scopes & 4) <> 0
                            AND s.lease_until > \(at)::timestamptz)
