@@ -1,0 +1,14 @@
+-- A concurrency slot's row (rate_calls, SPEC §14) no longer has a foreign key to companies
+-- (issue #31, speed). Every admission that takes slots inserts their rows, and the key ran one
+-- referential-integrity query per row, taking a KEY SHARE lock on the company's row: for one busy
+-- company, every admission in flight shared that row lock, which PostgreSQL keeps as a
+-- multixact. Measured with pg_stat_statements (one hot company, concurrency 64, all five windows,
+-- BENCHMARKS.md session 27): the insert of a batch's slot rows took 0.40 and 0.35 ms with the key,
+-- 0.20 ms without. Migration 0005 took the ledger's and the counters' keys off the admission path
+-- for the same reason.
+--
+-- What the key guarded does not happen: a company is never deleted (nothing in CapGate deletes
+-- one, and its users and periods reference it without a cascade), and a slot row is written only
+-- by an admission of the company, which has read and locked the company's period (FOR KEY
+-- SHARE) in the same transaction.
+ALTER TABLE rate_calls DROP CONSTRAINT rate_calls_company_id_fkey;
