@@ -144,6 +144,16 @@ struct RateWindowTests {
             #expect(rate?["window"]?.stringValue == "user-rpm" && rate?["feature"]?.stringValue == "analysis")
             #expect(rate?["limit"]?.intValue == 2 && rate?["used"]?.intValue == 2)
             #expect(refused.headers.first(name: "ratelimit-policy")?.contains("\"feature.analysis.user-rpm\";q=2;w=60") == true)
+            // The dry run answers as the call would: the feature's window refuses, the plan's has room.
+            let check = { (query: String) in try await h.request(.GET, "/v1/usage/check" + query, headers: [("x-api-key", key)]) }
+            let analysis = try await check("?feature=analysis")
+            #expect(analysis.json["allowed"]?.boolValue == false && analysis.json["reason"]?.stringValue == "rate_limit_error")
+            #expect(analysis.json["usage"]?["rate"]?["window"]?.stringValue == "user-rpm")
+            #expect(analysis.json["usage"]?["rate"]?["feature"]?.stringValue == "analysis")
+            #expect(analysis.json["usage"]?["rate"]?["limit"]?.intValue == 2 && analysis.json["usage"]?["rate"]?["used"]?.intValue == 2)
+            #expect(analysis.headers.first(name: "ratelimit-policy")?.contains("\"feature.analysis.user-rpm\";q=2;w=60") == true)
+            #expect(try await check("?feature=chat").json["allowed"]?.boolValue == true)
+            #expect(try await check("").json["allowed"]?.boolValue == true)
             // Chat has no window of its own: only the plan's 5 a minute, of which analysis took 2.
             let chat = [("CapGate-Feature", "chat")]
             statuses = []
@@ -152,6 +162,9 @@ struct RateWindowTests {
             let plan = try await h.message(key: key, headers: chat)
             #expect(plan.json["usage"]?["rate"]?["window"]?.stringValue == "user-rpm")
             #expect(plan.json["usage"]?["rate"]?["feature"] == nil)
+            let planCheck = try await check("?feature=chat").json
+            #expect(planCheck["allowed"]?.boolValue == false && planCheck["usage"]?["rate"]?["window"]?.stringValue == "user-rpm")
+            #expect(planCheck["usage"]?["rate"]?["feature"] == nil && planCheck["usage"]?["rate"]?["used"]?.intValue == 5)
             // The feature's window in a rate_windows row, the plan's in the user's counter row.
             #expect(try await h.scalar("SELECT count(*) FROM rate_windows") == 1)
             #expect(try await h.scalar("SELECT calls FROM rate_windows WHERE feature_id = 'analysis'") == 2)

@@ -3,7 +3,8 @@ import Foundation
 /// `GET /v1/usage/check`: how a call of `units` (naming a feature, or not) would be answered
 /// now, decided in the admission's order (SPEC §2, §8, §14): no plan, the feature not in the
 /// plan, the company cap, the user cap, the feature's windows (company period, company day, user
-/// period, user day), then the plan's rate windows (a 429 `rate_limit_error`). A dry run: it
+/// period, user day), then the rate windows of the plan and of the feature's entitlement (a 429
+/// `rate_limit_error`). A dry run: it
 /// reads the counters and records nothing. Without a body it cannot price a call, so budgets and
 /// the token a call would add to a token window are not read (a full token window is). The answer's
 /// `reason` and `usage` come from ``Responder``, as a real call's refusal does.
@@ -23,7 +24,7 @@ struct UsageCheck {
     /// hold is admitted when one grant can pay what the cap has not left (the call is split: the
     /// plan pays what is left under its cap, one grant the rest).
     var grantUnits: Int64 = 0
-    /// The plan's rate windows now (nil: it sets none).
+    /// The plan's rate windows now, with the feature's entitlement's (nil: neither sets any).
     var rate: RateState? = nil
 
     func decide(metering: MeteringStore) async throws -> Outcome {
@@ -52,8 +53,9 @@ struct UsageCheck {
             try await offer(&state, decision: .featureLimitExceeded, plan: plan.id, metering: metering)
             return Outcome(refusal: .featureLimit(feature: windows.id), state: state)
         }
-        if var rate, let window = rate.refusalNow() {
+        if var rate, let (window, isFeature) = rate.refusalNowWithFeature() {
             rate.refused = window
+            rate.refusedFeature = isFeature
             state.rate = rate
             return Outcome(refusal: .rate(window), state: state)
         }

@@ -44,10 +44,18 @@ struct UsageRoutes {
                 lookup = try await usage.feature(featureID, company: user.companyID, user: user.userID, at: now)
             }
             let grants = try await usage.grants(company: user.companyID)
+            var rate = try await usage.rateWindows(company: user.companyID, user: user.userID, at: now)
+            if let featureID, case .entitled = lookup?.lookup,
+                let entitled = try await usage.featureRateWindows(
+                    company: user.companyID, user: user.userID, feature: featureID, at: now)
+            {
+                // The entitlement's windows, counted after the plan's as the admission counts them.
+                if rate == nil { rate = RateState(limits: .init(), minute: entitled.minute, counts: .init()) }
+                rate?.feature = entitled.windows
+            }
             let check = UsageCheck(
                 units: units, user: user.userID, state: state, feature: lookup?.lookup,
-                grantUnits: grants.compactMap { $0.remainingUnits(at: now) }.max() ?? 0,
-                rate: try await usage.rateWindows(company: user.companyID, user: user.userID, at: now))
+                grantUnits: grants.compactMap { $0.remainingUnits(at: now) }.max() ?? 0, rate: rate)
             var outcome = try await check.decide(metering: metering)
             // A bound credential (SPEC §8) would be refused 403 for another feature, before its limits.
             if let featureID, let bound = user.features, !bound.contains(featureID) {

@@ -39,6 +39,48 @@ extension UsageStore {
     }
 }
 
+extension UsageStore {
+    /// The windows an entitlement sets for `feature` in the company's plan (of the period
+    /// containing `at`), as the admission counts them: the company's and the user's rows of the
+    /// feature in the current UTC minute, and the user's calls of the feature in flight. nil
+    /// when the entitlement sets none (or the plan has none for the feature).
+    func featureRateWindows(
+        company: UUID, user: UUID, feature: String, at: Date
+    ) async throws -> (
+        minute: Date, windows: RateState.FeatureWindows
+    )? {
+        let nilUser = UUID.zero
+        let rows = try await database.run { client in
+            try await client.query(
+                """
+                SELECT pf.company_rpm::bigint, pf.company_tpm, pf.user_rpm::bigint, pf.user_tpm, pf.user_concurrency::bigint,
+                       m.minute,
+                       coalesce((SELECT CASE WHEN w.minute >= m.minute THEN w.calls ELSE 0 END FROM rate_windows w
+                                  WHERE w.company_id = pp.company_id AND w.user_id = \(nilUser) AND w.feature_id = pf.feature_id), 0),
+                       coalesce((SELECT CASE WHEN w.minute >= m.minute THEN w.tokens ELSE 0 END FROM rate_windows w
+                                  WHERE w.company_id = pp.company_id AND w.user_id = \(nilUser) AND w.feature_id = pf.feature_id), 0),
+                       coalesce((SELECT CASE WHEN w.minute >= m.minute THEN w.calls ELSE 0 END FROM rate_windows w
+                                  WHERE w.company_id = pp.company_id AND w.user_id = \(user) AND w.feature_id = pf.feature_id), 0),
+                       coalesce((SELECT CASE WHEN w.minute >= m.minute THEN w.tokens ELSE 0 END FROM rate_windows w
+                                  WHERE w.company_id = pp.company_id AND w.user_id = \(user) AND w.feature_id = pf.feature_id), 0),
+                       (SELECT count(*) FROM rate_calls s
+                         WHERE s.company_id = pp.company_id AND s.user_id = \(user) AND (s.scopes & 4) <> 0
+                           AND s.lease_until > \(at)::timestamptz AND s.feature_id = pf.feature_id)
+                  FROM plan_periods pp JOIN plan_features pf ON pf.plan_id = pp.plan_id AND pf.feature_id = \(feature)
+                 CROSS JOIN (SELECT date_trunc('minute', \(at)::timestamptz, 'UTC') AS minute) m
+                 WHERE pp.company_id = \(company) AND pp.started_at <= \(at)::timestamptz AND pp.ends_at > \(at)::timestamptz
+                """,
+                logger: logger
+            ).decode((Int64?, Int64?, Int64?, Int64?, Int64?, Date, Int64, Int64, Int64, Int64, Int64).self).collect()
+        }
+        guard let r = rows.first else { return nil }
+        let limits = RateState.Limits(companyRPM: r.0, companyTPM: r.1, userRPM: r.2, userTPM: r.3, userConcurrency: r.4)
+        guard !limits.isEmpty else { return nil }
+        let counts = RateState.Counts(companyCalls: r.6, companyTokens: r.7, userCalls: r.8, userTokens: r.9, userInFlight: r.10)
+        return (r.5, RateState.FeatureWindows(id: feature, limits: limits, counts: counts))
+    }
+}
+
 extension RateState {
     /// `GET /v1/usage`'s `rate`: one object per window the plan sets, in SPEC §14's order, as a
     /// 429's `usage.rate` names them, with what remains.

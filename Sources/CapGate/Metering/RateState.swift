@@ -142,11 +142,31 @@ public struct RateState: Sendable, Equatable {
     /// call holds at least one token), every slot taken; nil when each has room. In SPEC §14's
     /// order, as the admission takes them.
     func refusalNow() -> Window? {
-        Window.allCases.first { window in
-            guard let limit = limits[window] else { return false }
-            let used = counts[window] ?? 0
-            return window == .companyRPM || window == .userRPM ? used + 1 > limit : used >= limit
+        Window.allCases.first { Self.full(window: $0, limits: limits, counts: counts) }
+    }
+
+    /// `refusalNow` with the windows of the call's feature too, in the admission's order: the
+    /// company's (the plan's, then the feature's), then the user's (the plan's, then the
+    /// feature's); `feature` true when the refusing window is the feature's.
+    func refusalNowWithFeature() -> (window: Window, feature: Bool)? {
+        let companyWindows: [Window] = [.companyRPM, .companyTPM]
+        let userWindows: [Window] = [.userRPM, .userTPM, .userConcurrency]
+        for windows in [companyWindows, userWindows] {
+            if let window = windows.first(where: { Self.full(window: $0, limits: limits, counts: counts) }) {
+                return (window, false)
+            }
+            if let feature, let window = windows.first(where: { Self.full(window: $0, limits: feature.limits, counts: feature.counts) }) {
+                return (window, true)
+            }
         }
+        return nil
+    }
+
+    /// Whether `window` has no room for one more call now (a token window: already full).
+    private static func full(window: Window, limits: Limits, counts: Counts) -> Bool {
+        guard let limit = limits[window] else { return false }
+        let used = counts[window] ?? 0
+        return window == .companyRPM || window == .userRPM ? used + 1 > limit : used >= limit
     }
 
     /// The state after the call was given back: it leaves its windows and frees its slot.
