@@ -94,10 +94,29 @@ struct RateAnswerTests {
     func refusalNow() {
         func state(_ counts: RateState.Counts) -> RateState { RateState(limits: Self.plan, minute: Self.minute, counts: counts) }
         #expect(state(.init(companyCalls: 99, userCalls: 29, userTokens: 49_999, userInFlight: 2)).refusalNow() == nil)
-        #expect(state(.init(companyCalls: 100, userCalls: 30)).refusalNow() == .companyRPM)
-        #expect(state(.init(companyCalls: 10, userCalls: 30)).refusalNow() == .userRPM)
-        #expect(state(.init(userCalls: 1, userTokens: 50_000)).refusalNow() == .userTPM)
-        #expect(state(.init(userCalls: 1, userTokens: 10, userInFlight: 3)).refusalNow() == .userConcurrency)
+        #expect(state(.init(companyCalls: 100, userCalls: 30)).refusalNow()?.window == .companyRPM)
+        #expect(state(.init(companyCalls: 10, userCalls: 30)).refusalNow()?.window == .userRPM)
+        #expect(state(.init(userCalls: 1, userTokens: 50_000)).refusalNow()?.window == .userTPM)
+        #expect(state(.init(userCalls: 1, userTokens: 10, userInFlight: 3)).refusalNow()?.window == .userConcurrency)
         #expect(RateState(limits: .init(), minute: Self.minute, counts: .init(userCalls: 1_000)).refusalNow() == nil)
+        #expect(state(.init(companyCalls: 100)).refusalNow()?.feature == false)
+    }
+
+    @Test("the dry run with a feature's windows: the company's (plan, then feature) before the user's (plan, then feature)")
+    func refusalNowWithFeature() {
+        func state(plan: RateState.Counts, feature: RateState.Counts) -> RateState {
+            RateState(
+                limits: .init(companyRPM: 100, userRPM: 30), minute: Self.minute, counts: plan,
+                feature: .init(id: "analysis", limits: .init(companyRPM: 10, userRPM: 2, userConcurrency: 1), counts: feature))
+        }
+        #expect(state(plan: .init(companyCalls: 9, userCalls: 1), feature: .init(companyCalls: 9, userCalls: 1)).refusalNow() == nil)
+        let featureCompany = state(plan: .init(companyCalls: 10, userCalls: 30), feature: .init(companyCalls: 10, userCalls: 2))
+        #expect(featureCompany.refusalNow()?.window == .companyRPM && featureCompany.refusalNow()?.feature == true)
+        let planUser = state(plan: .init(companyCalls: 10, userCalls: 30), feature: .init(companyCalls: 1, userCalls: 2))
+        #expect(planUser.refusalNow()?.window == .userRPM && planUser.refusalNow()?.feature == false)
+        let featureUser = state(plan: .init(companyCalls: 10, userCalls: 3), feature: .init(companyCalls: 1, userCalls: 2))
+        #expect(featureUser.refusalNow()?.window == .userRPM && featureUser.refusalNow()?.feature == true)
+        let featureSlots = state(plan: .init(), feature: .init(userInFlight: 1))
+        #expect(featureSlots.refusalNow()?.window == .userConcurrency && featureSlots.refusalNow()?.feature == true)
     }
 }

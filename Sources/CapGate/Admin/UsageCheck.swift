@@ -53,7 +53,7 @@ struct UsageCheck {
             try await offer(&state, decision: .featureLimitExceeded, plan: plan.id, metering: metering)
             return Outcome(refusal: .featureLimit(feature: windows.id), state: state)
         }
-        if var rate, let (window, isFeature) = rate.refusalNowWithFeature() {
+        if var rate, let (window, isFeature) = rate.refusalNow() {
             rate.refused = window
             rate.refusedFeature = isFeature
             state.rate = rate

@@ -141,14 +141,10 @@ public struct RateState: Sendable, Equatable {
     /// body): a minute's calls with no room for one more, a token window already full (every
     /// call holds at least one token), every slot taken; nil when each has room. In SPEC §14's
     /// order, as the admission takes them.
-    func refusalNow() -> Window? {
-        Window.allCases.first { Self.full(window: $0, limits: limits, counts: counts) }
-    }
-
-    /// `refusalNow` with the windows of the call's feature too, in the admission's order: the
-    /// company's (the plan's, then the feature's), then the user's (the plan's, then the
-    /// feature's); `feature` true when the refusing window is the feature's.
-    func refusalNowWithFeature() -> (window: Window, feature: Bool)? {
+    /// The plan's windows and the feature's in the admission's order: the company's (the plan's,
+    /// then the feature's), then the user's (the plan's, then the feature's); `feature` true when
+    /// the refusing window is the feature's.
+    func refusalNow() -> (window: Window, feature: Bool)? {
         let companyWindows: [Window] = [.companyRPM, .companyTPM]
         let userWindows: [Window] = [.userRPM, .userTPM, .userConcurrency]
         for windows in [companyWindows, userWindows] {
