@@ -122,6 +122,8 @@ struct RateCounterTests {
                 let charged = "FROM usage_ledger WHERE outcome = 'charged'"
                 #expect(try await first.eventually("SELECT count(*) \(charged) AND settled_at IS NULL", equals: 0) == 0)
                 #expect(try await first.scalar("SELECT count(*) \(charged)") == admitted)
+                // The provider served exactly the calls charged: none past the window, none lost.
+                #expect(Int64(first.mock.served.count + second.mock.served.count) == admitted)
                 let real = try await first.scalar("SELECT sum(input_tokens + output_tokens) \(charged)")
                 #expect(try await first.scalar("SELECT sum(rate_tokens) \(charged)") == real)
                 #expect(real <= limit)

@@ -49,25 +49,25 @@ extension UsageStore {
     ) async throws -> (
         minute: Date, windows: RateState.FeatureWindows
     )? {
-        let nilUser = UUID.zero
         let rows = try await database.run { client in
             try await client.query(
                 """
                 SELECT pf.company_rpm::bigint, pf.company_tpm, pf.user_rpm::bigint, pf.user_tpm, pf.user_concurrency::bigint,
-                       m.minute,
-                       coalesce((SELECT CASE WHEN w.minute >= m.minute THEN w.calls ELSE 0 END FROM rate_windows w
-                                  WHERE w.company_id = pp.company_id AND w.user_id = \(nilUser) AND w.feature_id = pf.feature_id), 0),
-                       coalesce((SELECT CASE WHEN w.minute >= m.minute THEN w.tokens ELSE 0 END FROM rate_windows w
-                                  WHERE w.company_id = pp.company_id AND w.user_id = \(nilUser) AND w.feature_id = pf.feature_id), 0),
-                       coalesce((SELECT CASE WHEN w.minute >= m.minute THEN w.calls ELSE 0 END FROM rate_windows w
-                                  WHERE w.company_id = pp.company_id AND w.user_id = \(user) AND w.feature_id = pf.feature_id), 0),
-                       coalesce((SELECT CASE WHEN w.minute >= m.minute THEN w.tokens ELSE 0 END FROM rate_windows w
-                                  WHERE w.company_id = pp.company_id AND w.user_id = \(user) AND w.feature_id = pf.feature_id), 0),
+                       m.minute, w.company_calls, w.company_tokens, w.user_calls, w.user_tokens,
                        (SELECT count(*) FROM rate_calls s
                          WHERE s.company_id = pp.company_id AND s.user_id = \(user) AND (s.scopes & 4) <> 0
                            AND s.lease_until > \(at)::timestamptz AND s.feature_id = pf.feature_id)
                   FROM plan_periods pp JOIN plan_features pf ON pf.plan_id = pp.plan_id AND pf.feature_id = \(feature)
                  CROSS JOIN (SELECT date_trunc('minute', \(at)::timestamptz, 'UTC') AS minute) m
+                 -- The company's row (the nil user) and the user's, each counted only in its minute.
+                 CROSS JOIN LATERAL (
+                       SELECT coalesce(sum(r.calls) FILTER (WHERE r.user_id = \(UUID.zero)), 0)::bigint AS company_calls,
+                              coalesce(sum(r.tokens) FILTER (WHERE r.user_id = \(UUID.zero)), 0)::bigint AS company_tokens,
+                              coalesce(sum(r.calls) FILTER (WHERE r.user_id = \(user)), 0)::bigint AS user_calls,
+                              coalesce(sum(r.tokens) FILTER (WHERE r.user_id = \(user)), 0)::bigint AS user_tokens
+                         FROM rate_windows r
+                        WHERE r.company_id = pp.company_id AND r.feature_id = pf.feature_id
+                          AND r.user_id IN (\(UUID.zero), \(user)) AND r.minute >= m.minute) w
                  WHERE pp.company_id = \(company) AND pp.started_at <= \(at)::timestamptz AND pp.ends_at > \(at)::timestamptz
                 """,
                 logger: logger

@@ -139,11 +139,10 @@ public struct RateState: Sendable, Equatable {
 
     /// The window a call made now would be refused by (`GET /v1/usage/check`, a dry run without a
     /// body): a minute's calls with no room for one more, a token window already full (every
-    /// call holds at least one token), every slot taken; nil when each has room. In SPEC §14's
-    /// order, as the admission takes them.
-    /// The plan's windows and the feature's in the admission's order: the company's (the plan's,
-    /// then the feature's), then the user's (the plan's, then the feature's); `feature` true when
-    /// the refusing window is the feature's.
+    /// call holds at least one token), every slot taken; nil when each has room. The plan's
+    /// windows and the feature's in the admission's order: the company's (the plan's, then the
+    /// feature's), then the user's (the plan's, then the feature's); `feature` true when the
+    /// refusing window is the feature's.
     func refusalNow() -> (window: Window, feature: Bool)? {
         let companyWindows: [Window] = [.companyRPM, .companyTPM]
         let userWindows: [Window] = [.userRPM, .userTPM, .userConcurrency]
