@@ -103,8 +103,10 @@ struct PlanStabilityTests {
             let compiled = keyed + " AND NOT ('jit=off' = ANY (proconfig))"
             #expect(try await h.scalar(compiled) == 0)
             // The batch and the single call are among them.
-            let hot = keyed + " AND proname IN ('capgate_admit_batch', 'capgate_charge', 'capgate_settle_batch', 'capgate_slots_free')"
-            #expect(try await h.scalar(hot) == 4)
+            let hot =
+                keyed
+                + " AND proname IN ('capgate_admit_batch', 'capgate_charge', 'capgate_settle_batch', 'capgate_settle_counters', 'capgate_slots_free')"
+            #expect(try await h.scalar(hot) == 5)
         }
     }
 }

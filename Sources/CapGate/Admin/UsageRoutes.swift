@@ -12,6 +12,7 @@ struct UsageRoutes {
     func registerClient(on group: RouterGroup<AuthenticatedContext>) {
         group.get("usage") { _, context in
             let user = try context.requireUser()
+            await metering.slotEndsWritten()
             let now = Date()
             let read = try await usage.callerUsage(company: user.companyID, user: user.userID, at: now)
             return try jsonResponse(encoding: read, headers: read.state.rateLimitHeaders(now: now))
@@ -27,6 +28,7 @@ struct UsageRoutes {
                 units = n
             }
             let featureID = try Self.feature(query.get("feature"))
+            await metering.slotEndsWritten()
             let now = Date()
             // The feature is looked up before anything else is read, so a 400 changes nothing
             // (the state read below may move an ended period forward, as the next call would).

@@ -30,7 +30,7 @@ final class SlotEnds: Sendable {
     /// How long an end waits for an admission to carry it before it is written on its own.
     let gather: Duration
 
-    init(database: Database, gather: Duration = .milliseconds(10)) {
+    init(database: Database, gather: Duration = MeteringStore.slotEndGather) {
         self.database = database
         self.gather = gather
     }
