@@ -19,11 +19,12 @@
 -- (a cost past the whole hold is the grant's); a part NULL (a row from before 0020) is the whole.
 -- A batch in which no cost moves (no open hold, no priced model) locks no counter.
 -- Committed without waiting for the WAL flush: a settlement lost in a crash leaves the hold open,
--- which is never less than the call may cost (`capgate unsettled` decides it). Planned for each
--- call (custom plan): a generic plan made while the ledger was empty scanned the whole ledger per
--- batch until the first ANALYZE (measured: 41.7 million rows read in the benchmark's first minute),
--- and with sequential scans disabled the generic plan of the main statement still took 950 ms a
--- batch (measured, session 23).
+-- which is never less than the call may cost (`capgate unsettled` decides it). Its ledger
+-- statements are planned for each batch (custom plans): a generic plan made while the ledger was
+-- empty scanned the whole ledger per batch until the first ANALYZE (measured: 41.7 million rows
+-- read in the benchmark's first minute), and with sequential scans disabled the generic plan of
+-- the main statement still took 950 ms a batch (measured, session 23). The counters' side (steps
+-- 2 and 3), which reads no ledger row, is capgate_settle_counters, planned once per connection.
 --
 -- Rate windows (SPEC §14): p_rate, per call, is the real count of tokens (input, cache writes
 -- and reads, output) of a call counted in a token window, -1 when not known (the hold stays), -3
