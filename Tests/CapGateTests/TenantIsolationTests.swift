@@ -95,7 +95,10 @@ struct TenantIsolationTests {
             let first = try await RawConnection.open(port: port)
             defer { first.close() }
             try await first.send(OverloadTests.head(key: usersA[0].key, length: big.utf8.count) + String(big.prefix(200_000)))
-            try await Task.sleep(for: .milliseconds(400))
+            // Time for the gateway to read it (400 ms once lost that race on two loaded cores, in a
+            // full test run: the second body was read first, took the share, and waited for the
+            // rest of its bytes).
+            try await Task.sleep(for: .milliseconds(1500))
             // A second body of A passes the share: 503, nothing charged.
             let second = try await RawConnection.open(port: port)
             defer { second.close() }
