@@ -151,6 +151,11 @@ struct TenantIsolationTests {
         try await HeavyTests.alone { try await Self.readers() }
     }
 
+    /// B's calls each on a new connection: with `http.idleTimeout` 2 s the gateway closes a pooled
+    /// keep-alive connection the test client may pick up in the same instant (a CI run got
+    /// ECONNRESET on such a reuse: the HTTP/1.1 keep-alive race, not a starved call).
+    static func freshConnection(_ key: String) -> [(String, String)] { [("x-api-key", key), ("connection", "close")] }
+
     static func readers() async throws {
         let provider = try await ScriptedProvider.start()
         defer { provider.stop() }
@@ -170,7 +175,7 @@ struct TenantIsolationTests {
             try await Task.sleep(for: .milliseconds(500))
             // Company A holds its one share of the provider's connections; B's calls go on.
             try await Self.otherCompanyServed(10) {
-                try await h.request(.GET, "/v1/keep", headers: [("x-api-key", usersB[0].key)]).status
+                try await h.request(.GET, "/v1/keep", headers: Self.freshConnection(usersB[0].key)).status
             }
             // Each of A's calls is cut after http.idleTimeout of its client reading nothing, one
             // after another as the company's connection frees; every answer the provider started
@@ -209,7 +214,7 @@ struct TenantIsolationTests {
             }
             #expect(provider.open.load(ordering: .relaxed) <= 4)
             try await Self.otherCompanyServed(3) {
-                try await h.request(.GET, "/v1/keep", headers: [("x-api-key", usersB[0].key)]).status
+                try await h.request(.GET, "/v1/keep", headers: Self.freshConnection(usersB[0].key)).status
             }
             try await Self.servedIsCharged(h, provider: provider)
         }
