@@ -38,11 +38,25 @@
 -- company there, before any window row. (A call's concurrency slot is freed apart, by the gateway's next admission,
 -- capgate_slots_free, or capgate_rate_end.)
 --
--- Returns the settled calls that cost more than their hold (the provider billed past the bound).
+-- p_defer (the gateway's settlement queue): the token hold a call gives back in its plan windows
+-- (the company's and the user's counter rows: its real count below its hold) is not written here
+-- but returned, one row per counter row and minute (user_id the nil UUID for the company's), for
+-- the gateway's next admission transaction to write as it locks those rows anyway
+-- (capgate_admit_batch p_give_*), or capgate_rate_end within milliseconds. Until then the window
+-- counts the hold, never less than the call took, and the settlement locks no counter at all
+-- unless a cost moves, a feature's window changes or a call took more than its hold: the company
+-- counter lock it took for every batch of a token window's calls was what a busy company's
+-- admissions waited for (measured in session 29). Without p_defer (a replay from the spool, tests)
+-- everything is written here.
+--
+-- Returns the settled calls that cost more than their hold (the provider billed past the bound),
+-- and with p_defer the give-backs (ledger_id NULL).
 CREATE FUNCTION capgate_settle_batch(
     p_company uuid[], p_ledger bigint[], p_upstream_status integer[], p_input_tokens bigint[], p_output_tokens bigint[],
-    p_cache_write_5m bigint[], p_cache_write_1h bigint[], p_cache_read bigint[], p_known boolean[], p_rate bigint[]
-) RETURNS TABLE (company_id uuid, ledger_id bigint, hold bigint, cost bigint)
+    p_cache_write_5m bigint[], p_cache_write_1h bigint[], p_cache_read bigint[], p_known boolean[], p_rate bigint[],
+    p_defer boolean DEFAULT false
+) RETURNS TABLE (company_id uuid, ledger_id bigint, hold bigint, cost bigint, period_id bigint, user_id uuid,
+                 minute timestamptz, tokens bigint)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan
 -- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql); and nested
@@ -66,6 +80,7 @@ DECLARE
     m_company uuid[]; m_id bigint[]; m_period bigint[]; m_user uuid[]; m_grant bigint[]; m_open boolean[];
     m_hold bigint[]; m_cost bigint[]; m_part bigint[]; m_feature text[]; m_minute timestamptz[]; m_scopes smallint[];
     m_tok bigint[];
+    g_scopes smallint[]; g_tok bigint[];  -- with p_defer: what settle_counters still writes
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     -- Each model is priced once, at its latest call of the batch, as capgate_admit_batch's step 1
@@ -152,13 +167,36 @@ BEGIN
       FROM settled m;
     -- 2. and 3. The counters, grants and feature windows trade the holds for what was settled
     --    (capgate_settle_counters: planned once per connection, as it reads no ledger row).
-    IF m_id IS NOT NULL THEN
+    IF m_id IS NULL THEN
+        RETURN;
+    END IF;
+    g_scopes := m_scopes;
+    g_tok := m_tok;
+    IF p_defer THEN
+        -- A give-back (tok < 0) leaves the plan windows (bits 1, 2) to the gateway; a feature's
+        -- windows (8, 16) are still written here.
+        SELECT array_agg(CASE WHEN s.tok < 0 THEN s.scopes & 24 ELSE s.scopes END ORDER BY s.o),
+               array_agg(CASE WHEN s.tok < 0 AND (s.scopes & 24) = 0 THEN NULL ELSE s.tok END ORDER BY s.o)
+          INTO g_scopes, g_tok
+          FROM unnest(m_scopes, m_tok) WITH ORDINALITY AS s(scopes, tok, o);
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(m_open, m_hold, m_cost, g_tok) AS s(open, hold, cost, tok)
+                WHERE (s.open AND (s.hold IS NOT NULL OR s.cost IS NOT NULL)) OR s.tok IS NOT NULL) THEN
         PERFORM capgate_settle_counters(m_company, m_period, m_user, m_grant, m_open, m_hold, m_cost, m_part, m_feature,
-                                        m_minute, m_scopes, m_tok);
+                                        m_minute, g_scopes, g_tok);
     END IF;
     RETURN QUERY
-    SELECT s.c, s.id, s.hold, s.cost
+    SELECT s.c, s.id, s.hold, s.cost, NULL::bigint, NULL::uuid, NULL::timestamptz, NULL::bigint
       FROM unnest(m_company, m_id, m_open, m_hold, m_cost) AS s(c, id, open, hold, cost)
      WHERE s.open AND s.hold IS NOT NULL AND s.cost > s.hold;
+    IF p_defer THEN
+        RETURN QUERY
+        SELECT g.c, NULL::bigint, NULL::bigint, NULL::bigint, g.p, g.owner, g.m, sum(g.tok)::bigint
+          FROM (SELECT s.c, s.p, o.owner, s.m, s.tok
+                  FROM unnest(m_company, m_period, m_user, m_minute, m_scopes, m_tok) AS s(c, p, u, m, scopes, tok)
+                 CROSS JOIN LATERAL (VALUES (1, '00000000-0000-0000-0000-000000000000'::uuid), (2, s.u)) AS o(bit, owner)
+                 WHERE s.tok < 0 AND (s.scopes & o.bit) <> 0) g
+         GROUP BY g.c, g.p, g.owner, g.m;
+    END IF;
 END;
 $$;

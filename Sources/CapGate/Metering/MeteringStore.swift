@@ -63,7 +63,7 @@ public struct MeteringStore: Sendable {
         self.admissions = Self.admissionQueue(
             database: database, relaxed: relaxed, queueLimit: admissionQueueLimit, spool: spool, slotEnds: slotEnds)
         self.settlements = BatchQueue(maxBatch: Self.maxBatch * 4, gather: Self.settlementGather, pace: Self.settlementGather) { items in
-            await Self.settleBatch(items, database: database, spool: spool)
+            await Self.settleBatch(items, database: database, spool: spool, slotEnds: slotEnds)
         }
     }
 
@@ -126,44 +126,63 @@ public struct MeteringStore: Sendable {
     /// forwarded.
     ///
     /// The transaction also frees the slots of calls that ended on this gateway since the last
-    /// one (`slotEnds`); when it fails they are handed back for the next.
+    /// one and writes the token holds its settlements gave back (`slotEnds`; a single call's
+    /// function carries the ends only). When it fails the ends are handed back for the next; the
+    /// give-backs only when the server rolled it back (an error it answered), else they are
+    /// dropped: the transaction may have committed them, and a window that keeps a hold is never
+    /// short of what its calls took.
     static func admitBatch(
         _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool? = nil, slotEnds: SlotEnds? = nil
     ) async -> [Result<AdmissionRow, any Error>] {
         GatewayMetrics.admissionBatch(size: items.count)
-        let ended = await slotEnds?.take() ?? []
+        var taken = await slotEnds?.take() ?? SlotEnds.Taken()
+        if items.count == 1, !taken.giveBacks.isEmpty {
+            slotEnds?.add(SlotEnds.Taken(giveBacks: taken.giveBacks))
+            taken.giveBacks = []
+        }
+        let rows: [AdmissionRow]
         do {
             let started = ContinuousClock.now
-            let rows = try await runAdmitBatch(items, database: database, relaxed: relaxed, spool: spool, ended: ended)
+            rows = try await runAdmitBatch(items, database: database, relaxed: relaxed, spool: spool, taken: taken)
             GatewayMetrics.admissionBatch(duration: ContinuousClock.now - started)
-            guard rows.count == items.count else {
-                throw DatabaseError.other("capgate_admit_batch returned \(rows.count) rows for \(items.count) calls")
-            }
-            return rows.map { .success($0) }
         } catch DatabaseError.unavailable {
-            slotEnds?.add(ended)
+            slotEnds?.add(taken.ends)
             return items.map { _ in .failure(DatabaseError.unavailable) }
         } catch {
-            slotEnds?.add(ended)
-            guard items.count > 1 else { return [.failure(error)] }
-            var results: [Result<AdmissionRow, any Error>] = []
-            results.reserveCapacity(items.count)
-            for item in items {
-                results += await admitBatch([item], database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds)
-            }
-            return results
+            let rolledBack = error is DatabaseError
+            slotEnds?.add(SlotEnds.Taken(ends: taken.ends, giveBacks: rolledBack ? taken.giveBacks : []))
+            return await admitOneByOne(items, after: error, database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds)
         }
+        guard rows.count == items.count else {
+            let error = DatabaseError.other("capgate_admit_batch returned \(rows.count) rows for \(items.count) calls")
+            return await admitOneByOne(items, after: error, database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds)
+        }
+        return rows.map { .success($0) }
+    }
+
+    /// A batch PostgreSQL rejected for one of its calls (say, a NUL byte in a text) is admitted
+    /// again call by call, so that the others are not failed with it.
+    static func admitOneByOne(
+        _ items: [AdmissionItem], after error: any Error, database: Database, relaxed: Bool, spool: Spool?, slotEnds: SlotEnds?
+    ) async -> [Result<AdmissionRow, any Error>] {
+        guard items.count > 1 else { return [.failure(error)] }
+        var results: [Result<AdmissionRow, any Error>] = []
+        results.reserveCapacity(items.count)
+        for item in items {
+            results += await admitBatch([item], database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds)
+        }
+        return results
     }
 
     static func runAdmitBatch(
-        _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool?, ended: [RateEnd] = []
+        _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool?, taken: SlotEnds.Taken = .init()
     ) async throws -> [AdmissionRow] {
         if items.count == 1 {
-            return try await runAdmitOne(items[0], database: database, relaxed: relaxed, spool: spool, ended: ended)
+            return try await runAdmitOne(items[0], database: database, relaxed: relaxed, spool: spool, ended: taken.ends)
         }
+        let statement = AdmitBatchStatement(items: items, relaxed: relaxed, ended: taken.ends, giveBacks: taken.giveBacks)
         return try await runAdmission(items, database: database, spool: spool) { client in
-            try await client.execute(AdmitBatchStatement(items: items, relaxed: relaxed, ended: ended), logger: database.logger)
-                .collect()
+            try await client.execute(statement, logger: database.logger).collect()
         }
     }
 
@@ -270,10 +289,12 @@ public struct MeteringStore: Sendable {
         }
     }
 
-    /// Returns once every settlement queued so far is written: a ledger read after it sees the
-    /// provider status and token counts of every call this gateway answered before.
+    /// Returns once every settlement queued so far is written, with the token holds it gave back:
+    /// a ledger or window read after it sees the provider status and token counts of every call
+    /// this gateway answered before.
     public func settledSoFar() async {
         await settlements.processedSoFar()
+        await slotEnds.flush()
     }
 
     /// Waits until every queued settlement and every noted slot end is written (graceful
@@ -284,12 +305,26 @@ public struct MeteringStore: Sendable {
         await slotEnds.flush()
     }
 
-    static func settleBatch(_ items: [Settlement], database: Database, spool: Spool? = nil) async -> [Result<Void, any Error>] {
+    /// Writes a batch of settlements; with `slotEnds`, the token holds they give back in the plan
+    /// windows are left to it (written with the gateway's next admission), not written here.
+    static func settleBatch(
+        _ items: [Settlement], database: Database, spool: Spool? = nil, slotEnds: SlotEnds? = nil
+    ) async -> [Result<Void, any Error>] {
         do {
-            let over = try await database.run { client in
-                try await client.execute(SettleBatchStatement(items: items), logger: database.logger).collect()
+            let statement = SettleBatchStatement(items: items, deferred: slotEnds != nil)
+            let rows = try await database.run { client in
+                try await client.execute(statement, logger: database.logger).collect()
+            }
+            var over: [OverHold] = []
+            var giveBacks: [RateGiveBack] = []
+            for row in rows {
+                switch row {
+                case .overHold(let o): over.append(o)
+                case .giveBack(let g): giveBacks.append(g)
+                }
             }
             report(over, logger: database.logger)
+            slotEnds?.add(SlotEnds.Taken(giveBacks: giveBacks))
             return items.map { _ in .success(()) }
         } catch DatabaseError.unavailable where spool != nil {
             // The charges stand; their token counts wait in the spool until the database is back.
