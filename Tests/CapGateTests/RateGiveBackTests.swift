@@ -10,17 +10,22 @@ import Testing
 @Suite("Token give-backs ride the next admission", .timeLimit(.minutes(5)))
 struct RateGiveBackTests {
     static func call(_ user: (id: UUID, key: String)) -> AdmissionItem {
-        var item = BatchAdmissionTests.call(key: user.key)
+        var item = BatchAdmissionTests.call(key: user.key, model: "claude-test")
         item.request.bound = CostBound(promptTokens: 400, maxTokens: 600, cache: .none, window: 0)
         return item
     }
 
     @Test(
-        "a settlement writes the ledger and leaves the give-backs to the gateway; a batch applies them (its own rows and others), a lone call leaves them, the gather writes the rest, a rolled-back batch hands them back"
+        "while the gateway admits in batches, a settlement leaves its give-backs to the next batch, which applies them (its own rows and others); a lone call leaves them and a quiet gateway settles its own; a rolled-back batch hands them back; the gather writes the rest (with a budget: the settlement's cost path)",
+        arguments: [false, true]
     )
-    func giveBacksRideAdmissions() async throws {
+    func giveBacksRideAdmissions(budget: Bool) async throws {
         try await Harness.with { h in
-            try await h.createPlan("p", company: nil, user: nil)
+            if budget {
+                try await h.createBudgetPlan("p", company: nil, user: nil, companyBudget: 1_000_000_000, userBudget: nil)
+            } else {
+                try await h.createPlan("p", company: nil, user: nil)
+            }
             try await RateWindowTests.setLimits(h, plan: "p", .obj(["company_tpm": 1_000_000, "user_tpm": 1_000_000]))
             let (company, users) = try await h.createCompany(plan: "p", users: 3)
             try await RateWindowTests.roomInMinute(20)
@@ -55,23 +60,27 @@ struct RateGiveBackTests {
                 #expect(try await h.scalar(userRow(0)) == hold)
                 #expect(try await h.scalar(companyRow) == 2 * hold)
 
-                // A lone call (capgate_admit) carries none of them.
-                var open: [AdmissionRow?] = await admit([2])
-                #expect(open.map { $0?.decision } == ["charged"])
+                // A lone call (capgate_admit) carries none of them; after it, a settlement writes
+                // its own (a quiet gateway: no batch to ride).
+                let lone = await admit([2])
+                #expect(lone.map { $0?.decision } == ["charged"])
                 #expect(try await h.scalar(userRow(0)) == hold)
                 #expect(try await h.scalar(companyRow) == 3 * hold)
+                try await settle(lone, output: 30)
+                #expect(try await h.scalar(userRow(2)) == 130)
+                #expect(try await h.scalar(userRow(0)) == hold)
+                #expect(try await h.scalar(companyRow) == 2 * hold + 130)
 
                 // A batch applies every one: user 0's row (in it) and user 1's (not in it), and the company's.
-                let both = await admit([0, 2])
-                #expect(both.map { $0?.decision } == ["charged", "charged"])
-                open += both
+                var open = await admit([0, 2])
+                #expect(open.map { $0?.decision } == ["charged", "charged"])
                 #expect(try await h.scalar(userRow(0)) == 120 + hold)
                 #expect(try await h.scalar(userRow(1)) == 120)
-                #expect(try await h.scalar(userRow(2)) == 2 * hold)
-                #expect(try await h.scalar(companyRow) == 240 + 3 * hold)
+                #expect(try await h.scalar(userRow(2)) == 130 + hold)
+                #expect(try await h.scalar(companyRow) == 240 + 130 + 2 * hold)
 
                 // A batch the server rolls back (a NUL byte in a text) hands them back: applied once, by the next.
-                let later = await admit([1])
+                let later = await admit([1, 2])
                 try await settle(later, output: 5)
                 var bad = Self.call(users[0])
                 bad.request.requestID = "req_\u{0}"
@@ -85,7 +94,7 @@ struct RateGiveBackTests {
                 #expect(try await h.scalar(userRow(1)) == 120 + 105)
 
                 // Without an admission: written by the gather's own transaction (here, its flush).
-                #expect(open.count == 6 && open.allSatisfy { $0?.decision == "charged" })
+                #expect(open.count == 5 && open.allSatisfy { $0?.decision == "charged" })
                 try await settle(open, output: 1)
                 #expect(try await h.scalar(companyRow) > (try await h.scalar("SELECT sum(rate_tokens) FROM usage_ledger")))
                 await ends.flush()

@@ -224,8 +224,9 @@ struct SettleBatchStatement: PostgresPreparedStatement {
     typealias Row = Settled
 
     var items: [Settlement]
-    /// `p_defer`: the live queue's batches; a replay from the spool writes everything itself.
-    var deferred = false
+    /// `p_defer`, per call (empty: none): whose give-backs the gateway writes (``SlotEnds``); a
+    /// replay from the spool writes everything itself.
+    var deferred: [Bool] = []
 
     /// A row of the answer: a call that cost more than its hold, or a give-back.
     enum Settled: Sendable {

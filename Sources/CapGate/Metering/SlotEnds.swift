@@ -39,6 +39,14 @@ final class SlotEnds: Sendable {
     }
 
     private let state = Mutex(State())
+    /// The companies of this gateway's last admission when it was a batch of more than one call:
+    /// a settlement leaves the give-backs of their calls to the next batch, which most likely
+    /// locks their counters anyway (a busy company is in every batch). The others' it writes
+    /// itself: a quiet gateway's (a lone call's function carries none, and a transaction of their
+    /// own every gather cost +0.27 ms at one caller) and those of companies that come seldom
+    /// (a batch locking their rows for them only cost more than the settlement's statement:
+    /// 1,000 companies at c=64 went from 0.88 to 0.79 of caps only; session 29).
+    private let batched = Mutex(Set<UUID>())
     let database: Database
     /// How long an end waits for an admission to carry it before it is written on its own.
     let gather: Duration
@@ -46,6 +54,19 @@ final class SlotEnds: Sendable {
     init(database: Database, gather: Duration = MeteringStore.slotEndGather) {
         self.database = database
         self.gather = gather
+    }
+
+    /// Notes the companies of an admission transaction that committed (none for a lone call).
+    func admitted(_ rows: [AdmissionRow]) {
+        let companies = rows.count > 1 ? Set(rows.compactMap(\.companyID)) : []
+        batched.withLock { $0 = companies }
+    }
+
+    /// Per settlement: whether its give-backs are left to the next admission batch.
+    func defers(_ items: [Settlement]) -> [Bool] {
+        let companies = batched.withLock { $0 }
+        guard !companies.isEmpty else { return [] }
+        return items.map { companies.contains($0.companyID) }
     }
 
     /// Notes that a call's slot is free (its answer ends, or its client left).
