@@ -64,9 +64,8 @@ struct RateCounterTests {
                     + " + coalesce(cache_write_1h_tokens, 0)) FROM usage_ledger")
             #expect(real > 0)
             #expect(try await h.scalar("SELECT sum(rate_tokens) FROM usage_ledger") == real)
-            // The give-back reaches the windows after the ledger (RateGiveBackTests).
-            #expect(try await h.eventually("SELECT rate_tokens FROM user_usage", equals: real) == real)
-            #expect(try await h.eventually("SELECT rate_tokens FROM company_usage", equals: real) == real)
+            #expect(try await h.scalar("SELECT rate_tokens FROM user_usage") == real)
+            #expect(try await h.scalar("SELECT rate_tokens FROM company_usage") == real)
 
             // One call given back (as the gateway's refund does): its real count and its call leave both windows.
             let ledger = try await h.scalar("SELECT min(id) FROM usage_ledger")
@@ -129,9 +128,7 @@ struct RateCounterTests {
                 #expect(try await first.scalar("SELECT sum(rate_tokens) \(charged)") == real)
                 #expect(real <= limit)
                 // The company's window holds the real count of every call (each settled into it).
-                let window = "SELECT rate_tokens FROM company_usage WHERE company_id = '\(company.text)'"
-                // (Both gateways' give-backs written: the company's row counts every call.)
-                #expect(try await first.eventually(window, equals: real) == real)
+                #expect(try await first.scalar("SELECT rate_tokens FROM company_usage WHERE company_id = '\(company.text)'") == real)
                 // One more call fits exactly when its hold fits what is left.
                 let next = try await call(users[0].key, first.gatewayURL)
                 #expect(next == (real + hold <= limit ? 200 : 429))

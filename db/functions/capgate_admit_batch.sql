@@ -29,18 +29,11 @@
 -- windows in step 3 as capgate_rate_take would, in arrival order, or refused rate_limited.
 -- p_ended_company, p_ended_ledger: calls that ended on this gateway since its last admission
 -- transaction; their slots are freed first (capgate_slots_free).
--- p_give_*: token holds this gateway's settlements gave back in the plan windows since its last
--- admission (capgate_settle_batch with p_defer), one element per counter row and minute (user the
--- nil UUID for the company's row): their rows are locked in step 2 with the batch's own, in the
--- same key order, and the give-back of a row's current minute applied before any call is decided
--- (a row of no call of the batch is then written in step 4 like the others).
 CREATE FUNCTION capgate_admit_batch(
     p_key_hash bytea[], p_company uuid[], p_user uuid[], p_units integer[], p_method text[], p_route text[],
     p_model text[], p_feature text[], p_request_id text[], p_routes_version bigint[], p_at timestamptz[],
     p_relaxed boolean, p_prompt bigint[], p_max_tokens bigint[], p_cache smallint[], p_window bigint[],
-    p_ended_company uuid[] DEFAULT '{}', p_ended_ledger bigint[] DEFAULT '{}', p_give_company uuid[] DEFAULT '{}',
-    p_give_period bigint[] DEFAULT '{}', p_give_user uuid[] DEFAULT '{}', p_give_minute timestamptz[] DEFAULT '{}',
-    p_give_tokens bigint[] DEFAULT '{}'
+    p_ended_company uuid[] DEFAULT '{}', p_ended_ledger bigint[] DEFAULT '{}'
 ) RETURNS SETOF capgate_admitted
 LANGUAGE plpgsql
 -- Planned once per session: re-planning for every call (custom plans for the array arguments)
@@ -266,70 +259,39 @@ BEGIN
     END LOOP;
 
     -- 2. Lock (or create) every counter of the batch: company, user, then the feature counters.
-    --    The rows of the gateway's give-backs (p_give_*) are locked with them, numbered after the
-    --    batch's slots; a give-back of the row's current minute is applied as it is read (of one
-    --    row's, only its latest minute's can be: the row is on that minute or a later one).
     WITH slot AS (
         SELECT DISTINCT s.slot, s.c, s.p FROM unnest(a_cslot, a_company, a_period) AS s(slot, c, p) WHERE s.slot IS NOT NULL
-    ), give AS (
-        SELECT g.c, g.p, g.m, g.t
-          FROM (SELECT g.c, g.p, g.m, sum(g.t)::bigint AS t, rank() OVER (PARTITION BY g.c, g.p ORDER BY g.m DESC) AS r
-                  FROM unnest(p_give_company, p_give_period, p_give_user, p_give_minute, p_give_tokens) AS g(c, p, u, m, t)
-                 WHERE g.u = '00000000-0000-0000-0000-000000000000'
-                 GROUP BY g.c, g.p, g.m) g
-         WHERE g.r = 1
-    ), keys AS (
-        SELECT coalesce(s.slot, (SELECT count(*) FROM slot)
-                                + row_number() OVER (PARTITION BY s.slot IS NULL ORDER BY g.c, g.p))::integer AS slot,
-               coalesce(s.c, g.c) AS c, coalesce(s.p, g.p) AS p, g.m, g.t
-          FROM slot s FULL JOIN give g ON g.c = s.c AND g.p = s.p
     ), locked AS (
         INSERT INTO company_usage AS cu (company_id, period_id, used)
-        SELECT k.c, k.p, 0 FROM keys k ORDER BY k.c, k.p
+        SELECT slot.c, slot.p, 0 FROM slot ORDER BY slot.c, slot.p
         ON CONFLICT (company_id, period_id) DO UPDATE SET used = cu.used
         RETURNING cu.company_id, cu.period_id, cu.used, cu.cost_used, cu.cost_held, cu.rate_minute, cu.rate_calls,
                   cu.rate_tokens
     )
-    SELECT array_agg(l.company_id ORDER BY k.slot), array_agg(l.period_id ORDER BY k.slot),
-           array_agg(l.used ORDER BY k.slot), array_agg(l.cost_used ORDER BY k.slot),
-           array_agg(l.cost_held ORDER BY k.slot), array_agg(l.rate_minute ORDER BY k.slot),
-           array_agg(l.rate_calls ORDER BY k.slot),
-           array_agg(CASE WHEN l.rate_minute = k.m THEN greatest(l.rate_tokens + k.t, 0) ELSE l.rate_tokens END
-                     ORDER BY k.slot)
+    SELECT array_agg(l.company_id ORDER BY slot.slot), array_agg(l.period_id ORDER BY slot.slot),
+           array_agg(l.used ORDER BY slot.slot), array_agg(l.cost_used ORDER BY slot.slot),
+           array_agg(l.cost_held ORDER BY slot.slot), array_agg(l.rate_minute ORDER BY slot.slot),
+           array_agg(l.rate_calls ORDER BY slot.slot), array_agg(l.rate_tokens ORDER BY slot.slot)
       INTO c_company, c_period, c_used, c_cost, c_held, c_rmin, c_rcalls, c_rtok
-      FROM keys k JOIN locked l ON l.company_id = k.c AND l.period_id = k.p;
+      FROM slot JOIN locked l ON l.company_id = slot.c AND l.period_id = slot.p;
 
     WITH slot AS (
         SELECT DISTINCT s.slot, s.c, s.p, s.u
           FROM unnest(a_uslot, a_company, a_period, a_user) AS s(slot, c, p, u) WHERE s.slot IS NOT NULL
-    ), give AS (
-        SELECT g.c, g.p, g.u, g.m, g.t
-          FROM (SELECT g.c, g.p, g.u, g.m, sum(g.t)::bigint AS t,
-                       rank() OVER (PARTITION BY g.c, g.p, g.u ORDER BY g.m DESC) AS r
-                  FROM unnest(p_give_company, p_give_period, p_give_user, p_give_minute, p_give_tokens) AS g(c, p, u, m, t)
-                 WHERE g.u <> '00000000-0000-0000-0000-000000000000'
-                 GROUP BY g.c, g.p, g.u, g.m) g
-         WHERE g.r = 1
-    ), keys AS (
-        SELECT coalesce(s.slot, (SELECT count(*) FROM slot)
-                                + row_number() OVER (PARTITION BY s.slot IS NULL ORDER BY g.c, g.p, g.u))::integer AS slot,
-               coalesce(s.c, g.c) AS c, coalesce(s.p, g.p) AS p, coalesce(s.u, g.u) AS u, g.m, g.t
-          FROM slot s FULL JOIN give g ON g.c = s.c AND g.p = s.p AND g.u = s.u
     ), locked AS (
         INSERT INTO user_usage AS uu (company_id, period_id, user_id, used)
-        SELECT k.c, k.p, k.u, 0 FROM keys k ORDER BY k.c, k.p, k.u
+        SELECT slot.c, slot.p, slot.u, 0 FROM slot ORDER BY slot.c, slot.p, slot.u
         ON CONFLICT (company_id, period_id, user_id) DO UPDATE SET used = uu.used
         RETURNING uu.company_id, uu.period_id, uu.user_id, uu.used, uu.cost_used, uu.cost_held, uu.rate_minute,
                   uu.rate_calls, uu.rate_tokens
     )
-    SELECT array_agg(l.company_id ORDER BY k.slot), array_agg(l.period_id ORDER BY k.slot),
-           array_agg(l.user_id ORDER BY k.slot), array_agg(l.used ORDER BY k.slot),
-           array_agg(l.cost_used ORDER BY k.slot), array_agg(l.cost_held ORDER BY k.slot),
-           array_agg(l.rate_minute ORDER BY k.slot), array_agg(l.rate_calls ORDER BY k.slot),
-           array_agg(CASE WHEN l.rate_minute = k.m THEN greatest(l.rate_tokens + k.t, 0) ELSE l.rate_tokens END
-                     ORDER BY k.slot)
+    SELECT array_agg(l.company_id ORDER BY slot.slot), array_agg(l.period_id ORDER BY slot.slot),
+           array_agg(l.user_id ORDER BY slot.slot), array_agg(l.used ORDER BY slot.slot),
+           array_agg(l.cost_used ORDER BY slot.slot), array_agg(l.cost_held ORDER BY slot.slot),
+           array_agg(l.rate_minute ORDER BY slot.slot), array_agg(l.rate_calls ORDER BY slot.slot),
+           array_agg(l.rate_tokens ORDER BY slot.slot)
       INTO u_company, u_period, u_user, u_used, u_cost, u_held, u_rmin, u_rcalls, u_rtok
-      FROM keys k JOIN locked l ON l.company_id = k.c AND l.period_id = k.p AND l.user_id = k.u;
+      FROM slot JOIN locked l ON l.company_id = slot.c AND l.period_id = slot.p AND l.user_id = slot.u;
 
     IF EXISTS (SELECT 1 FROM unnest(a_fps) s WHERE s IS NOT NULL) THEN
         WITH slot AS (

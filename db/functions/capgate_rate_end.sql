@@ -2,28 +2,19 @@
 -- their admission when they took a slot) go. The ends a gateway notes (an answer's last byte, a
 -- client that left) ride its next admission transaction (capgate_slots_free); this writes those
 -- no admission took within a few milliseconds, and every admission of that gateway waits for one
--- in flight. The call's token hold is settled by its settlement (capgate_settle_batch); the
--- give-backs that settlement left to the gateway (p_give_*) are written here when no admission
--- carried them (capgate_rate_give_back). Ends are idempotent (a call whose row is
--- gone changes nothing); give-backs are not, and the gateway hands each to one transaction only.
+-- in flight. The call's token hold is settled by its settlement (capgate_settle_batch), not
+-- here. Idempotent: a call whose row is gone changes nothing.
 --
 -- The deletes are capgate_slots_free's: no counter, window row or ledger row is taken, and a
 -- row another transaction holds is skipped (an admission carrying the same end, whose failure
 -- hands the end back to the gateway, or a refund deleting it). Committed without waiting for
 -- the WAL flush: an end lost in a crash leaves the slot to its lease.
-CREATE FUNCTION capgate_rate_end(
-    p_company uuid[], p_ledger bigint[], p_give_company uuid[] DEFAULT '{}', p_give_period bigint[] DEFAULT '{}',
-    p_give_user uuid[] DEFAULT '{}', p_give_minute timestamptz[] DEFAULT '{}', p_give_tokens bigint[] DEFAULT '{}'
-) RETURNS void
+CREATE FUNCTION capgate_rate_end(p_company uuid[], p_ledger bigint[])
+RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
-    -- The counters first: the slot rows are then taken with SKIP LOCKED, never waited for while
-    -- counters are held.
-    IF cardinality(p_give_company) > 0 THEN
-        PERFORM capgate_rate_give_back(p_give_company, p_give_period, p_give_user, p_give_minute, p_give_tokens);
-    END IF;
     PERFORM capgate_slots_free(p_company, p_ledger);
 END;
 $$;

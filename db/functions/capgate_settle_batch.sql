@@ -38,26 +38,11 @@
 -- company there, before any window row. (A call's concurrency slot is freed apart, by the gateway's next admission,
 -- capgate_slots_free, or capgate_rate_end.)
 --
--- p_defer (the gateway's settlement queue, per call: a call of a company the gateway is admitting
--- in batches): the token hold the call gives back in its plan windows
--- (the company's and the user's counter rows: its real count below its hold) is not written here
--- but returned, one row per counter row and minute (user_id the nil UUID for the company's), for
--- the gateway's next admission transaction to write as it locks those rows anyway
--- (capgate_admit_batch p_give_*), or capgate_rate_end within milliseconds. Until then the window
--- counts the hold, never less than the call took, and the settlement locks no counter at all
--- unless a cost moves, a feature's window changes or a call took more than its hold: the company
--- counter lock it took for every batch of a token window's calls was what a busy company's
--- admissions waited for (measured in session 29). Without p_defer (a replay from the spool, tests,
--- a quiet gateway, a company not in its last batch) everything is written here.
---
--- Returns the settled calls that cost more than their hold (the provider billed past the bound),
--- and with p_defer the give-backs (ledger_id NULL).
+-- Returns the settled calls that cost more than their hold (the provider billed past the bound).
 CREATE FUNCTION capgate_settle_batch(
     p_company uuid[], p_ledger bigint[], p_upstream_status integer[], p_input_tokens bigint[], p_output_tokens bigint[],
-    p_cache_write_5m bigint[], p_cache_write_1h bigint[], p_cache_read bigint[], p_known boolean[], p_rate bigint[],
-    p_defer boolean[] DEFAULT '{}'
-) RETURNS TABLE (company_id uuid, ledger_id bigint, hold bigint, cost bigint, period_id bigint, user_id uuid,
-                 minute timestamptz, tokens bigint)
+    p_cache_write_5m bigint[], p_cache_write_1h bigint[], p_cache_read bigint[], p_known boolean[], p_rate bigint[]
+) RETURNS TABLE (company_id uuid, ledger_id bigint, hold bigint, cost bigint)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan
 -- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql); and nested
@@ -80,8 +65,7 @@ DECLARE
     -- the settled calls (step 1), for steps 2 and 3
     m_company uuid[]; m_id bigint[]; m_period bigint[]; m_user uuid[]; m_grant bigint[]; m_open boolean[];
     m_hold bigint[]; m_cost bigint[]; m_part bigint[]; m_feature text[]; m_minute timestamptz[]; m_scopes smallint[];
-    m_tok bigint[]; m_defer boolean[];
-    g_scopes smallint[]; g_tok bigint[];  -- with p_defer: what settle_counters still writes
+    m_tok bigint[];
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     -- Each model is priced once, at its latest call of the batch, as capgate_admit_batch's step 1
@@ -119,48 +103,6 @@ BEGIN
          WHERE l.company_id = s.c AND l.id = s.id AND l.outcome = 'charged';
         RETURN;
     END IF;
-    -- With p_defer, a batch in which no cost moves and the windows only give back in the plan's
-    -- rows (no feature window, no count past its hold) is one statement too, which also writes
-    -- each call's real count and returns the give-backs: step 1's cost machinery, planned for
-    -- every batch, is not needed.
-    IF cardinality(p_defer) > 0 AND NOT EXISTS (
-        SELECT 1
-          FROM unnest(p_company, p_ledger, p_rate, p_defer) AS s(c, id, rate, d)
-          JOIN usage_ledger l ON l.company_id = s.c AND l.id = s.id
-         WHERE l.outcome = 'charged' AND l.units > 0
-           AND ((l.cost_source IS NULL
-                 AND (l.hold_micros IS NOT NULL
-                      OR (v_priced AND EXISTS (SELECT 1 FROM capgate_price(l.model, l.created_at)))))
-                OR (s.rate >= 0 AND (l.rate_scopes & 27) <> 0 AND l.rate_tokens <> s.rate
-                    AND (NOT coalesce(s.d, false) OR (l.rate_scopes & 24) <> 0 OR s.rate > l.rate_tokens)))) THEN
-        RETURN QUERY
-        WITH settled AS (
-            UPDATE usage_ledger l
-               SET upstream_status = o.status, input_tokens = nullif(o.input, -1), output_tokens = nullif(o.output, -1),
-                   cache_write_5m_tokens = nullif(o.w5, -1), cache_write_1h_tokens = nullif(o.w1, -1),
-                   cache_read_tokens = nullif(o.rd, -1), settled_at = clock_timestamp(),
-                   rate_tokens = CASE WHEN o.give IS NOT NULL THEN o.rate ELSE l.rate_tokens END
-              FROM (SELECT l2.company_id, l2.id, l2.period_id, l2.user_id, l2.rate_minute, l2.rate_scopes, s.status,
-                           s.input, s.output, s.w5, s.w1, s.rd, s.rate,
-                           CASE WHEN s.d AND s.rate >= 0 AND l2.units > 0 AND (l2.rate_scopes & 3) <> 0
-                                     AND s.rate < l2.rate_tokens
-                                THEN s.rate - l2.rate_tokens END AS give
-                      FROM unnest(p_company, p_ledger, p_upstream_status, p_input_tokens, p_output_tokens, p_cache_write_5m,
-                                  p_cache_write_1h, p_cache_read, p_rate, p_defer)
-                           AS s(c, id, status, input, output, w5, w1, rd, rate, d)
-                      JOIN usage_ledger l2 ON l2.company_id = s.c AND l2.id = s.id
-                     WHERE l2.outcome = 'charged') o
-             WHERE l.company_id = o.company_id AND l.id = o.id
-            RETURNING o.company_id, o.period_id, o.user_id, o.rate_minute, o.rate_scopes, o.give
-        )
-        SELECT g.c, NULL::bigint, NULL::bigint, NULL::bigint, g.p, g.owner, g.m, sum(g.give)::bigint
-          FROM (SELECT m.company_id AS c, m.period_id AS p, o.owner, m.rate_minute AS m, m.give
-                  FROM settled m
-                 CROSS JOIN LATERAL (VALUES (1, '00000000-0000-0000-0000-000000000000'::uuid), (2, m.user_id)) AS o(bit, owner)
-                 WHERE m.give IS NOT NULL AND (m.rate_scopes & o.bit) <> 0) g
-         GROUP BY g.c, g.p, g.owner, g.m;
-        RETURN;
-    END IF;
     -- 1. The ledger rows, locked in key order, settled: the cost of each open hold computed and
     --    written before any counter is locked, so the counters stay locked only for step 3's
     --    short update (admissions of the same companies wait for them).
@@ -177,7 +119,7 @@ BEGIN
             SELECT x.*, CASE WHEN x.open THEN coalesce(x.usage_cost, x.hold) END AS cost
               FROM (
                 SELECT l2.company_id, l2.id, l2.hold_micros AS hold, s.status, s.input, s.output, s.w5, s.w1, s.rd,
-                       (l2.cost_source IS NULL AND l2.units > 0) AS open, s.rate, coalesce(s.d, false) AS d,
+                       (l2.cost_source IS NULL AND l2.units > 0) AS open, s.rate,
                        CASE WHEN s.rate >= 0 AND l2.units > 0 AND (l2.rate_scopes & 27) <> 0 AND l2.rate_tokens <> s.rate
                             THEN s.rate - l2.rate_tokens END AS tok,
                        CASE WHEN l2.cost_source IS NULL AND l2.units > 0 AND s.known
@@ -189,8 +131,8 @@ BEGIN
                                            WHERE mk.k IS NOT NULL) pr
                                    WHERE (pr.q).model IS NOT NULL) END AS usage_cost
                   FROM unnest(p_company, p_ledger, p_upstream_status, p_input_tokens, p_output_tokens, p_cache_write_5m,
-                              p_cache_write_1h, p_cache_read, p_known, p_rate, p_defer)
-                       AS s(c, id, status, input, output, w5, w1, rd, known, rate, d)
+                              p_cache_write_1h, p_cache_read, p_known, p_rate)
+                       AS s(c, id, status, input, output, w5, w1, rd, known, rate)
                   JOIN usage_ledger l2 ON l2.company_id = s.c AND l2.id = s.id
                  WHERE l2.outcome = 'charged'
                  ORDER BY l2.company_id, l2.id
@@ -200,47 +142,23 @@ BEGIN
          WHERE l.company_id = o.company_id AND l.id = o.id
         RETURNING l.company_id, l.id, l.period_id, l.user_id, l.cost_grant_id, o.open, o.hold, o.cost,
                   CASE WHEN l.cost_grant_id IS NOT NULL THEN coalesce(l.cost_grant_part, o.hold) END AS part,
-                  coalesce(l.feature, '') AS feature, l.rate_minute, l.rate_scopes, o.tok, o.d
+                  coalesce(l.feature, '') AS feature, l.rate_minute, l.rate_scopes, o.tok
     )
     SELECT array_agg(m.company_id), array_agg(m.id), array_agg(m.period_id), array_agg(m.user_id),
            array_agg(m.cost_grant_id), array_agg(m.open), array_agg(m.hold), array_agg(m.cost), array_agg(m.part),
-           array_agg(m.feature), array_agg(m.rate_minute), array_agg(m.rate_scopes), array_agg(m.tok), array_agg(m.d)
+           array_agg(m.feature), array_agg(m.rate_minute), array_agg(m.rate_scopes), array_agg(m.tok)
       INTO m_company, m_id, m_period, m_user, m_grant, m_open, m_hold, m_cost, m_part, m_feature, m_minute, m_scopes,
-           m_tok, m_defer
+           m_tok
       FROM settled m;
     -- 2. and 3. The counters, grants and feature windows trade the holds for what was settled
     --    (capgate_settle_counters: planned once per connection, as it reads no ledger row).
-    IF m_id IS NULL THEN
-        RETURN;
-    END IF;
-    g_scopes := m_scopes;
-    g_tok := m_tok;
-    IF cardinality(p_defer) > 0 THEN
-        -- A deferred give-back (tok < 0) leaves the plan windows (bits 1, 2) to the gateway; a
-        -- feature's windows (8, 16) are still written here.
-        SELECT array_agg(CASE WHEN s.d AND s.tok < 0 THEN s.scopes & 24 ELSE s.scopes END ORDER BY s.o),
-               array_agg(CASE WHEN s.d AND s.tok < 0 AND (s.scopes & 24) = 0 THEN NULL ELSE s.tok END ORDER BY s.o)
-          INTO g_scopes, g_tok
-          FROM unnest(m_scopes, m_tok, m_defer) WITH ORDINALITY AS s(scopes, tok, d, o);
-    END IF;
-    IF EXISTS (SELECT 1 FROM unnest(m_open, m_hold, m_cost, g_tok) AS s(open, hold, cost, tok)
-                WHERE (s.open AND (s.hold IS NOT NULL OR s.cost IS NOT NULL)) OR s.tok IS NOT NULL) THEN
+    IF m_id IS NOT NULL THEN
         PERFORM capgate_settle_counters(m_company, m_period, m_user, m_grant, m_open, m_hold, m_cost, m_part, m_feature,
-                                        m_minute, g_scopes, g_tok);
+                                        m_minute, m_scopes, m_tok);
     END IF;
     RETURN QUERY
-    SELECT s.c, s.id, s.hold, s.cost, NULL::bigint, NULL::uuid, NULL::timestamptz, NULL::bigint
+    SELECT s.c, s.id, s.hold, s.cost
       FROM unnest(m_company, m_id, m_open, m_hold, m_cost) AS s(c, id, open, hold, cost)
      WHERE s.open AND s.hold IS NOT NULL AND s.cost > s.hold;
-    IF cardinality(p_defer) > 0 THEN
-        RETURN QUERY
-        SELECT g.c, NULL::bigint, NULL::bigint, NULL::bigint, g.p, g.owner, g.m, sum(g.tok)::bigint
-          FROM (SELECT s.c, s.p, o.owner, s.m, s.tok
-                  FROM unnest(m_company, m_period, m_user, m_minute, m_scopes, m_tok, m_defer)
-                       AS s(c, p, u, m, scopes, tok, d)
-                 CROSS JOIN LATERAL (VALUES (1, '00000000-0000-0000-0000-000000000000'::uuid), (2, s.u)) AS o(bit, owner)
-                 WHERE s.d AND s.tok < 0 AND (s.scopes & o.bit) <> 0) g
-         GROUP BY g.c, g.p, g.owner, g.m;
-    END IF;
 END;
 $$;

@@ -172,8 +172,7 @@ struct AdmitIdempotentStatement: PostgresPreparedStatement {
 struct AdmitBatchStatement: PostgresPreparedStatement {
     static let sql = """
         SELECT \(admittedColumns)
-          FROM capgate_admit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
-                                   $20, $21, $22, $23) ORDER BY item
+          FROM capgate_admit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) ORDER BY item
         """
     typealias Row = AdmissionRow
 
@@ -181,11 +180,9 @@ struct AdmitBatchStatement: PostgresPreparedStatement {
     var relaxed: Bool
     /// Calls that ended on this gateway since its last admission: their slots are freed first.
     var ended: [RateEnd] = []
-    /// Token holds this gateway's settlements gave back since its last admission (``SlotEnds``).
-    var giveBacks: [RateGiveBack] = []
 
     func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 23)
+        var bindings = PostgresBindings(capacity: 18)
         bindings.append(items.map { $0.keyHash ?? ByteBuffer() })
         bindings.append(items.map { $0.keyHash == nil ? $0.request.companyID : .zero })
         bindings.append(items.map { $0.keyHash == nil ? $0.request.userID : .zero })
@@ -203,7 +200,6 @@ struct AdmitBatchStatement: PostgresPreparedStatement {
         bindings.append(items.map(\.request.bound.cache.rawValue))
         bindings.append(items.map(\.request.bound.window))
         ended.append(to: &bindings)
-        giveBacks.append(to: &bindings)
         return bindings
     }
 
@@ -213,29 +209,15 @@ struct AdmitBatchStatement: PostgresPreparedStatement {
 }
 
 /// `capgate_settle_batch`: upstream status and usage of many charges (-1 = a count not given),
-/// and their ends in the rate windows; answers the calls that cost more than their hold and,
-/// when `deferred`, the token holds given back in the plan windows, which the gateway writes with
-/// its next admission (``SlotEnds``).
+/// and their ends in the rate windows; answers the calls that cost more than their hold.
 struct SettleBatchStatement: PostgresPreparedStatement {
-    static let sql = """
-        SELECT company_id, ledger_id, hold, cost, period_id, user_id, minute, tokens
-          FROM capgate_settle_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-        """
-    typealias Row = Settled
+    static let sql = "SELECT company_id, ledger_id, hold, cost FROM capgate_settle_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+    typealias Row = OverHold
 
     var items: [Settlement]
-    /// `p_defer`, per call (empty: none): whose give-backs the gateway writes (``SlotEnds``); a
-    /// replay from the spool writes everything itself.
-    var deferred: [Bool] = []
-
-    /// A row of the answer: a call that cost more than its hold, or a give-back.
-    enum Settled: Sendable {
-        case overHold(OverHold)
-        case giveBack(RateGiveBack)
-    }
 
     func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 11)
+        var bindings = PostgresBindings(capacity: 10)
         bindings.append(items.map(\.companyID))
         bindings.append(items.map(\.ledgerID))
         bindings.append(items.map(\.status))
@@ -246,20 +228,12 @@ struct SettleBatchStatement: PostgresPreparedStatement {
         bindings.append(items.map { $0.usage.cacheRead ?? -1 })
         bindings.append(items.map(\.usage.known))
         bindings.append(items.map(\.windowTokens))
-        bindings.append(deferred)
         return bindings
     }
 
-    func decodeRow(_ row: PostgresRow) throws -> Settled {
-        let (company, ledger, hold, cost, period, user, minute, tokens) = try row.decode(
-            (UUID, Int64?, Int64?, Int64?, Int64?, UUID?, Date?, Int64?).self)
-        if let ledger, let hold, let cost {
-            return .overHold(OverHold(companyID: company, ledgerID: ledger, hold: hold, cost: cost))
-        }
-        guard let period, let user, let minute, let tokens else {
-            throw DatabaseError.other("capgate_settle_batch returned a row that is neither an over-hold nor a give-back")
-        }
-        return .giveBack(RateGiveBack(companyID: company, periodID: period, userID: user, minute: minute, tokens: tokens))
+    func decodeRow(_ row: PostgresRow) throws -> OverHold {
+        let (company, ledger, hold, cost) = try row.decode((UUID, Int64, Int64, Int64).self)
+        return OverHold(companyID: company, ledgerID: ledger, hold: hold, cost: cost)
     }
 }
 

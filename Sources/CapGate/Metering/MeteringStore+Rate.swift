@@ -8,27 +8,6 @@ struct RateEnd: Sendable {
     var ledgerID: Int64
 }
 
-/// A token hold a settlement gave back in a plan window (SPEC §14): the calls of one counter row
-/// and minute took `tokens` (negative) less than they held. `userID` is zero for the company's row.
-struct RateGiveBack: Sendable {
-    var companyID: UUID
-    var periodID: Int64
-    var userID: UUID
-    var minute: Date
-    var tokens: Int64
-}
-
-extension [RateGiveBack] {
-    /// `p_give_company, p_give_period, p_give_user, p_give_minute, p_give_tokens`.
-    func append(to bindings: inout PostgresBindings) {
-        bindings.append(map(\.companyID))
-        bindings.append(map(\.periodID))
-        bindings.append(map(\.userID))
-        bindings.append(map(\.minute))
-        bindings.append(map(\.tokens))
-    }
-}
-
 extension MeteringStore {
     /// Frees a call's concurrency slot: noted before its answer ends, or when its client left,
     /// and written with this gateway's next admission transaction or within milliseconds
@@ -58,18 +37,17 @@ extension MeteringStore {
     }
 }
 
-/// `capgate_rate_end`: many calls' slots freed at once, and the give-backs no admission carried.
+/// `capgate_rate_end`: many calls' slots freed at once.
 struct RateEndStatement: PostgresPreparedStatement {
-    static let sql = "SELECT capgate_rate_end($1, $2, $3, $4, $5, $6, $7)"
+    static let sql = "SELECT capgate_rate_end($1, $2)"
     typealias Row = Void
 
     var items: [RateEnd]
-    var giveBacks: [RateGiveBack] = []
 
     func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 7)
-        items.append(to: &bindings)
-        giveBacks.append(to: &bindings)
+        var bindings = PostgresBindings(capacity: 2)
+        bindings.append(items.map(\.companyID))
+        bindings.append(items.map(\.ledgerID))
         return bindings
     }
 

@@ -63,13 +63,12 @@ public struct MeteringStore: Sendable {
         self.admissions = Self.admissionQueue(
             database: database, relaxed: relaxed, queueLimit: admissionQueueLimit, spool: spool, slotEnds: slotEnds)
         self.settlements = BatchQueue(maxBatch: Self.maxBatch * 4, gather: Self.settlementGather, pace: Self.settlementGather) { items in
-            await Self.settleBatch(items, database: database, spool: spool, slotEnds: slotEnds)
+            await Self.settleBatch(items, database: database, spool: spool)
         }
     }
 
-    /// Writes the slot ends and token give-backs noted so far (and waits for a write in flight),
-    /// so that a read of the caller's calls in flight and windows that follows counts none that
-    /// ended on this gateway and no hold its settlements gave back.
+    /// Writes the slot ends noted so far (and waits for a write in flight), so that a read of the
+    /// caller's calls in flight that follows counts none that ended on this gateway.
     func slotEndsWritten() async {
         await slotEnds.flush()
     }
@@ -127,64 +126,44 @@ public struct MeteringStore: Sendable {
     /// forwarded.
     ///
     /// The transaction also frees the slots of calls that ended on this gateway since the last
-    /// one and writes the token holds its settlements gave back (`slotEnds`; a single call's
-    /// function carries the ends only). When it fails the ends are handed back for the next; the
-    /// give-backs only when the server rolled it back (an error it answered), else they are
-    /// dropped: the transaction may have committed them, and a window that keeps a hold is never
-    /// short of what its calls took.
+    /// one (`slotEnds`); when it fails they are handed back for the next.
     static func admitBatch(
         _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool? = nil, slotEnds: SlotEnds? = nil
     ) async -> [Result<AdmissionRow, any Error>] {
         GatewayMetrics.admissionBatch(size: items.count)
-        var taken = await slotEnds?.take() ?? SlotEnds.Taken()
-        if items.count == 1, !taken.giveBacks.isEmpty {
-            slotEnds?.add(SlotEnds.Taken(giveBacks: taken.giveBacks))
-            taken.giveBacks = []
-        }
-        let rows: [AdmissionRow]
+        let ended = await slotEnds?.take() ?? []
         do {
             let started = ContinuousClock.now
-            rows = try await runAdmitBatch(items, database: database, relaxed: relaxed, spool: spool, taken: taken)
+            let rows = try await runAdmitBatch(items, database: database, relaxed: relaxed, spool: spool, ended: ended)
             GatewayMetrics.admissionBatch(duration: ContinuousClock.now - started)
+            guard rows.count == items.count else {
+                throw DatabaseError.other("capgate_admit_batch returned \(rows.count) rows for \(items.count) calls")
+            }
+            return rows.map { .success($0) }
         } catch DatabaseError.unavailable {
-            slotEnds?.add(taken.ends)
+            slotEnds?.add(ended)
             return items.map { _ in .failure(DatabaseError.unavailable) }
         } catch {
-            let rolledBack = error is DatabaseError
-            slotEnds?.add(SlotEnds.Taken(ends: taken.ends, giveBacks: rolledBack ? taken.giveBacks : []))
-            return await admitOneByOne(items, after: error, database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds)
+            slotEnds?.add(ended)
+            guard items.count > 1 else { return [.failure(error)] }
+            var results: [Result<AdmissionRow, any Error>] = []
+            results.reserveCapacity(items.count)
+            for item in items {
+                results += await admitBatch([item], database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds)
+            }
+            return results
         }
-        guard rows.count == items.count else {
-            let error = DatabaseError.other("capgate_admit_batch returned \(rows.count) rows for \(items.count) calls")
-            return await admitOneByOne(items, after: error, database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds)
-        }
-        slotEnds?.admitted(rows)
-        return rows.map { .success($0) }
-    }
-
-    /// A batch PostgreSQL rejected for one of its calls (say, a NUL byte in a text) is admitted
-    /// again call by call, so that the others are not failed with it.
-    static func admitOneByOne(
-        _ items: [AdmissionItem], after error: any Error, database: Database, relaxed: Bool, spool: Spool?, slotEnds: SlotEnds?
-    ) async -> [Result<AdmissionRow, any Error>] {
-        guard items.count > 1 else { return [.failure(error)] }
-        var results: [Result<AdmissionRow, any Error>] = []
-        results.reserveCapacity(items.count)
-        for item in items {
-            results += await admitBatch([item], database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds)
-        }
-        return results
     }
 
     static func runAdmitBatch(
-        _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool?, taken: SlotEnds.Taken = .init()
+        _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool?, ended: [RateEnd] = []
     ) async throws -> [AdmissionRow] {
         if items.count == 1 {
-            return try await runAdmitOne(items[0], database: database, relaxed: relaxed, spool: spool, ended: taken.ends)
+            return try await runAdmitOne(items[0], database: database, relaxed: relaxed, spool: spool, ended: ended)
         }
-        let statement = AdmitBatchStatement(items: items, relaxed: relaxed, ended: taken.ends, giveBacks: taken.giveBacks)
         return try await runAdmission(items, database: database, spool: spool) { client in
-            try await client.execute(statement, logger: database.logger).collect()
+            try await client.execute(AdmitBatchStatement(items: items, relaxed: relaxed, ended: ended), logger: database.logger)
+                .collect()
         }
     }
 
@@ -261,6 +240,73 @@ public struct MeteringStore: Sendable {
             )
             for try await value in rows.decode(Bool.self) { return value }
             return false
+        }
+    }
+
+    /// Records the upstream status and usage on a charge that stands and settles its cost (its
+    /// hold traded for what the usage cost, or kept as its cost when the usage is not known).
+    /// Queued, not awaited: the charge and its hold were committed by the admission, and an open
+    /// hold is never less than the call may cost; settlements are written in batches
+    /// (`capgate_settle_batch`) while the caller moves on.
+    public func settle(companyID: UUID, ledgerID: Int64, upstreamStatus: Int, usage: ProviderUsage) {
+        settle(Settlement(companyID: companyID, ledgerID: ledgerID, status: Int32(clamping: upstreamStatus), usage: usage))
+    }
+
+    func settle(_ settlement: Settlement) {
+        settlements.enqueue(settlement)
+    }
+
+    /// Logs and counts the settled calls that cost more than their hold: the provider billed past
+    /// the bound (more prompt overhead than `costs.promptOverheadTokens`, a price raised since).
+    static func report(_ overHolds: [OverHold], logger: Logger) {
+        for over in overHolds {
+            GatewayMetrics.costOverHold()
+            logger.warning(
+                "a call cost more than its hold",
+                metadata: [
+                    "company_id": "\(over.companyID.uuidString.lowercased())", "ledger_id": "\(over.ledgerID)",
+                    "hold_usd": "\(Micros(over.hold).decimal)", "cost_usd": "\(Micros(over.cost).decimal)",
+                ])
+        }
+    }
+
+    /// Returns once every settlement queued so far is written: a ledger read after it sees the
+    /// provider status and token counts of every call this gateway answered before.
+    public func settledSoFar() async {
+        await settlements.processedSoFar()
+    }
+
+    /// Waits until every queued settlement and every noted slot end is written (graceful
+    /// shutdown, tests): a gateway stopped right after an answer ended must not leave its slot
+    /// taken until the lease.
+    public func flush() async {
+        await settlements.flush()
+        await slotEnds.flush()
+    }
+
+    static func settleBatch(_ items: [Settlement], database: Database, spool: Spool? = nil) async -> [Result<Void, any Error>] {
+        do {
+            let over = try await database.run { client in
+                try await client.execute(SettleBatchStatement(items: items), logger: database.logger).collect()
+            }
+            report(over, logger: database.logger)
+            return items.map { _ in .success(()) }
+        } catch DatabaseError.unavailable where spool != nil {
+            // The charges stand; their token counts wait in the spool until the database is back.
+            let writes = PendingWrites(database: database, spool: spool)
+            for item in items {
+                let usage = item.usage
+                writes.later(
+                    .settle(
+                        company: item.companyID, ledger: item.ledgerID, status: item.status, inputTokens: usage.inputTokens,
+                        outputTokens: usage.outputTokens, cacheWrite5m: usage.cacheWrite5m, cacheWrite1h: usage.cacheWrite1h,
+                        cacheRead: usage.cacheRead, known: usage.known))
+            }
+            return items.map { _ in .failure(DatabaseError.unavailable) }
+        } catch {
+            // The charges stand; only their token counts are missing (the ledger shows settled_at NULL).
+            database.logger.error("could not record token counts", metadata: ["calls": "\(items.count)"])
+            return items.map { _ in .failure(error) }
         }
     }
 

@@ -45,15 +45,10 @@ struct PendingWrites: Sendable {
                 inputTokens: input, outputTokens: output, cacheWrite5m: write5m, cacheWrite1h: write1h, cacheRead: read,
                 known: known ?? (input != nil && output != nil))
             let settlement = Settlement(companyID: company, ledgerID: ledger, status: status, usage: usage)
-            // Written whole here (no give-back left to an admission: this may run after a restart).
-            let rows = try await database.run { client in
+            let over = try await database.run { client in
                 try await client.execute(SettleBatchStatement(items: [settlement]), logger: database.logger).collect()
             }
-            MeteringStore.report(
-                rows.compactMap {
-                    guard case .overHold(let over) = $0 else { return nil }
-                    return over
-                }, logger: database.logger)
+            MeteringStore.report(over, logger: database.logger)
         case .answer(let company, let user, let key, let requestID, let status, let contentType, let body):
             try await MeteringStore.keepAnswer(
                 companyID: company, userID: user, key: key, requestID: requestID, status: status, contentType: contentType,
