@@ -27,7 +27,8 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
 WORK = os.path.join(ROOT, ".capgate", "bench")
-BIN = os.path.join(ROOT, ".build", "release", "capgate")
+# CAPGATE_BIN: another build to measure (an A/B of two commits in turn), default this checkout's release build.
+BIN = os.environ.get("CAPGATE_BIN") or os.path.join(ROOT, ".build", "release", "capgate")
 OPERATOR = "bench-operator-token"
 
 started = []  # (name, Popen)
