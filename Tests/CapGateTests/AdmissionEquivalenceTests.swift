@@ -79,9 +79,9 @@ struct AdmissionEquivalenceTests {
           (SELECT string_agg(concat_ws(' ', company_id, user_id, feature_id, minute, calls, tokens), E'\\n'
                              ORDER BY company_id, user_id, feature_id)
              FROM rate_windows WHERE calls <> 0),
-          (SELECT string_agg(concat_ws(' ', s.company_id, s.user_id, s.feature_id, l.request_id), E'\\n' ORDER BY l.request_id)
-             FROM rate_slots s JOIN usage_ledger l ON l.company_id = s.company_id AND l.id = s.ledger_id),
-          (SELECT concat_ws(' ', 'slot rows', count(*)) FROM rate_slots),
+          (SELECT string_agg(concat_ws(' ', s.company_id, s.user_id, s.feature_id, s.minute, s.tokens, s.scopes, l.request_id),
+                             E'\\n' ORDER BY l.request_id)
+             FROM rate_calls s JOIN usage_ledger l ON l.company_id = s.company_id AND l.id = s.ledger_id),
           (SELECT count(*)::text FROM notifications))
         """
 

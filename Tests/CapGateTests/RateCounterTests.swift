@@ -75,7 +75,7 @@ struct RateCounterTests {
             #expect(try await h.scalar("SELECT rate_calls FROM user_usage") == 1)
             #expect(try await h.scalar("SELECT rate_tokens FROM company_usage") == real - first)
             #expect(try await h.scalar("SELECT rate_calls FROM company_usage") == 1)
-            #expect(try await h.scalar("SELECT count(*) FROM rate_slots WHERE ledger_id IS NOT NULL") == 0)
+            #expect(try await h.scalar("SELECT count(*) FROM rate_calls") == 0)
         }
     }
 

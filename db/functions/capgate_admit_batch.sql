@@ -27,13 +27,13 @@
 -- company and user counter rows (step 2), the entitlement's rows are locked in key order in step
 -- 2b with the users' live slots; a call that passed every counter and budget is counted in its
 -- windows in step 3 as capgate_rate_take would, in arrival order, or refused rate_limited.
--- p_ended_company, p_ended_user, p_ended_ledger: calls that ended on this gateway since its last
--- admission transaction; their slots are freed first (capgate_slots_free).
+-- p_ended_company, p_ended_ledger: calls that ended on this gateway since its last admission
+-- transaction; their slots are freed first (capgate_slots_free).
 CREATE FUNCTION capgate_admit_batch(
     p_key_hash bytea[], p_company uuid[], p_user uuid[], p_units integer[], p_method text[], p_route text[],
     p_model text[], p_feature text[], p_request_id text[], p_routes_version bigint[], p_at timestamptz[],
     p_relaxed boolean, p_prompt bigint[], p_max_tokens bigint[], p_cache smallint[], p_window bigint[],
-    p_ended_company uuid[] DEFAULT '{}', p_ended_user uuid[] DEFAULT '{}', p_ended_ledger bigint[] DEFAULT '{}'
+    p_ended_company uuid[] DEFAULT '{}', p_ended_ledger bigint[] DEFAULT '{}'
 ) RETURNS SETOF capgate_admitted
 LANGUAGE plpgsql
 -- Planned once per session: re-planning for every call (custom plans for the array arguments)
@@ -110,7 +110,7 @@ DECLARE
 BEGIN
     -- Calls that ended on this gateway since its last admission give their slots back first.
     IF cardinality(p_ended_ledger) > 0 THEN
-        PERFORM capgate_slots_free(p_ended_company, p_ended_user, p_ended_ledger);
+        PERFORM capgate_slots_free(p_ended_company, p_ended_ledger);
     END IF;
     IF n = 0 THEN
         RETURN;
@@ -359,14 +359,14 @@ BEGIN
 
     -- 2b. The rate windows (SPEC §14). The plan's are in the company and user counter rows
     --     locked above; each user whose plan limits its calls in flight has its live slots
-    --     counted (rate_slots taken, read under the user's counter lock: every admission of the
-    --     user holds it when it takes a slot). The windows of a feature's entitlement: its rows locked in
+    --     counted (rate_calls, read under the user's counter lock: every admission of the user
+    --     holds it when it adds a slot). The windows of a feature's entitlement: its rows locked in
     --     key order (created at zero when new) and read, with the user's live slots of that
     --     feature, for step 3 to decide in memory as it decides the counters; each call's rows by
     --     index (a_wfc company x feature, a_wfu user x feature).
     IF EXISTS (SELECT 1 FROM unnest(a_uconc) c WHERE c IS NOT NULL) THEN
-        SELECT array_agg(CASE WHEN x.conc THEN (SELECT count(*) FROM rate_slots rc
-                                                 WHERE rc.company_id = x.c AND rc.user_id = x.u AND rc.ledger_id IS NOT NULL
+        SELECT array_agg(CASE WHEN x.conc THEN (SELECT count(*) FROM rate_calls rc
+                                                 WHERE rc.company_id = x.c AND rc.user_id = x.u AND (rc.scopes & 4) <> 0
                                                    AND rc.lease_until > x.at) END ORDER BY o)
           INTO u_slots
           FROM generate_series(1, coalesce(cardinality(u_company), 0)) o
@@ -400,8 +400,8 @@ BEGIN
             SELECT k.idx, l.*,
                    -- Live slots are counted only where a concurrency limit applies.
                    CASE WHEN NOT k.conc THEN 0
-                        ELSE (SELECT count(*) FROM rate_slots rc
-                               WHERE rc.company_id = k.c AND rc.user_id = k.owner AND rc.ledger_id IS NOT NULL
+                        ELSE (SELECT count(*) FROM rate_calls rc
+                               WHERE rc.company_id = k.c AND rc.user_id = k.owner AND (rc.scopes & 4) <> 0
                                  AND rc.lease_until > k.at AND rc.feature_id = k.feature) END AS slots
               FROM keys k JOIN locked l ON l.company_id = k.c AND l.user_id = k.owner AND l.feature_id = k.feature
         ), slots AS (
@@ -693,13 +693,13 @@ BEGIN
           FROM unnest(w_company, w_owner, w_feature, w_min, w_calls, w_tokens, w_moved) AS s(c, o, f, m, calls, tokens, moved)
          WHERE s.moved AND rw.company_id = s.c AND rw.user_id = s.o AND rw.feature_id = s.f;
     END IF;
-    -- The charged calls holding a concurrency slot take one, until their end (capgate_rate_end) or lease.
+    -- The charged calls holding a concurrency slot, until their end (capgate_rate_end) or lease.
     IF EXISTS (SELECT 1 FROM unnest(a_rscopes) r WHERE (r & 4) <> 0) THEN
-        PERFORM capgate_slots_take(array_agg(s.c), array_agg(s.u), array_agg(coalesce(s.f, '')), array_agg(s.ledger),
-                                   array_agg(s.at + make_interval(secs => v_lease)))
-           FROM unnest(a_company, a_ledger, a_user, a_feature, a_rscopes, p_at, a_decision)
-                AS s(c, ledger, u, f, scopes, at, decision)
-          WHERE s.decision = 'charged' AND (s.scopes & 4) <> 0;
+        INSERT INTO rate_calls (company_id, ledger_id, user_id, feature_id, minute, tokens, scopes, lease_until)
+        SELECT s.c, s.ledger, s.u, coalesce(s.f, ''), s.m, s.tok, s.scopes, s.at + make_interval(secs => v_lease)
+          FROM unnest(a_company, a_ledger, a_user, a_feature, a_rmin, a_rtok, a_rscopes, p_at, a_decision)
+               AS s(c, ledger, u, f, m, tok, scopes, at, decision)
+         WHERE s.decision = 'charged' AND (s.scopes & 4) <> 0;
     END IF;
     UPDATE company_usage cu SET used = s.used, cost_held = s.held, rate_minute = s.rmin, rate_calls = s.rcalls,
                                 rate_tokens = s.rtok

@@ -36,7 +36,7 @@
 --    max_tokens_required, before any counter); after the budgets (3b), before the grants are
 --    taken (3c), capgate_rate_take counts the call in its minute windows (the plan's in the
 --    company's and the user's counter rows, locked in 1 and 2) and takes a concurrency slot
---    (rate_slots, leased for config_versions.slot_lease_seconds), or refuses it
+--    (rate_calls, leased for config_versions.slot_lease_seconds), or refuses it
 --    (rate_limited) and everything this call added is given back.
 CREATE FUNCTION capgate_charge(
     p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
@@ -407,11 +407,13 @@ BEGIN
                                                         THEN 4 ELSE 0 END END,
             CASE WHEN v_units_grant IS NOT NULL THEN v_g_part END, CASE WHEN v_cost_grant IS NOT NULL THEN v_hold - v_c_hold END)
     RETURNING id INTO r.ledger_id;
-    -- A call holding a slot takes a rate_slots row until its end (capgate_rate_end) or its lease;
-    -- its token hold is settled from the ledger row by its settlement.
+    -- A call holding a slot is in rate_calls until its end (capgate_rate_end) or its lease; its
+    -- token hold is settled from the ledger row by its settlement.
     IF v_rate.u_slots IS NOT NULL OR v_rate.fu_slots IS NOT NULL THEN
-        PERFORM capgate_slots_take(ARRAY[p_company], ARRAY[p_user], ARRAY[coalesce(p_feature, '')], ARRAY[r.ledger_id],
-                                   ARRAY[p_at + make_interval(secs => v_lease)]);
+        INSERT INTO rate_calls (company_id, ledger_id, user_id, feature_id, minute, tokens, scopes, lease_until)
+        VALUES (p_company, r.ledger_id, p_user, coalesce(p_feature, ''), r.rate_minute, r.rate_tokens,
+                v_rate.scopes | CASE WHEN v_rate.u_slots IS NOT NULL OR v_rate.fu_slots IS NOT NULL THEN 4 ELSE 0 END,
+                p_at + make_interval(secs => v_lease));
     END IF;
     r.decision := 'charged';
     RETURN r;

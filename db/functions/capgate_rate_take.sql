@@ -49,8 +49,8 @@ BEGIN
         IF r.refused IS NULL THEN
             r.scopes := r.scopes | 2;
             IF p_conc IS NOT NULL THEN
-                SELECT count(*) INTO r.u_slots FROM rate_slots
-                 WHERE company_id = p_company AND user_id = p_user AND ledger_id IS NOT NULL AND lease_until > p_at;
+                SELECT count(*) INTO r.u_slots FROM rate_calls
+                 WHERE company_id = p_company AND user_id = p_user AND (scopes & 4) <> 0 AND lease_until > p_at;
                 r.refused := CASE WHEN r.u_slots >= p_conc THEN 'user-concurrency' END;
                 r.u_slots := r.u_slots + CASE WHEN r.refused IS NULL THEN 1 ELSE 0 END;
             END IF;
@@ -62,8 +62,8 @@ BEGIN
         IF r.refused IS NULL THEN
             r.scopes := r.scopes | 16;
             IF p_fconc IS NOT NULL THEN
-                SELECT count(*) INTO r.fu_slots FROM rate_slots
-                 WHERE company_id = p_company AND user_id = p_user AND ledger_id IS NOT NULL AND lease_until > p_at
+                SELECT count(*) INTO r.fu_slots FROM rate_calls
+                 WHERE company_id = p_company AND user_id = p_user AND (scopes & 4) <> 0 AND lease_until > p_at
                    AND feature_id = p_feature;
                 r.refused := CASE WHEN r.fu_slots >= p_fconc THEN 'feature.user-concurrency' END;
                 r.fu_slots := r.fu_slots + CASE WHEN r.refused IS NULL THEN 1 ELSE 0 END;

@@ -6,7 +6,7 @@
 -- the ledger row, the company counter, the user counter, the feature counters, the top-up grants
 -- that paid part of it (SPEC §12: units_grant_id, cost_grant_id; the parts they paid,
 -- units_grant_part, cost_grant_part, never were on the company counter, so they are given back to
--- them instead: capgate_grant_give_back; the company gets back the rest), the call's rate_slots
+-- them instead: capgate_grant_give_back; the company gets back the rest), the call's rate_calls
 -- row, the feature's rate windows (SPEC §14; grants before windows, as capgate_charge takes them).
 -- The call leaves the rate windows it was counted in (rate_scopes), if their minute is still
 -- rate_minute: the plan's in the company and user counters, with the units, a feature's in its
@@ -102,11 +102,10 @@ BEGIN
     IF l.units_grant_id IS NOT NULL OR l.cost_grant_id IS NOT NULL THEN
         PERFORM capgate_grant_give_back(p_company, l.units_grant_id, v_g_units, l.cost_grant_id, v_g_held, v_g_cost);
     END IF;
-    -- The rate windows (SPEC §14): the call's rate_slots row is freed (its concurrency slot), then
+    -- The rate windows (SPEC §14): the call leaves rate_calls (its concurrency slot freed), then
     -- it and its tokens leave its feature's minute windows (if the minute is still the row's).
     IF l.rate_scopes IS NOT NULL THEN
-        UPDATE rate_slots SET ledger_id = NULL
-         WHERE company_id = p_company AND user_id = l.user_id AND ledger_id = p_ledger_id;
+        DELETE FROM rate_calls WHERE company_id = p_company AND ledger_id = p_ledger_id;
         UPDATE rate_windows w SET calls = greatest(w.calls - 1, 0), tokens = w.tokens - coalesce(l.rate_tokens, 0)
           FROM (VALUES (8, '00000000-0000-0000-0000-000000000000'::uuid), (16, l.user_id)) AS o(bit, owner)
          WHERE (l.rate_scopes & o.bit) <> 0 AND w.company_id = p_company AND w.user_id = o.owner

@@ -5,14 +5,12 @@
 -- of its own while the gateway admits. Ends it has no admission for are written by
 -- capgate_rate_end a few milliseconds later.
 --
--- A freed slot row stays for the user's next call to take (rate_slots, migration 0023): the
--- update is in place. A row another transaction holds is skipped, never waited for: an
--- admission then never waits on a slot row while it holds counters. (The other writers of a
--- taken row: an end carried by another transaction, whose failure hands the end back to the
--- gateway; a refund freeing it; an admission taking it once its lease is over.) Idempotent: a
--- call that no longer holds its row changes nothing. Called before the admission counts live
--- slots.
-CREATE FUNCTION capgate_slots_free(p_company uuid[], p_user uuid[], p_ledger bigint[])
+-- A row another transaction holds is skipped, never waited for: an admission then never waits on
+-- a slot row while it holds counters. (The only other writers of these rows delete them: an end
+-- written by capgate_rate_end, a refund, the lease purge. A refund is given only to a call that
+-- did not serve an answer, which has no end.) Idempotent: a call whose row is gone changes
+-- nothing. Called before the admission counts live slots.
+CREATE FUNCTION capgate_slots_free(p_company uuid[], p_ledger bigint[])
 RETURNS void
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
@@ -20,11 +18,11 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 BEGIN
-    UPDATE rate_slots s SET ledger_id = NULL
-      FROM (SELECT r.company_id, r.user_id, r.slot
-              FROM unnest(p_company, p_user, p_ledger) AS e(co, u, id)
-              JOIN rate_slots r ON r.company_id = e.co AND r.user_id = e.u AND r.ledger_id = e.id
+    DELETE FROM rate_calls c
+     USING (SELECT r.company_id, r.ledger_id
+              FROM unnest(p_company, p_ledger) AS s(co, id)
+              JOIN rate_calls r ON r.company_id = s.co AND r.ledger_id = s.id
                FOR UPDATE OF r SKIP LOCKED) k
-     WHERE s.company_id = k.company_id AND s.user_id = k.user_id AND s.slot = k.slot;
+     WHERE c.company_id = k.company_id AND c.ledger_id = k.ledger_id;
 END;
 $$;

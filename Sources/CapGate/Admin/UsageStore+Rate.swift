@@ -16,8 +16,8 @@ extension UsageStore {
                        coalesce(CASE WHEN cu.rate_minute >= m.minute THEN cu.rate_tokens END, cc.tokens),
                        coalesce(CASE WHEN uu.rate_minute >= m.minute THEN uu.rate_calls END, uc.calls),
                        coalesce(CASE WHEN uu.rate_minute >= m.minute THEN uu.rate_tokens END, uc.tokens),
-                       (SELECT count(*) FROM rate_slots s
-                         WHERE s.company_id = pp.company_id AND s.user_id = \(user) AND s.ledger_id IS NOT NULL
+                       (SELECT count(*) FROM rate_calls s
+                         WHERE s.company_id = pp.company_id AND s.user_id = \(user) AND (s.scopes & 4) <> 0
                            AND s.lease_until > \(at)::timestamptz)
                   FROM plan_periods pp JOIN plans pl ON pl.id = pp.plan_id
                  CROSS JOIN (SELECT date_trunc('minute', \(at)::timestamptz, 'UTC') AS minute) m
@@ -54,8 +54,8 @@ extension UsageStore {
                 """
                 SELECT pf.company_rpm::bigint, pf.company_tpm, pf.user_rpm::bigint, pf.user_tpm, pf.user_concurrency::bigint,
                        m.minute, w.company_calls, w.company_tokens, w.user_calls, w.user_tokens,
-                       (SELECT count(*) FROM rate_slots s
-                         WHERE s.company_id = pp.company_id AND s.user_id = \(user) AND s.ledger_id IS NOT NULL
+                       (SELECT count(*) FROM rate_calls s
+                         WHERE s.company_id = pp.company_id AND s.user_id = \(user) AND (s.scopes & 4) <> 0
                            AND s.lease_until > \(at)::timestamptz AND s.feature_id = pf.feature_id)
                   FROM plan_periods pp JOIN plan_features pf ON pf.plan_id = pp.plan_id AND pf.feature_id = \(feature)
                  CROSS JOIN (SELECT date_trunc('minute', \(at)::timestamptz, 'UTC') AS minute) m

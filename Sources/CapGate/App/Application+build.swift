@@ -88,24 +88,16 @@ struct GatewayParts {
         // API keys' last_used_at (SPEC §13): noted in memory by each call, written here; the
         // UPDATE itself skips a key written less than a minute ago.
         services.append(keyUsage.flushJob(interval: .seconds(5), logger: logger))
-        // Rate windows (SPEC §14): rate.leaseSeconds where every admission reads it, at start and
-        // hourly; and from an hour after the start, hourly, slot rows no call took for an hour past
-        // their lease are purged (a scan of rate_slots: not at every start).
+        // Rate windows (SPEC §14): rate.leaseSeconds where every admission reads it, at start; then
+        // hourly, the calls a dead gateway never ended are purged once their lease is over.
         let lease = configuration.rateLeaseSeconds
         services.append(
             PeriodicJob(interval: .seconds(3600)) {
                 do {
                     try await metering.setSlotLease(seconds: lease)
+                    try await metering.purgeRateCalls()
                 } catch {
                     logger.warning("rate.leaseSeconds not written; admissions use the database's", metadata: ["error": "\(error)"])
-                }
-            })
-        services.append(
-            PeriodicJob(interval: .seconds(3600), waitFirst: true) {
-                do {
-                    try await metering.purgeRateSlots()
-                } catch {
-                    logger.warning("unused concurrency slot rows not purged", metadata: ["error": "\(error)"])
                 }
             })
         // Threshold notifications (SPEC §9): the thresholds for every admission, the deliverer,

@@ -76,7 +76,7 @@ extension AdmissionRow {
 struct AdmitStatement: PostgresPreparedStatement {
     static let sql = """
         SELECT \(admittedColumns)
-          FROM capgate_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
+          FROM capgate_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
         """
     typealias Row = AdmissionRow
 
@@ -86,7 +86,7 @@ struct AdmitStatement: PostgresPreparedStatement {
     var ended: [RateEnd] = []
 
     func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 19)
+        var bindings = PostgresBindings(capacity: 18)
         let request = item.request
         bindings.append(item.keyHash)
         bindings.append(item.keyHash == nil ? request.companyID : nil)
@@ -111,10 +111,9 @@ struct AdmitStatement: PostgresPreparedStatement {
 }
 
 extension [RateEnd] {
-    /// `p_ended_company, p_ended_user, p_ended_ledger` of the admission functions.
+    /// `p_ended_company, p_ended_ledger` of the admission functions.
     func append(to bindings: inout PostgresBindings) {
         bindings.append(map(\.companyID))
-        bindings.append(map(\.userID))
         bindings.append(map(\.ledgerID))
     }
 }
@@ -173,7 +172,7 @@ struct AdmitIdempotentStatement: PostgresPreparedStatement {
 struct AdmitBatchStatement: PostgresPreparedStatement {
     static let sql = """
         SELECT \(admittedColumns)
-          FROM capgate_admit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) ORDER BY item
+          FROM capgate_admit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) ORDER BY item
         """
     typealias Row = AdmissionRow
 
@@ -183,7 +182,7 @@ struct AdmitBatchStatement: PostgresPreparedStatement {
     var ended: [RateEnd] = []
 
     func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 19)
+        var bindings = PostgresBindings(capacity: 18)
         bindings.append(items.map { $0.keyHash ?? ByteBuffer() })
         bindings.append(items.map { $0.keyHash == nil ? $0.request.companyID : .zero })
         bindings.append(items.map { $0.keyHash == nil ? $0.request.userID : .zero })

@@ -5,7 +5,6 @@ import PostgresNIO
 /// A call whose concurrency slot is freed (SPEC §14, `capgate_rate_end`).
 struct RateEnd: Sendable {
     var companyID: UUID
-    var userID: UUID
     var ledgerID: Int64
 }
 
@@ -14,18 +13,15 @@ extension MeteringStore {
     /// and written with this gateway's next admission transaction or within milliseconds
     /// (``SlotEnds``), so a call this gateway admits after the answer ended finds the slot free.
     /// (Its token hold is settled by its settlement.) A write that fails leaves the slot to its lease.
-    public func freeSlot(companyID: UUID, userID: UUID, ledgerID: Int64) {
-        slotEnds.add(RateEnd(companyID: companyID, userID: userID, ledgerID: ledgerID))
+    public func freeSlot(companyID: UUID, ledgerID: Int64) {
+        slotEnds.add(RateEnd(companyID: companyID, ledgerID: ledgerID))
     }
 
-    /// Removes the slot rows no call took for an hour past their last lease (a user's rows stay
-    /// while it makes calls, to be taken again; a dead gateway's calls stopped counting at their
-    /// lease): an hourly job of every gateway.
-    public func purgeRateSlots() async throws {
+    /// Removes the rows of calls a dead gateway never ended, once their lease is over (they no
+    /// longer count; an hourly job of every gateway).
+    public func purgeRateCalls() async throws {
         try await database.run { client in
-            _ = try await client.query(
-                "DELETE FROM rate_slots WHERE lease_until < now() - interval '1 hour'", logger: database.logger
-            ).collect()
+            _ = try await client.query("DELETE FROM rate_calls WHERE lease_until < now()", logger: database.logger).collect()
         }
     }
 
@@ -43,15 +39,14 @@ extension MeteringStore {
 
 /// `capgate_rate_end`: many calls' slots freed at once.
 struct RateEndStatement: PostgresPreparedStatement {
-    static let sql = "SELECT capgate_rate_end($1, $2, $3)"
+    static let sql = "SELECT capgate_rate_end($1, $2)"
     typealias Row = Void
 
     var items: [RateEnd]
 
     func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 3)
+        var bindings = PostgresBindings(capacity: 2)
         bindings.append(items.map(\.companyID))
-        bindings.append(items.map(\.userID))
         bindings.append(items.map(\.ledgerID))
         return bindings
     }

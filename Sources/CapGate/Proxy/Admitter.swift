@@ -93,7 +93,7 @@ struct Admitter: Sendable {
         }
         let charge = admission.ledgerID.map {
             Charge(
-                metering: metering, companyID: user.companyID, userID: user.userID, ledgerID: $0, requestID: request.requestID,
+                metering: metering, companyID: user.companyID, ledgerID: $0, requestID: request.requestID,
                 windows: admission.state.rate?.end ?? .none)
         }
         return .admitted(

@@ -6,7 +6,6 @@ import Logging
 struct Charge: Sendable {
     let metering: MeteringStore
     let companyID: UUID
-    let userID: UUID
     let ledgerID: Int64
     /// This attempt (a retry under the same `Idempotency-Key` is another).
     let requestID: String
@@ -24,7 +23,7 @@ struct Charge: Sendable {
                 companyID: companyID, ledgerID: ledgerID, status: Int32(clamping: status), usage: usage.usage,
                 endsInWindows: windows.tokens))
         if windows.slot {
-            metering.freeSlot(companyID: companyID, userID: userID, ledgerID: ledgerID)
+            metering.freeSlot(companyID: companyID, ledgerID: ledgerID)
         }
     }
 
@@ -32,7 +31,7 @@ struct Charge: Sendable {
     /// slot is freed now (SPEC §14); its token hold is settled when the stream ends.
     func clientLeft() {
         guard windows.slot else { return }
-        metering.freeSlot(companyID: companyID, userID: userID, ledgerID: ledgerID)
+        metering.freeSlot(companyID: companyID, ledgerID: ledgerID)
     }
 
     /// Reports this attempt's failure before the caller is answered: the charge is given back
