@@ -12,6 +12,7 @@ Prints one table and writes BENCHMARKS.md.
 Every process it starts listens on 127.0.0.1 only, and is stopped by its PID at the end.
 """
 import argparse
+import math
 import os
 import platform
 import re
@@ -198,6 +199,24 @@ def ab_on(url, setting):
 def median(values):
     ordered = sorted(values)
     return ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
+
+
+# Student's t at 95 % (two-sided) by degrees of freedom, for `ratio_interval`.
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 11: 2.20, 12: 2.18,
+       13: 2.16, 14: 2.14, 15: 2.13, 16: 2.12, 17: 2.11, 18: 2.10, 19: 2.09, 20: 2.09}
+
+
+def ratio_interval(ratios):
+    """The pairs' geometric mean ratio and its 95 % interval (t over the log ratios): how far
+    apart two settings must be before `--ab` with this many pairs can tell them apart."""
+    logs = [math.log(r) for r in ratios]
+    n = len(logs)
+    mean = sum(logs) / n
+    if n < 2:
+        return math.exp(mean), math.exp(mean), math.exp(mean)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    half = T95.get(n - 1, 2.0) * sd / math.sqrt(n)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
 def median_run(runs):
@@ -405,7 +424,9 @@ def main():
             ratios = [b["rps"] / a["rps"] for a, b in zip(offs, ons)]
             added = [b["calls"]["p50_ms"] - a["calls"]["p50_ms"] for a, b in zip(offs, ons)] if c == 1 else []
             results["ab"].append({"scenario": name, "c": c, "ratios": ratios, "added_p50": added})
+            mean, lo, hi = ratio_interval(ratios)
             log(f"{name:28} c={c:<3} {args.ab} / caps only: median ratio {median(ratios):.3f} ({' / '.join(f'{r:.3f}' for r in ratios)})"
+                + f"; geometric mean {mean:.3f}, 95 % interval {lo:.3f} to {hi:.3f}"
                 + (f"; added p50 median {median(added):+.3f} ms ({' / '.join(f'{x:+.3f}' for x in added)})" if added else ""))
         for name, c, keys, stream in [] if args.ab else scenarios:
             # Direct and through CapGate alternate `repeats` times; the run with the median
@@ -546,12 +567,16 @@ def write_report(args, results, settings):
     if results["ab"]:
         lines += ["", f"## {args.ab} against caps only, alternating in one stack", "",
                   f"Each repeat runs caps only and `{args.ab}` back to back on the same gateway and database (order swapped every",
-                  "repeat); a pair's ratio is its two runs' requests/s, its added p50 the difference of their call-by-call p50.", "",
-                  "| scenario | conc. | median ratio | every pair's ratio | median added p50 ms (c=1) | every pair's added p50 ms |",
-                  "| --- | ---: | ---: | --- | ---: | --- |"]
+                  "repeat); a pair's ratio is its two runs' requests/s, its added p50 the difference of their call-by-call p50.",
+                  "The interval is the geometric mean ratio's 95 % interval (Student's t over the pairs' log ratios): two builds",
+                  "whose intervals overlap widely are not told apart by this many pairs.", "",
+                  "| scenario | conc. | median ratio | geometric mean (95 % interval) | every pair's ratio | median added p50 ms (c=1) | every pair's added p50 ms |",
+                  "| --- | ---: | ---: | ---: | --- | ---: | --- |"]
         for r in results["ab"]:
             added = r["added_p50"]
-            lines.append(f"| {r['scenario']} | {r['c']} | {median(r['ratios']):.3f} | " + " / ".join(f"{x:.3f}" for x in r["ratios"]) + " | "
+            mean, lo, hi = ratio_interval(r["ratios"])
+            lines.append(f"| {r['scenario']} | {r['c']} | {median(r['ratios']):.3f} | {mean:.3f} ({lo:.3f}–{hi:.3f}) | "
+                         + " / ".join(f"{x:.3f}" for x in r["ratios"]) + " | "
                          + (f"{median(added):+.3f} | " + " / ".join(f"{x:+.3f}" for x in added) if added else "— | —") + " |")
     per_call = [r for r in results["wrk"] if "calls" in r["capgate"]]
     if per_call:
