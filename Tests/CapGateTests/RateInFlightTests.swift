@@ -86,6 +86,70 @@ struct RateInFlightTests {
         }
     }
 
+    @Test("a stream that runs past rate.leaseSeconds keeps its slot while its gateway runs (the lease is renewed); its end frees it")
+    func longStreamKeepsSlot() async throws {
+        try await Harness.with(settings: ["rate.leaseSeconds": "2"]) { h in
+            try await h.createPlan("p", company: nil, user: nil)
+            try await RateWindowTests.setLimits(h, plan: "p", .obj(["user_concurrency": 1]))
+            let (_, users) = try await h.createCompany(plan: "p", users: 1)
+            let key = users[0].key
+            #expect(try await h.eventually("SELECT slot_lease_seconds FROM config_versions", equals: 2) == 2)
+            // Its events 1 s apart: about 7 s in all, past three leases.
+            let stream = try await Self.slowStream(h, key: key, delay: 1000)
+            #expect(stream.status == .ok)
+            let started = ContinuousClock.now
+            try await Task.sleep(for: .seconds(4))
+            let refused = try await h.message(key: key)
+            #expect(refused.status == 429, "\(refused.body)")
+            #expect(refused.json["usage"]?["rate"]?["window"]?.stringValue == "user-concurrency")
+            #expect(try await h.scalar("SELECT count(*) FROM rate_calls WHERE lease_until > now()") == 1)
+            try await Self.drain(stream)
+            // The stream outlived its first lease: this test says nothing if it ended too soon.
+            #expect(ContinuousClock.now - started > .seconds(4))
+            #expect(try await h.message(key: key).status == 200)
+        }
+    }
+
+    @Test("lease renewal: a held slot's lease is extended; not once its end is noted, nor once its charge is gone")
+    func renewalStops() async throws {
+        try await Harness.with { h in
+            try await BatchAdmissionTests.withMetering(h) { _, database in
+                let ends = SlotEnds(database: database, gather: .seconds(600))
+                let company = UUID()
+                try await h.exec(
+                    """
+                    INSERT INTO rate_calls (company_id, ledger_id, user_id, feature_id, minute, tokens, scopes, lease_until)
+                    SELECT '\(company.text)', i, gen_random_uuid(), '', now(), 0, 4, now() + interval '1 second'
+                      FROM generate_series(1, 3) i
+                    """)
+                // Milliseconds left of a call's lease.
+                let leaseOf = { (id: Int) in
+                    "SELECT (extract(epoch FROM lease_until - clock_timestamp()) * 1000)::int8 FROM rate_calls WHERE ledger_id = \(id)"
+                }
+                let reset = "UPDATE rate_calls SET lease_until = clock_timestamp() + interval '1 second'"
+                var held: [SlotLease?] = (1...3).map { ends.taken(companyID: company, ledgerID: Int64($0)) }
+                // A quarter of a 4-second lease is 1 s: all three are due after it (their leases: 1 s).
+                try await Task.sleep(for: .milliseconds(1100))
+                await ends.renew(leaseSeconds: 4)
+                for id in 1...3 { #expect(try await h.scalar(leaseOf(id)) > 2500) }
+                try await h.exec(reset)
+                // Call 1 ended (noted, not yet written); call 2's charge is gone; call 3 still runs.
+                ends.add(RateEnd(companyID: company, ledgerID: 1))
+                held[1] = nil
+                try await Task.sleep(for: .milliseconds(1100))
+                await ends.renew(leaseSeconds: 4)
+                #expect(try await h.scalar(leaseOf(1)) < 1000)
+                #expect(try await h.scalar(leaseOf(2)) < 1000)
+                #expect(try await h.scalar(leaseOf(3)) > 2500)
+                // Renewed just now: not due again within a quarter lease.
+                try await h.exec(reset)
+                await ends.renew(leaseSeconds: 4)
+                #expect(try await h.scalar(leaseOf(3)) <= 1000)
+                withExtendedLifetime(held) {}
+            }
+        }
+    }
+
     @Test(
         "an ended call's slot rides its gateway's next admission (alone or in a batch), which admits after it with no write of its own; ends no admission takes are written by themselves, and before the gateway stops"
     )

@@ -88,9 +88,15 @@ struct GatewayParts {
         // API keys' last_used_at (SPEC §13): noted in memory by each call, written here; the
         // UPDATE itself skips a key written less than a minute ago.
         services.append(keyUsage.flushJob(interval: .seconds(5), logger: logger))
-        // Rate windows (SPEC §14): rate.leaseSeconds where every admission reads it, at start; then
-        // hourly, the calls a dead gateway never ended are purged once their lease is over.
+        // Rate windows (SPEC §14): the leases of this gateway's calls in flight renewed every
+        // quarter lease (a stream longer than the lease keeps its slot); rate.leaseSeconds where
+        // every admission reads it, at start; then hourly, the calls a dead gateway never ended
+        // are purged once their lease is over.
         let lease = configuration.rateLeaseSeconds
+        services.append(
+            PeriodicJob(interval: .milliseconds(max(250, lease * 250))) {
+                await metering.renewSlotLeases(seconds: lease)
+            })
         services.append(
             PeriodicJob(interval: .seconds(3600)) {
                 do {

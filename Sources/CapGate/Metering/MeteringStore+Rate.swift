@@ -17,6 +17,16 @@ extension MeteringStore {
         slotEnds.add(RateEnd(companyID: companyID, ledgerID: ledgerID))
     }
 
+    /// Notes that an admitted call holds a slot: its lease is renewed while it runs (``SlotEnds``).
+    func slotTaken(companyID: UUID, ledgerID: Int64) -> SlotLease {
+        slotEnds.taken(companyID: companyID, ledgerID: ledgerID)
+    }
+
+    /// Renews the leases of this gateway's calls in flight (a job every quarter of `rate.leaseSeconds`).
+    public func renewSlotLeases(seconds: Int) async {
+        await slotEnds.renew(leaseSeconds: seconds)
+    }
+
     /// Removes the rows of calls a dead gateway never ended, once their lease is over (they no
     /// longer count; an hourly job of every gateway).
     public func purgeRateCalls() async throws {

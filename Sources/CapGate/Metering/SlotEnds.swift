@@ -17,12 +17,18 @@ import Synchronization
 /// (Awaiting a transaction of its own before every last byte cost 15 % of the requests per second
 /// at 64 callers and 0.54 ms at one, measured in session 25: the awaited end was the whole cost of
 /// the concurrency limit.)
+///
+/// It also keeps the leases of the slots its calls hold while they run (``taken(companyID:ledgerID:)``,
+/// ``renew(leaseSeconds:)``): a call that streams for longer than `rate.leaseSeconds` keeps its
+/// slot, which only a gateway that dies loses at its lease (SPEC §14).
 final class SlotEnds: Sendable {
     private struct State {
         var pending: [RateEnd] = []
         var flushScheduled = false
-        /// The last `capgate_rate_end` write started (finished or not).
+        /// The last `capgate_rate_end` or lease renewal started (finished or not).
         var written: Task<Void, Never>?
+        /// The calls holding a slot on this gateway now, by ledger id: company, last renewal.
+        var live: [Int64: (company: UUID, renewed: ContinuousClock.Instant)] = [:]
     }
 
     private let state = Mutex(State())
@@ -44,6 +50,7 @@ final class SlotEnds: Sendable {
     func add(_ ends: [RateEnd]) {
         guard !ends.isEmpty else { return }
         let schedule = state.withLock { state -> Bool in
+            for end in ends { state.live.removeValue(forKey: end.ledgerID) }
             state.pending += ends
             defer { state.flushScheduled = true }
             return !state.flushScheduled
@@ -97,4 +104,85 @@ final class SlotEnds: Sendable {
             database.logger.warning("could not end calls in their rate windows", metadata: ["calls": "\(ends.count)"])
         }
     }
+}
+
+extension SlotEnds {
+    /// Notes that a call admitted on this gateway holds a slot: its lease is renewed until its end
+    /// is noted or the returned lease is gone (the last copy of its charge).
+    func taken(companyID: UUID, ledgerID: Int64) -> SlotLease {
+        state.withLock { $0.live[ledgerID] = (companyID, ContinuousClock.now) }
+        return SlotLease(ends: self, ledgerID: ledgerID)
+    }
+
+    /// Stops renewing a call's lease (its charge is gone without an end: the slot is left to
+    /// its lease).
+    func forget(_ ledgerID: Int64) {
+        _ = state.withLock { $0.live.removeValue(forKey: ledgerID) }
+    }
+
+    /// Extends to `leaseSeconds` from now the leases of the slots held for at least a quarter of
+    /// it since their admission or last renewal (one statement; run every quarter lease, so a
+    /// lease never has less than half of it left). Runs in turn with the end writes, and the
+    /// admissions that carry ends wait for it: a slot row this holds is never one an end skips.
+    /// (A call whose end is noted is no longer renewed.)
+    func renew(leaseSeconds: Int) async {
+        let now = ContinuousClock.now
+        let due = Duration.seconds(leaseSeconds) / 4
+        let database = self.database
+        let write = state.withLock { state -> Task<Void, Never>? in
+            let calls = state.live.filter { now - $0.value.renewed >= due }.map { RateEnd(companyID: $0.value.company, ledgerID: $0.key) }
+            guard !calls.isEmpty else { return nil }
+            let previous = state.written
+            let task = Task {
+                await previous?.value
+                if await Self.renew(calls, seconds: leaseSeconds, database: database) { self.renewed(calls, at: now) }
+            }
+            state.written = task
+            return task
+        }
+        await write?.value
+    }
+
+    private func renewed(_ calls: [RateEnd], at instant: ContinuousClock.Instant) {
+        state.withLock { state in
+            for call in calls where state.live[call.ledgerID] != nil { state.live[call.ledgerID]?.renewed = instant }
+        }
+    }
+
+    private static func renew(_ calls: [RateEnd], seconds: Int, database: Database) async -> Bool {
+        let companies = calls.map(\.companyID)
+        let ledgers = calls.map(\.ledgerID)
+        let seconds = Int32(clamping: seconds)
+        do {
+            try await database.run { client in
+                _ = try await client.query(
+                    """
+                    UPDATE rate_calls r SET lease_until = greatest(r.lease_until, clock_timestamp() + make_interval(secs => \(seconds)))
+                      FROM unnest(\(companies)::uuid[], \(ledgers)::int8[]) AS s(c, l)
+                     WHERE r.company_id = s.c AND r.ledger_id = s.l
+                    """,
+                    logger: database.logger
+                ).collect()
+            }
+            return true
+        } catch {
+            database.logger.warning("could not renew the leases of calls in flight", metadata: ["calls": "\(calls.count)"])
+            return false
+        }
+    }
+}
+
+/// A call's concurrency slot while its charge exists (SPEC §14): renewed by ``SlotEnds`` until
+/// the call's end is noted; when the last copy of the charge goes without one, renewal stops and
+/// the slot is left to its lease.
+final class SlotLease: Sendable {
+    let ends: SlotEnds
+    let ledgerID: Int64
+
+    init(ends: SlotEnds, ledgerID: Int64) {
+        self.ends = ends
+        self.ledgerID = ledgerID
+    }
+
+    deinit { ends.forget(ledgerID) }
 }

@@ -91,10 +91,11 @@ struct Admitter: Sendable {
         {
             return .refused(refusal, admission.state)
         }
+        let windows = admission.state.rate?.end ?? .none
         let charge = admission.ledgerID.map {
             Charge(
-                metering: metering, companyID: user.companyID, ledgerID: $0, requestID: request.requestID,
-                windows: admission.state.rate?.end ?? .none)
+                metering: metering, companyID: user.companyID, ledgerID: $0, requestID: request.requestID, windows: windows,
+                lease: windows.slot ? metering.slotTaken(companyID: user.companyID, ledgerID: $0) : nil)
         }
         return .admitted(
             AdmittedCall(user: user, state: admission.state, units: cost.units, charge: charge, idempotencyKey: request.idempotencyKey))

@@ -11,6 +11,8 @@ struct Charge: Sendable {
     let requestID: String
     /// What its end gives back in its rate windows (SPEC §14): a token hold, a concurrency slot.
     var windows: RateState.End = .none
+    /// Its slot's lease, renewed while the call runs (nil: no slot).
+    var lease: SlotLease? = nil
 
     /// The charge stands: records the provider's status and token counts (queued, not awaited),
     /// which trade the call's token hold in its rate windows for the real count in the same
