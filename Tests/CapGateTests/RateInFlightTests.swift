@@ -122,29 +122,33 @@ struct RateInFlightTests {
                     SELECT '\(company.text)', i, gen_random_uuid(), '', now(), 0, 4, now() + interval '1 second'
                       FROM generate_series(1, 3) i
                     """)
-                // Milliseconds left of a call's lease.
-                let leaseOf = { (id: Int) in
-                    "SELECT (extract(epoch FROM lease_until - clock_timestamp()) * 1000)::int8 FROM rate_calls WHERE ledger_id = \(id)"
+                // A call's lease end, and the latest of all (what a reset left), in epoch milliseconds:
+                // a renewal writes its time plus the lease (4 s here), past the reset's 1 s.
+                let leaseOf = { (id: Int) in "SELECT (extract(epoch FROM lease_until) * 1000)::int8 FROM rate_calls WHERE ledger_id = \(id)"
                 }
-                let reset = "UPDATE rate_calls SET lease_until = clock_timestamp() + interval '1 second'"
+                func reset() async throws -> Int64 {
+                    try await h.exec("UPDATE rate_calls SET lease_until = clock_timestamp() + interval '1 second'")
+                    return try await h.scalar("SELECT (extract(epoch FROM max(lease_until)) * 1000)::int8 FROM rate_calls")
+                }
                 var held: [SlotLease?] = (1...3).map { ends.taken(companyID: company, ledgerID: Int64($0)) }
-                // A quarter of a 4-second lease is 1 s: all three are due after it (their leases: 1 s).
+                var base = try await reset()
+                // A quarter of a 4-second lease is 1 s: all three are due after it.
                 try await Task.sleep(for: .milliseconds(1100))
                 await ends.renew(leaseSeconds: 4)
-                for id in 1...3 { #expect(try await h.scalar(leaseOf(id)) > 2500) }
-                try await h.exec(reset)
+                for id in 1...3 { #expect(try await h.scalar(leaseOf(id)) > base + 2000) }
+                base = try await reset()
                 // Call 1 ended (noted, not yet written); call 2's charge is gone; call 3 still runs.
                 ends.add(RateEnd(companyID: company, ledgerID: 1))
                 held[1] = nil
                 try await Task.sleep(for: .milliseconds(1100))
                 await ends.renew(leaseSeconds: 4)
-                #expect(try await h.scalar(leaseOf(1)) < 1000)
-                #expect(try await h.scalar(leaseOf(2)) < 1000)
-                #expect(try await h.scalar(leaseOf(3)) > 2500)
-                // Renewed just now: not due again within a quarter lease.
-                try await h.exec(reset)
-                await ends.renew(leaseSeconds: 4)
-                #expect(try await h.scalar(leaseOf(3)) <= 1000)
+                #expect(try await h.scalar(leaseOf(1)) <= base)
+                #expect(try await h.scalar(leaseOf(2)) <= base)
+                #expect(try await h.scalar(leaseOf(3)) > base + 2000)
+                // Renewed moments ago: not due again within a quarter lease (an hour's: 15 minutes).
+                base = try await reset()
+                await ends.renew(leaseSeconds: 3600)
+                #expect(try await h.scalar(leaseOf(3)) <= base)
                 withExtendedLifetime(held) {}
             }
         }
