@@ -86,6 +86,34 @@ struct BatchQueueTests {
         #expect(try await first.value == 0)
     }
 
+    @Test("waitLimit counts from each item's arrival: items that arrived later give up later, after answered ones")
+    func staggeredWaits() async throws {
+        let gate = Mutex(true)
+        let queue = BatchQueue<Int, Int>(maxBatch: 10, waitLimit: .milliseconds(300)) { items in
+            if items != [0] { while gate.withLock({ $0 }) { try? await Task.sleep(for: .milliseconds(5)) } }
+            return items.map { .success($0) }
+        }
+        // An item answered at once (its deadline entry is left for the sweep), then one that holds
+        // the queue, then two that wait 150 ms apart.
+        #expect(try await queue.submit(0) == 0)
+        let holder = Task { try await queue.submit(1) }
+        try await Task.sleep(for: .milliseconds(20))
+        let start = ContinuousClock.now
+        let early = Task { try await queue.submit(2) }
+        try await Task.sleep(for: .milliseconds(150))
+        let late = Task { try await queue.submit(3) }
+        await #expect(throws: BatchQueueRejection.waitedTooLong) { try await early.value }
+        let earlyGaveUp = ContinuousClock.now - start
+        #expect(earlyGaveUp >= .milliseconds(290) && earlyGaveUp < .milliseconds(440))
+        #expect(queue.statistics.waiting == 1)
+        await #expect(throws: BatchQueueRejection.waitedTooLong) { try await late.value }
+        let lateGaveUp = ContinuousClock.now - start
+        #expect(lateGaveUp >= .milliseconds(440))
+        #expect(queue.statistics.expired == 2)
+        gate.withLock { $0 = false }
+        #expect(try await holder.value == 1)
+    }
+
     enum Failure: Error { case odd }
 
     @Test("pace: under a steady stream the next batch starts no sooner than pace after the last one started, with what arrived meanwhile")
