@@ -101,7 +101,7 @@ struct FoundationTests {
         #expect(try await scalar("SELECT capgate_probe()") == "two")
         #expect(
             try await scalar(
-                "SELECT to_regprocedure('capgate_charge(uuid,uuid,integer,text,text,text,text,text,bigint,timestamptz,text[],bigint,bigint,smallint,bigint)')::text"
+                "SELECT to_regprocedure('capgate_charge(uuid,uuid,integer,text,text,text,text,text,bigint,timestamptz,text[],bigint,bigint,smallint,bigint,bigint[])')::text"
             )
                 != nil)
         try FileManager.default.removeItem(atPath: probe)
@@ -109,7 +109,7 @@ struct FoundationTests {
         #expect(try await scalar("SELECT to_regprocedure('capgate_probe()')::text") == nil)
         #expect(
             try await scalar(
-                "SELECT to_regprocedure('capgate_charge(uuid,uuid,integer,text,text,text,text,text,bigint,timestamptz,text[],bigint,bigint,smallint,bigint)')::text"
+                "SELECT to_regprocedure('capgate_charge(uuid,uuid,integer,text,text,text,text,text,bigint,timestamptz,text[],bigint,bigint,smallint,bigint,bigint[])')::text"
             )
                 != nil)
     }

@@ -105,7 +105,7 @@ struct PlanStabilityTests {
             // The batch and the single call are among them.
             let hot =
                 keyed
-                + " AND proname IN ('capgate_admit_batch', 'capgate_charge', 'capgate_settle_batch', 'capgate_settle_counters', 'capgate_slots_free')"
+                + " AND proname IN ('capgate_admit_batch', 'capgate_charge', 'capgate_settle_batch', 'capgate_settle_counters', 'capgate_rate_end')"
             #expect(try await h.scalar(hot) == 5)
         }
     }

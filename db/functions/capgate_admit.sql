@@ -4,12 +4,12 @@
 -- (database.durability = relaxed). p_prompt, p_max_tokens, p_cache, p_window: the call's cost
 -- bound (capgate_hold). The admission itself is capgate_charge; a key bound to
 -- features (api_keys.features) is charged only to those (feature_not_bound for another).
--- p_ended_company, p_ended_ledger: as capgate_admit_batch's.
+-- p_ended: as capgate_admit_batch's.
 CREATE FUNCTION capgate_admit(
     p_key_hash bytea, p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
     p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz, p_relaxed boolean,
     p_prompt bigint, p_max_tokens bigint, p_cache smallint, p_window bigint,
-    p_ended_company uuid[] DEFAULT '{}', p_ended_ledger bigint[] DEFAULT '{}'
+    p_ended bigint[] DEFAULT '{}'
 ) RETURNS SETOF capgate_admitted
 LANGUAGE plpgsql
 -- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
@@ -24,10 +24,6 @@ DECLARE
     v_role text;
     v_bound text[];
 BEGIN
-    -- Calls that ended on this gateway since its last admission give their slots back first.
-    IF cardinality(p_ended_ledger) > 0 THEN
-        PERFORM capgate_slots_free(p_ended_company, p_ended_ledger);
-    END IF;
     IF p_key_hash IS NOT NULL THEN
         SELECT k.company_id, k.user_id, u.role, k.revoked_at IS NOT NULL, u.disabled, k.features, k.expires_at <= p_at
           INTO p_company, p_user, v_role, v_revoked, v_disabled, v_bound, v_expired
@@ -46,7 +42,7 @@ BEGIN
     END IF;
     r := capgate_with_offer(capgate_charge(p_company, p_user, p_units, p_method, p_route, p_model, p_feature,
                                            p_request_id, p_routes_version, p_at, v_bound, p_prompt, p_max_tokens,
-                                           p_cache, p_window));
+                                           p_cache, p_window, p_ended));
     r.role := v_role;
     RETURN NEXT r;
 END;

@@ -27,13 +27,14 @@
 -- company and user counter rows (step 2), the entitlement's rows are locked in key order in step
 -- 2b with the users' live slots; a call that passed every counter and budget is counted in its
 -- windows in step 3 as capgate_rate_take would, in arrival order, or refused rate_limited.
--- p_ended_company, p_ended_ledger: calls that ended on this gateway since its last admission
--- transaction; their slots are freed first (capgate_slots_free).
+-- p_ended: the ledger ids of calls that ended on this gateway whose slot rows may not be deleted
+-- yet (capgate_rate_end writes them apart, off this transaction's path): they are not counted as
+-- live, so a call this gateway admits after an answer ended finds its slot free.
 CREATE FUNCTION capgate_admit_batch(
     p_key_hash bytea[], p_company uuid[], p_user uuid[], p_units integer[], p_method text[], p_route text[],
     p_model text[], p_feature text[], p_request_id text[], p_routes_version bigint[], p_at timestamptz[],
     p_relaxed boolean, p_prompt bigint[], p_max_tokens bigint[], p_cache smallint[], p_window bigint[],
-    p_ended_company uuid[] DEFAULT '{}', p_ended_ledger bigint[] DEFAULT '{}'
+    p_ended bigint[] DEFAULT '{}'
 ) RETURNS SETOF capgate_admitted
 LANGUAGE plpgsql
 -- Planned once per session: re-planning for every call (custom plans for the array arguments)
@@ -108,10 +109,6 @@ DECLARE
     a_gu bigint[]; a_gc bigint[];  -- per call: the grants that paid its units, its hold
     a_gup bigint[]; a_gcp bigint[];  -- per call: the parts they paid (units, hold)
 BEGIN
-    -- Calls that ended on this gateway since its last admission give their slots back first.
-    IF cardinality(p_ended_ledger) > 0 THEN
-        PERFORM capgate_slots_free(p_ended_company, p_ended_ledger);
-    END IF;
     IF n = 0 THEN
         RETURN;
     END IF;
@@ -360,14 +357,16 @@ BEGIN
     -- 2b. The rate windows (SPEC §14). The plan's are in the company and user counter rows
     --     locked above; each user whose plan limits its calls in flight has its live slots
     --     counted (rate_calls, read under the user's counter lock: every admission of the user
-    --     holds it when it adds a slot). The windows of a feature's entitlement: its rows locked in
-    --     key order (created at zero when new) and read, with the user's live slots of that
-    --     feature, for step 3 to decide in memory as it decides the counters; each call's rows by
-    --     index (a_wfc company x feature, a_wfu user x feature).
+    --     holds it when it adds a slot; the rows of p_ended are calls that ended). The windows of
+    --     a feature's entitlement: its rows locked in key order (created at zero when new) and
+    --     read, with the user's live slots of that feature, for step 3 to decide in memory as it
+    --     decides the counters; each call's rows by index (a_wfc company x feature, a_wfu user x
+    --     feature).
     IF EXISTS (SELECT 1 FROM unnest(a_uconc) c WHERE c IS NOT NULL) THEN
         SELECT array_agg(CASE WHEN x.conc THEN (SELECT count(*) FROM rate_calls rc
                                                  WHERE rc.company_id = x.c AND rc.user_id = x.u AND (rc.scopes & 4) <> 0
-                                                   AND rc.lease_until > x.at) END ORDER BY o)
+                                                   AND rc.lease_until > x.at AND rc.ledger_id <> ALL (p_ended))
+                              END ORDER BY o)
           INTO u_slots
           FROM generate_series(1, coalesce(cardinality(u_company), 0)) o
           LEFT JOIN (SELECT s.slot, s.c, s.u, bool_or(s.conc IS NOT NULL) AS conc, min(s.at) AS at
@@ -402,7 +401,8 @@ BEGIN
                    CASE WHEN NOT k.conc THEN 0
                         ELSE (SELECT count(*) FROM rate_calls rc
                                WHERE rc.company_id = k.c AND rc.user_id = k.owner AND (rc.scopes & 4) <> 0
-                                 AND rc.lease_until > k.at AND rc.feature_id = k.feature) END AS slots
+                                 AND rc.lease_until > k.at AND rc.feature_id = k.feature
+                                 AND rc.ledger_id <> ALL (p_ended)) END AS slots
               FROM keys k JOIN locked l ON l.company_id = k.c AND l.user_id = k.owner AND l.feature_id = k.feature
         ), slots AS (
             SELECT c.ord, max(CASE WHEN c.bit = 8 THEN k.idx END) AS wfc, max(CASE WHEN c.bit = 16 THEN k.idx END) AS wfu

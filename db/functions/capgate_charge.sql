@@ -41,7 +41,8 @@
 CREATE FUNCTION capgate_charge(
     p_company uuid, p_user uuid, p_units integer, p_method text, p_route text, p_model text,
     p_feature text, p_request_id text, p_routes_version bigint, p_at timestamptz, p_bound text[] DEFAULT NULL,
-    p_prompt bigint DEFAULT -2, p_max_tokens bigint DEFAULT -1, p_cache smallint DEFAULT 0, p_window bigint DEFAULT 0
+    p_prompt bigint DEFAULT -2, p_max_tokens bigint DEFAULT -1, p_cache smallint DEFAULT 0, p_window bigint DEFAULT 0,
+    p_ended bigint[] DEFAULT '{}'
 ) RETURNS capgate_admitted
 LANGUAGE plpgsql
 -- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
@@ -332,7 +333,7 @@ BEGIN
     IF v_rated THEN
         v_rate := capgate_rate_take(p_company, r.period_id, r.period_start, p_user, p_at, r.rate_tokens, r.company_rpm, r.company_tpm, r.user_rpm,
                                     r.user_tpm, r.user_concurrency, p_feature, r.f_company_rpm, r.f_company_tpm,
-                                    r.f_user_rpm, r.f_user_tpm, r.f_user_concurrency);
+                                    r.f_user_rpm, r.f_user_tpm, r.f_user_concurrency, p_ended);
         r.rate_minute := v_rate.minute;
         r.cr_calls := v_rate.c_calls;
         r.cr_tokens := v_rate.c_tokens;

@@ -14,12 +14,14 @@
 -- counter rows locked; the feature rows are locked here in key order (the company's before the
 -- user's, as the batch's step 2b takes them), so two calls of one user are decided one after the
 -- other (the in-flight counts included: the caller adds the call's slot, in rate_calls, before
--- its transaction ends; a slot past its lease does not count).
+-- its transaction ends; a slot past its lease does not count, nor one of p_ended: the calls that
+-- ended on the caller's gateway whose rows capgate_rate_end may not have deleted yet).
 -- A refusal takes back what this call added to the windows before it.
 CREATE FUNCTION capgate_rate_take(
     p_company uuid, p_period bigint, p_started timestamptz, p_user uuid, p_at timestamptz, p_tokens bigint, p_crpm integer, p_ctpm bigint,
     p_urpm integer, p_utpm bigint, p_conc integer, p_feature text DEFAULT NULL, p_fcrpm integer DEFAULT NULL,
-    p_fctpm bigint DEFAULT NULL, p_furpm integer DEFAULT NULL, p_futpm bigint DEFAULT NULL, p_fconc integer DEFAULT NULL
+    p_fctpm bigint DEFAULT NULL, p_furpm integer DEFAULT NULL, p_futpm bigint DEFAULT NULL, p_fconc integer DEFAULT NULL,
+    p_ended bigint[] DEFAULT '{}'
 ) RETURNS capgate_rate
 LANGUAGE plpgsql
 -- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
@@ -50,7 +52,8 @@ BEGIN
             r.scopes := r.scopes | 2;
             IF p_conc IS NOT NULL THEN
                 SELECT count(*) INTO r.u_slots FROM rate_calls
-                 WHERE company_id = p_company AND user_id = p_user AND (scopes & 4) <> 0 AND lease_until > p_at;
+                 WHERE company_id = p_company AND user_id = p_user AND (scopes & 4) <> 0 AND lease_until > p_at
+                   AND ledger_id <> ALL (p_ended);
                 r.refused := CASE WHEN r.u_slots >= p_conc THEN 'user-concurrency' END;
                 r.u_slots := r.u_slots + CASE WHEN r.refused IS NULL THEN 1 ELSE 0 END;
             END IF;
@@ -64,7 +67,7 @@ BEGIN
             IF p_fconc IS NOT NULL THEN
                 SELECT count(*) INTO r.fu_slots FROM rate_calls
                  WHERE company_id = p_company AND user_id = p_user AND (scopes & 4) <> 0 AND lease_until > p_at
-                   AND feature_id = p_feature;
+                   AND feature_id = p_feature AND ledger_id <> ALL (p_ended);
                 r.refused := CASE WHEN r.fu_slots >= p_fconc THEN 'feature.user-concurrency' END;
                 r.fu_slots := r.fu_slots + CASE WHEN r.refused IS NULL THEN 1 ELSE 0 END;
             END IF;

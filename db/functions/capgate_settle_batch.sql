@@ -35,8 +35,8 @@
 -- is left as it is, and of a batch's calls of one row only those of its latest minute count. The
 -- ledger row then holds the real count (what a refund gives back). The company counter is locked
 -- (after the ledger rows) for these calls too, so a settlement meets an admission of the same
--- company there, before any window row. (A call's concurrency slot is freed apart, by the gateway's next admission,
--- capgate_slots_free, or capgate_rate_end.)
+-- company there, before any window row. (A call's concurrency slot is freed apart, by
+-- capgate_rate_end.)
 --
 -- Returns the settled calls that cost more than their hold (the provider billed past the bound).
 CREATE FUNCTION capgate_settle_batch(

@@ -76,17 +76,17 @@ extension AdmissionRow {
 struct AdmitStatement: PostgresPreparedStatement {
     static let sql = """
         SELECT \(admittedColumns)
-          FROM capgate_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
+          FROM capgate_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
         """
     typealias Row = AdmissionRow
 
     var item: AdmissionItem
     var relaxed: Bool
-    /// Calls that ended on this gateway since its last admission: their slots are freed first.
-    var ended: [RateEnd] = []
+    /// Calls that ended on this gateway whose slots may not be written free yet: not counted.
+    var ended: [Int64] = []
 
     func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 18)
+        var bindings = PostgresBindings(capacity: 17)
         let request = item.request
         bindings.append(item.keyHash)
         bindings.append(item.keyHash == nil ? request.companyID : nil)
@@ -101,20 +101,12 @@ struct AdmitStatement: PostgresPreparedStatement {
         bindings.append(request.at)
         bindings.append(relaxed)
         request.bound.append(to: &bindings)
-        ended.append(to: &bindings)
+        bindings.append(ended)
         return bindings
     }
 
     func decodeRow(_ row: PostgresRow) throws -> AdmissionRow {
         try AdmissionRow(admitted: row)
-    }
-}
-
-extension [RateEnd] {
-    /// `p_ended_company, p_ended_ledger` of the admission functions.
-    func append(to bindings: inout PostgresBindings) {
-        bindings.append(map(\.companyID))
-        bindings.append(map(\.ledgerID))
     }
 }
 
@@ -172,17 +164,17 @@ struct AdmitIdempotentStatement: PostgresPreparedStatement {
 struct AdmitBatchStatement: PostgresPreparedStatement {
     static let sql = """
         SELECT \(admittedColumns)
-          FROM capgate_admit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) ORDER BY item
+          FROM capgate_admit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) ORDER BY item
         """
     typealias Row = AdmissionRow
 
     var items: [AdmissionItem]
     var relaxed: Bool
-    /// Calls that ended on this gateway since its last admission: their slots are freed first.
-    var ended: [RateEnd] = []
+    /// Calls that ended on this gateway whose slots may not be written free yet: not counted.
+    var ended: [Int64] = []
 
     func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 18)
+        var bindings = PostgresBindings(capacity: 17)
         bindings.append(items.map { $0.keyHash ?? ByteBuffer() })
         bindings.append(items.map { $0.keyHash == nil ? $0.request.companyID : .zero })
         bindings.append(items.map { $0.keyHash == nil ? $0.request.userID : .zero })
@@ -199,7 +191,7 @@ struct AdmitBatchStatement: PostgresPreparedStatement {
         bindings.append(items.map(\.request.bound.maxTokens))
         bindings.append(items.map(\.request.bound.cache.rawValue))
         bindings.append(items.map(\.request.bound.window))
-        ended.append(to: &bindings)
+        bindings.append(ended)
         return bindings
     }
 

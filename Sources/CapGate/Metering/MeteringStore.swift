@@ -40,12 +40,10 @@ public struct MeteringStore: Sendable {
     /// NULL, and an open hold stands until `capgate unsettled` decides it).
     public static let settlementGather = Duration.milliseconds(50)
 
-    /// How long a noted slot end waits for one of this gateway's admissions to carry it before it
-    /// is written on its own (``SlotEnds``). At 10 ms about half the ends of a busy gateway (an
-    /// admission every ~14 ms) took a `capgate_rate_end` transaction of their own (57 a second at
-    /// concurrency 64, measured in session 28), which the next admission then waited for; at 50 ms
-    /// a busy gateway's admissions carry nearly all of them. Another gateway sees an end within
-    /// this time at the latest; this gateway's own admissions and usage reads see it at once.
+    /// How long noted slot ends gather before one `capgate_rate_end` transaction writes them
+    /// (``SlotEnds``): at most 20 such transactions a second, off the admissions' path. Another
+    /// gateway sees an end within this time; this gateway's own admissions and usage reads see it
+    /// at once.
     public static let slotEndGather = Duration.milliseconds(50)
 
     /// - Parameters:
@@ -125,13 +123,13 @@ public struct MeteringStore: Sendable {
     /// outcome unknown, has its charges given back (``LateAdmissions``): none of its calls was
     /// forwarded.
     ///
-    /// The transaction also frees the slots of calls that ended on this gateway since the last
-    /// one (`slotEnds`); when it fails they are handed back for the next.
+    /// The transaction does not count the slots of calls that ended on this gateway and are not
+    /// written yet (`slotEnds`).
     static func admitBatch(
         _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool? = nil, slotEnds: SlotEnds? = nil
     ) async -> [Result<AdmissionRow, any Error>] {
         GatewayMetrics.admissionBatch(size: items.count)
-        let ended = await slotEnds?.take() ?? []
+        let ended = slotEnds?.excluded() ?? []
         do {
             let started = ContinuousClock.now
             let rows = try await runAdmitBatch(items, database: database, relaxed: relaxed, spool: spool, ended: ended)
@@ -141,10 +139,8 @@ public struct MeteringStore: Sendable {
             }
             return rows.map { .success($0) }
         } catch DatabaseError.unavailable {
-            slotEnds?.add(ended)
             return items.map { _ in .failure(DatabaseError.unavailable) }
         } catch {
-            slotEnds?.add(ended)
             guard items.count > 1 else { return [.failure(error)] }
             var results: [Result<AdmissionRow, any Error>] = []
             results.reserveCapacity(items.count)
@@ -156,7 +152,7 @@ public struct MeteringStore: Sendable {
     }
 
     static func runAdmitBatch(
-        _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool?, ended: [RateEnd] = []
+        _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool?, ended: [Int64] = []
     ) async throws -> [AdmissionRow] {
         if items.count == 1 {
             return try await runAdmitOne(items[0], database: database, relaxed: relaxed, spool: spool, ended: ended)
@@ -189,7 +185,7 @@ public struct MeteringStore: Sendable {
     /// a quarter of the work of the array version (measured: 0.3 ms against 1.1 ms), which is
     /// what a lone call on an idle gateway waits for.
     static func runAdmitOne(
-        _ item: AdmissionItem, database: Database, relaxed: Bool, spool: Spool?, ended: [RateEnd] = []
+        _ item: AdmissionItem, database: Database, relaxed: Bool, spool: Spool?, ended: [Int64] = []
     ) async throws -> [AdmissionRow] {
         let rows = try await runAdmission([item], database: database, spool: spool) { client -> [AdmissionRow] in
             try await client.execute(AdmitStatement(item: item, relaxed: relaxed, ended: ended), logger: database.logger).collect()
