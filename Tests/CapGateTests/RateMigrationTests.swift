@@ -41,8 +41,35 @@ struct RateMigrationTests {
         // whose clock is ahead: still current however long the test takes to migrate), B's of one
         // that is over. A's users: u1 counted in the minute, u2 not at all.
         let (a, b, u1, u2, ub) = (UUID(), UUID(), UUID(), UUID(), UUID())
+        for statement in Self.seed(a: a, b: b, u1: u1, u2: u2, ub: ub) {
+            try await exec(statement)
+        }
+
+        _ = try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger)
+        let carried = "(rate_minute > now() - interval '1 minute')::text"
+        // A's company row and u1's row carry the minute; u2 and company B start from nothing.
+        #expect(
+            try await run(
+                """
+                SELECT coalesce(\(carried), 'never') || ' ' || rate_calls || ' ' || rate_tokens
+                  FROM company_usage ORDER BY company_id = '\(a.text)' DESC
+                """) == ["true 7 700", "never 0 0"])
+        #expect(
+            try await run(
+                """
+                SELECT coalesce(\(carried), 'never') || ' ' || rate_calls || ' ' || rate_tokens
+                  FROM user_usage ORDER BY user_id = '\(u1.text)' DESC, user_id = '\(u2.text)' DESC
+                """) == ["true 3 300", "never 0 0", "never 0 0"])
+        // Only the feature's window stays in rate_windows; only the call holding a slot stays.
+        #expect(try await run("SELECT feature_id || ' ' || calls FROM rate_windows") == ["f 2"])
+        #expect(try await run("SELECT ledger_id::text FROM rate_calls") == ["1"])
+    }
+
+    /// The 0020 schema's rows of the test: plan, companies, users, periods, counters, plan and
+    /// feature windows, calls with and without a slot.
+    static func seed(a: UUID, b: UUID, u1: UUID, u2: UUID, ub: UUID) -> [String] {
         let nil0 = "00000000-0000-0000-0000-000000000000"
-        for statement in [
+        return [
             """
             INSERT INTO plans (id, name) VALUES ('p', 'P')
             """,
@@ -78,27 +105,6 @@ struct RateMigrationTests {
                 ('\(a.text)', 1, '\(u1.text)', '', now(), 100, 7, now() + interval '10 minutes'),
                 ('\(a.text)', 2, '\(u1.text)', '', now(), 100, 3, now() + interval '10 minutes')
             """,
-        ] {
-            try await exec(statement)
-        }
-
-        _ = try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger)
-        let carried = "(rate_minute > now() - interval '1 minute')::text"
-        // A's company row and u1's row carry the minute; u2 and company B start from nothing.
-        #expect(
-            try await run(
-                """
-                SELECT coalesce(\(carried), 'never') || ' ' || rate_calls || ' ' || rate_tokens
-                  FROM company_usage ORDER BY company_id = '\(a.text)' DESC
-                """) == ["true 7 700", "never 0 0"])
-        #expect(
-            try await run(
-                """
-                SELECT coalesce(\(carried), 'never') || ' ' || rate_calls || ' ' || rate_tokens
-                  FROM user_usage ORDER BY user_id = '\(u1.text)' DESC, user_id = '\(u2.text)' DESC
-                """) == ["true 3 300", "never 0 0", "never 0 0"])
-        // Only the feature's window stays in rate_windows; only the call holding a slot stays.
-        #expect(try await run("SELECT feature_id || ' ' || calls FROM rate_windows") == ["f 2"])
-        #expect(try await run("SELECT ledger_id::text FROM rate_calls") == ["1"])
+        ]
     }
 }
