@@ -1,6 +1,7 @@
 import AsyncHTTPClient
 import Foundation
 import NIOCore
+import Synchronization
 import Testing
 
 @testable import CapGate
@@ -204,6 +205,62 @@ struct RateInFlightTests {
                 #expect(try await h.scalar(slots) == 2)
                 await store.flush()
                 #expect(try await h.scalar(slots) == 0)
+            }
+        }
+    }
+
+    /// What concurrent callers saw (``exactUnderLoad()``).
+    final class InFlight: Sendable {
+        let state = Mutex((now: 0, most: 0, charged: 0, refused: 0))
+    }
+
+    @Test(
+        "user_concurrency 2, 24 callers of one user over two gateways, calls ending all the while: never more than 2 in flight, and every slot free once the ends are written"
+    )
+    func exactUnderLoad() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: nil, user: nil)
+            try await RateWindowTests.setLimits(h, plan: "p", .obj(["user_concurrency": 2]))
+            let (company, users) = try await h.createCompany(plan: "p", users: 1)
+            let key = users[0].key
+            try await BatchAdmissionTests.withMetering(h) { first, database in
+                // A second gateway: its own admission queue and noted ends, on the same database.
+                let second = MeteringStore(database: database, slotEndGather: .milliseconds(20))
+                // Calls admitted and not yet ended (counted down before the end is noted, so never
+                // more than the slots the database holds), the most seen, and the outcomes.
+                let seen = InFlight()
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    for caller in 0..<24 {
+                        let gateway = caller % 2 == 0 ? first : second
+                        group.addTask {
+                            for _ in 0..<12 {
+                                let (_, admission) = try await gateway.admit(key: key, BatchAdmissionTests.call(key: key).request)
+                                guard admission.decision == .charged, let ledger = admission.ledgerID else {
+                                    #expect(admission.decision == .rateLimited)
+                                    seen.state.withLock { $0.refused += 1 }
+                                    try await Task.sleep(for: .milliseconds(1))
+                                    continue
+                                }
+                                seen.state.withLock {
+                                    $0.now += 1
+                                    $0.most = max($0.most, $0.now)
+                                    $0.charged += 1
+                                }
+                                try await Task.sleep(for: .milliseconds(3))
+                                seen.state.withLock { $0.now -= 1 }
+                                gateway.freeSlot(companyID: company, ledgerID: ledger)
+                            }
+                        }
+                    }
+                    try await group.waitForAll()
+                }
+                let result = seen.state.withLock { $0 }
+                #expect(result.most == 2)
+                // Slots were taken again after ends (more calls than slots), and the limit refused some.
+                #expect(result.charged > 2 && result.refused > 0)
+                await first.flush()
+                await second.flush()
+                #expect(try await h.scalar("SELECT count(*) FROM rate_calls") == 0)
             }
         }
     }
