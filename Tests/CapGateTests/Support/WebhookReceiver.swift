@@ -1,4 +1,5 @@
 import CapGate
+import CapGateDev
 import Foundation
 import Hummingbird
 import Logging
@@ -101,11 +102,6 @@ final class WebhookReceiver: Sendable {
         _ = try? await current.task.value
     }
 
-    /// A port nothing listens on now (the kernel's pick, released).
-    static func freePort() throws -> Int {
-        let socket = try ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).wait()
-        let port = socket.localAddress?.port ?? 0
-        try socket.close().wait()
-        return port
-    }
+    /// A port nothing listens on now, outside the kernel's ephemeral range.
+    static func freePort() throws -> Int { try EmbeddedPostgres.freePort() }
 }
