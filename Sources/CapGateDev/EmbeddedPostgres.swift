@@ -18,6 +18,8 @@ public final class EmbeddedPostgres: Sendable {
     public enum EmbeddedError: Error, CustomStringConvertible {
         case binariesMissing
         case commandFailed(String, String)
+        /// The folder holds a cluster CapGate did not make (no password file of ours beside it).
+        case foreignCluster(String)
 
         public var description: String {
             switch self {
@@ -25,6 +27,8 @@ public final class EmbeddedPostgres: Sendable {
                 "PostgreSQL binaries not found: install them with `apt-get update && apt-get install -y postgresql`, or set DATABASE_URL"
             case .commandFailed(let command, let output):
                 "\(command) failed: \(output)"
+            case .foreignCluster(let data):
+                "\(data) holds a PostgreSQL cluster CapGate did not make (no password file beside it): it is left as it is; choose another folder, or remove this one to start afresh"
             }
         }
     }
@@ -57,9 +61,13 @@ public final class EmbeddedPostgres: Sendable {
         let data = directory + "/data"
         let passwordFile = directory + "/password"
         let password: String
-        if let existing = try? String(contentsOfFile: passwordFile, encoding: .utf8), fm.fileExists(atPath: data + "/PG_VERSION") {
+        let hasCluster = fm.fileExists(atPath: data + "/PG_VERSION")
+        if let existing = try? String(contentsOfFile: passwordFile, encoding: .utf8), hasCluster {
             password = existing.trimmingWhitespace()
         } else {
+            // A cluster without our password file is someone else's (or its password is lost):
+            // never wiped. A data folder without PG_VERSION is an initdb of ours that broke off.
+            guard !hasCluster else { throw EmbeddedError.foreignCluster(data) }
             try? fm.removeItem(atPath: data)
             password = ApiKeyGenerator.randomToken(bytes: 18)
             try password.write(toFile: passwordFile, atomically: true, encoding: .utf8)

@@ -194,6 +194,24 @@ struct FoundationTests {
         #expect(lines.first == "would apply 0001_schema")
     }
 
+    @Test("a folder holding a cluster CapGate did not make (no password file) is refused and left as it is, not initialised again")
+    func foreignCluster() async throws {
+        let root = NSTemporaryDirectory() + "capgate-foreign-\(UUID().uuidString)"
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        try FileManager.default.createDirectory(atPath: root + "/data", withIntermediateDirectories: true)
+        try "15\n".write(toFile: root + "/data/PG_VERSION", atomically: true, encoding: .utf8)
+        try "theirs".write(toFile: root + "/data/their-file", atomically: true, encoding: .utf8)
+        let refused = try await offPool { () -> (any Error)? in
+            do {
+                _ = try EmbeddedPostgres.start(directory: root, settings: ["fsync": "off"], logger: TestCluster.logger)
+                return nil
+            } catch { return error }
+        }
+        #expect("\(refused.map(String.init(describing:)) ?? "started")".contains("did not make"))
+        #expect(FileManager.default.fileExists(atPath: root + "/data/their-file"))
+        #expect(!FileManager.default.fileExists(atPath: root + "/password"))
+    }
+
     @Test("two migrators at once: each file applied exactly once")
     func concurrentMigrate() async throws {
         let url = try await offPool { try TestCluster.shared.get().createDatabase("m_" + UUID().uuidString.prefix(8).lowercased()) }
