@@ -246,7 +246,9 @@ struct RateInFlightTests {
                                     $0.most = max($0.most, $0.now)
                                     $0.charged += 1
                                 }
-                                try await Task.sleep(for: .milliseconds(3))
+                                // Long enough for two of one gateway's calls to overlap under the whole
+                                // suite's load (at 3 ms a fresh-clone run once never saw two at once).
+                                try await Task.sleep(for: .milliseconds(20))
                                 seen.state.withLock { $0.now -= 1 }
                                 gateway.freeSlot(companyID: company, ledgerID: ledger)
                             }
