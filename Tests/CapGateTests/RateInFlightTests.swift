@@ -246,8 +246,7 @@ struct RateInFlightTests {
                                     $0.most = max($0.most, $0.now)
                                     $0.charged += 1
                                 }
-                                // Long enough for two of one gateway's calls to overlap under the whole
-                                // suite's load (at 3 ms a fresh-clone run once never saw two at once).
+                                // Held a while, as a call is: the other callers meet it in flight.
                                 try await Task.sleep(for: .milliseconds(20))
                                 seen.state.withLock { $0.now -= 1 }
                                 gateway.freeSlot(companyID: company, ledgerID: ledger)
@@ -257,12 +256,22 @@ struct RateInFlightTests {
                     try await group.waitForAll()
                 }
                 let result = seen.state.withLock { $0 }
-                #expect(result.most == 2)
+                // Never more than the limit. (Whether two were seen at once depends on the load: the
+                // other gateway's ends count until written, ~50 ms; a fresh clone's run under the
+                // whole suite's load saw one at a time. That the limit lets two through is checked
+                // below, once the ends are written.)
+                #expect(result.most >= 1 && result.most <= 2, "\(result)")
                 // Slots were taken again after ends (more calls than slots), and the limit refused some.
                 #expect(result.charged > 2 && result.refused > 0)
                 await first.flush()
                 await second.flush()
                 #expect(try await h.scalar("SELECT count(*) FROM rate_calls") == 0)
+                // Every slot free: two calls go through at once, a third waits.
+                var decisions: [Admission.Decision] = []
+                for gateway in [first, second, first] {
+                    decisions.append(try await gateway.admit(key: key, BatchAdmissionTests.call(key: key).request).1.decision)
+                }
+                #expect(decisions == [.charged, .charged, .rateLimited])
             }
         }
     }
