@@ -171,6 +171,10 @@ AB_SETTINGS = {
                          "UPDATE plans SET user_concurrency = NULL WHERE id = 'bench'"),
     "rate-tpm": ("UPDATE plans SET company_tpm = 1000000000000, user_tpm = 1000000000000 WHERE id = 'bench'",
                  "UPDATE plans SET company_tpm = NULL, user_tpm = NULL WHERE id = 'bench'"),
+    # The four minute windows without the concurrency limit.
+    "rate-windows": ("UPDATE plans SET company_rpm = 1000000000, user_rpm = 1000000000, company_tpm = 1000000000000, "
+                     "user_tpm = 1000000000000 WHERE id = 'bench'",
+                     "UPDATE plans SET company_rpm = NULL, user_rpm = NULL, company_tpm = NULL, user_tpm = NULL WHERE id = 'bench'"),
 }
 
 
