@@ -158,23 +158,31 @@ class DiskProbe:
 
 # `--ab SETTING`: the seed file that turns the setting on (re-run before each of its runs) and
 # the statement that turns it off again (caps only), so both alternate run by run in one stack.
+# A token window bounds only a priced call (SPEC §11: an unpriced model is 400 where one applies),
+# so the settings with one price the benchmark's model in both halves: the baseline is the same
+# deployment, priced, without the windows.
+PRICED = ("INSERT INTO prices (model, effective_from, context_window, input, output, cache_write_5m, cache_write_1h, "
+          "cache_read) VALUES ('claude-*', '2020-01-01Z', 200000, 3000000, 15000000, 3750000, 6000000, 300000) "
+          "ON CONFLICT DO NOTHING; ANALYZE prices; ")
+
 AB_SETTINGS = {
     # Off is caps only as `bench.py` without `--budgets` runs it: no budgets and no price book
     # (a priced call is held and settled at its cost with or without a budget).
     "budgets": ("budgets.sql", "UPDATE plans SET monthly_company_budget = NULL, monthly_user_budget = NULL WHERE id = 'bench'; "
                                "DELETE FROM prices WHERE model = 'claude-*'"),
-    "rate": ("rate.sql", "UPDATE plans SET company_rpm = NULL, user_rpm = NULL, company_tpm = NULL, user_tpm = NULL, "
-                         "user_concurrency = NULL WHERE id = 'bench'"),
+    "rate": ("rate.sql", PRICED + "UPDATE plans SET company_rpm = NULL, user_rpm = NULL, company_tpm = NULL, user_tpm = NULL, "
+                                  "user_concurrency = NULL WHERE id = 'bench'"),
     "rate-rpm": ("rate-rpm.sql", "UPDATE plans SET company_rpm = NULL, user_rpm = NULL WHERE id = 'bench'"),
     # The parts of `rate` alone, to see which costs what: the concurrency limit, the token windows.
     "rate-concurrency": ("UPDATE plans SET user_concurrency = 1000000 WHERE id = 'bench'",
                          "UPDATE plans SET user_concurrency = NULL WHERE id = 'bench'"),
-    "rate-tpm": ("UPDATE plans SET company_tpm = 1000000000000, user_tpm = 1000000000000 WHERE id = 'bench'",
-                 "UPDATE plans SET company_tpm = NULL, user_tpm = NULL WHERE id = 'bench'"),
+    "rate-tpm": (PRICED + "UPDATE plans SET company_tpm = 1000000000000, user_tpm = 1000000000000 WHERE id = 'bench'",
+                 PRICED + "UPDATE plans SET company_tpm = NULL, user_tpm = NULL WHERE id = 'bench'"),
     # The four minute windows without the concurrency limit.
-    "rate-windows": ("UPDATE plans SET company_rpm = 1000000000, user_rpm = 1000000000, company_tpm = 1000000000000, "
-                     "user_tpm = 1000000000000 WHERE id = 'bench'",
-                     "UPDATE plans SET company_rpm = NULL, user_rpm = NULL, company_tpm = NULL, user_tpm = NULL WHERE id = 'bench'"),
+    "rate-windows": (PRICED + "UPDATE plans SET company_rpm = 1000000000, user_rpm = 1000000000, company_tpm = 1000000000000, "
+                              "user_tpm = 1000000000000 WHERE id = 'bench'",
+                     PRICED + "UPDATE plans SET company_rpm = NULL, user_rpm = NULL, company_tpm = NULL, user_tpm = NULL "
+                              "WHERE id = 'bench'"),
 }
 
 

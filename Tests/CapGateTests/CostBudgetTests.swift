@@ -146,7 +146,9 @@ struct CostBudgetTests {
         }
     }
 
-    @Test("where a budget applies, no max_tokens, an unpriced model and server tools are 400 and change nothing; elsewhere they pass")
+    @Test(
+        "where a budget applies, no max_tokens, an unpriced model, server tools and a premium-priced mode are 400 and change nothing; elsewhere they pass"
+    )
     func cannotBeHeld() async throws {
         try await Harness.with { h in
             let (_, _, key) = try await setUp(h, company: 1_000_000, user: nil)
@@ -155,6 +157,8 @@ struct CostBudgetTests {
                 (Self.body(maxTokens: nil), "max_tokens"), (Self.body(model: "gpt-unknown"), "gpt-unknown"),
                 (Self.body(extra: tools), "server tools"),
                 (#"{"requests":[{"custom_id":"a","params":{"model":"claude-test","max_tokens":5}}]}"#, "batch"),
+                // Billed by the provider at a multiple of the model's rates, which the price book does not hold.
+                (Self.body(extra: #""speed":"fast","#), "speed"), (Self.body(extra: #""inference_ge\u006f":"us","#), "inference_geo"),
             ]
             for (body, words) in cases {
                 let reply = try await call(h, key: key, body)
@@ -164,13 +168,15 @@ struct CostBudgetTests {
             }
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0)
             #expect(try await h.scalar("SELECT coalesce(sum(used + cost_held), 0) FROM company_usage") == 0)
+            // The standard rate's values are held as any call.
+            #expect(try await call(h, key: key, Self.body(extra: #""speed":"standard","inference_geo":"global","#)).status == 200)
 
             // No budget: they pass as before (tokens recorded; cost where priced).
             try await h.exec("UPDATE plans SET monthly_company_budget = NULL")
             for (body, words) in cases.prefix(3) {
                 #expect(try await call(h, key: key, body).status == 200, "\(words)")
             }
-            #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE settled_at IS NOT NULL", equals: 3) == 3)
+            #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE settled_at IS NOT NULL", equals: 4) == 4)
             // Without max_tokens, or with server tools, nothing was held, but the usage is priced.
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE hold_micros IS NULL AND cost_source = 'usage'") == 2)
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE model = 'gpt-unknown' AND cost_micros IS NULL") == 1)

@@ -15,7 +15,12 @@ struct RateWindowTests {
         if 60 - into < seconds { try await Task.sleep(for: .seconds(60 - into + 0.2)) }
     }
 
+    /// Sets a plan's limits; a token window bounds only priced calls (SPEC §11), so setting one
+    /// prices the harness's model (`claude-test`) first.
     static func setLimits(_ h: Harness, plan: String, _ fields: JSON) async throws {
+        if ["company_tpm", "user_tpm"].contains(where: { fields[$0] != nil && fields[$0] != .null }) {
+            try await h.exec(CostBudgetTests.priceRow + " ON CONFLICT DO NOTHING")
+        }
         let reply = try await h.op(.PUT, "/admin/v1/plans/\(plan)", fields)
         #expect(reply.status == 200, "\(reply.body)")
     }
@@ -169,6 +174,44 @@ struct RateWindowTests {
             #expect(try await h.scalar("SELECT count(*) FROM rate_windows") == 1)
             #expect(try await h.scalar("SELECT calls FROM rate_windows WHERE feature_id = 'analysis'") == 2)
             #expect(try await h.scalar("SELECT rate_calls FROM user_usage") == 5)
+        }
+    }
+
+    @Test(
+        "a token window, the plan's or an entitlement's, refuses an unpriced model 400 naming it and charges nothing; call windows do not need a price"
+    )
+    func tokenWindowNeedsPrice() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: nil, user: nil)
+            try await FeatureAdmissionTests.seed(h, plan: "p")
+            #expect(try await h.op(.PUT, "/admin/v1/plans/p/entitlements/chat", .obj([:])).status == 201)
+            let (_, users) = try await h.createCompany(plan: "p", users: 1)
+            let key = users[0].key
+            try await Self.roomInMinute(15)
+            // A call window and a concurrency limit: an unpriced model passes.
+            #expect(try await h.op(.PUT, "/admin/v1/plans/p", .obj(["user_rpm": 100, "user_concurrency": 5])).status == 200)
+            #expect(try await h.message(key: key).status == 200)
+            let charged = try await h.scalar("SELECT count(*) FROM usage_ledger")
+            // The plan's token window: 400 invalid_request_error naming the model, nothing counted.
+            #expect(try await h.op(.PUT, "/admin/v1/plans/p", .obj(["user_tpm": 1_000_000])).status == 200)
+            let variants: [[(String, String)]] = [[], [("CapGate-Feature", "chat")]]
+            for headers in variants {
+                let refused = try await h.message(key: key, headers: headers)
+                #expect(refused.status == 400, "\(refused.body)")
+                #expect(refused.json["error"]?["type"]?.stringValue == "invalid_request_error")
+                #expect(refused.json["error"]?["message"]?.stringValue?.contains("\"claude-test\" has no price") == true)
+            }
+            // An entitlement's token window alone: its feature's calls refused, another feature's pass.
+            #expect(try await h.op(.PUT, "/admin/v1/plans/p", .obj(["user_tpm": .null])).status == 200)
+            #expect(try await h.op(.PUT, "/admin/v1/plans/p/entitlements/analysis", .obj(["company_tpm": 1_000_000])).status == 200)
+            #expect(try await h.message(key: key, headers: [("CapGate-Feature", "analysis")]).status == 400)
+            #expect(try await h.message(key: key, headers: [("CapGate-Feature", "chat")]).status == 200)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == charged + 1)
+            #expect(try await h.scalar("SELECT rate_calls FROM user_usage") == charged + 1)
+            // Priced, the same call is held in the window and served.
+            try await h.exec(CostBudgetTests.priceRow)
+            #expect(try await h.message(key: key, headers: [("CapGate-Feature", "analysis")]).status == 200)
+            #expect(try await h.scalar("SELECT tokens FROM rate_windows WHERE feature_id = 'analysis'") > 0)
         }
     }
 }

@@ -477,10 +477,11 @@ BEGIN
             a_decision[i] := CASE WHEN p_prompt[i] < -1 THEN 'unbounded_call' WHEN NOT a_priced[i] THEN 'unpriced_model'
                                   ELSE 'max_tokens_required' END;
             CONTINUE;
-        ELSIF p_units[i] > 0 AND a_rtok[i] IS NULL
+        ELSIF p_units[i] > 0 AND (a_rtok[i] IS NULL OR NOT a_priced[i])
               AND (a_ctpm[i] IS NOT NULL OR a_utpm[i] IS NOT NULL OR a_fctpm[i] IS NOT NULL OR a_futpm[i] IS NOT NULL) THEN
-            a_decision[i] := CASE WHEN p_prompt[i] >= -1 AND p_max_tokens[i] < 0 THEN 'max_tokens_required'
-                                  ELSE 'unbounded_call' END;
+            -- A token window, as a budget, bounds only a priced call (SPEC §11: fail closed).
+            a_decision[i] := CASE WHEN p_prompt[i] < -1 THEN 'unbounded_call' WHEN NOT a_priced[i] THEN 'unpriced_model'
+                                  WHEN p_max_tokens[i] < 0 THEN 'max_tokens_required' ELSE 'unbounded_call' END;
             CONTINUE;
         END IF;
         cs := a_cslot[i]; us := a_uslot[i];

@@ -185,9 +185,11 @@ BEGIN
                OR r.f_user_concurrency IS NOT NULL;
     IF v_rated THEN
         r.rate_tokens := capgate_rate_tokens(v_price, p_prompt, p_max_tokens, p_window);
-        IF r.rate_tokens IS NULL AND (r.company_tpm IS NOT NULL OR r.user_tpm IS NOT NULL OR r.f_company_tpm IS NOT NULL
-                                      OR r.f_user_tpm IS NOT NULL) THEN
-            r.decision := CASE WHEN p_prompt >= -1 AND p_max_tokens < 0 THEN 'max_tokens_required' ELSE 'unbounded_call' END;
+        IF (r.rate_tokens IS NULL OR v_price.model IS NULL)
+           AND (r.company_tpm IS NOT NULL OR r.user_tpm IS NOT NULL OR r.f_company_tpm IS NOT NULL OR r.f_user_tpm IS NOT NULL) THEN
+            -- A token window, as a budget, bounds only a priced call (SPEC §11: fail closed).
+            r.decision := CASE WHEN p_prompt < -1 THEN 'unbounded_call' WHEN v_price.model IS NULL THEN 'unpriced_model'
+                               WHEN p_max_tokens < 0 THEN 'max_tokens_required' ELSE 'unbounded_call' END;
             RETURN r;
         END IF;
         r.rate_tokens := coalesce(r.rate_tokens, 0);

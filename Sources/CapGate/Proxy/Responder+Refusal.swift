@@ -67,7 +67,7 @@ extension Responder {
         case .unpricedModel(let model):
             let which = model.map { "The model \"\($0)\" has no price" } ?? "The call names no model, so it has no price"
             return GatewayError.invalidRequest(
-                "\(which) in this gateway's price book, and a cost budget applies to it, so its cost cannot be held. "
+                "\(which) in this gateway's price book, and a cost budget or a token rate limit applies to it, so it cannot be held. "
                     + "Nothing was charged. Ask your administrator to price the model.")
         case .maxTokensRequired:
             return GatewayError.invalidRequest(
@@ -76,7 +76,8 @@ extension Responder {
         case .unboundedCall:
             return GatewayError.invalidRequest(
                 "A cost budget or a token rate limit applies to this call, and its body lets the provider bill tokens that cannot be bounded "
-                    + "(server tools such as web search or code execution, MCP servers, a message batch, or a body that is not "
+                    + "(server tools such as web search or code execution, MCP servers, a message batch, a premium-priced mode "
+                    + "such as \"speed\": \"fast\" or an \"inference_geo\" other than \"global\", or a body that is not "
                     + "a JSON call naming its model). Nothing was charged.")
         }
     }

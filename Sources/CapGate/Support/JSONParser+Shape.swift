@@ -18,9 +18,16 @@ struct PromptShape: Sendable, Equatable {
     var serverTools = false
     /// A top-level `requests` member: a Message Batches call, whose cost the price book cannot bound.
     var batch = false
+    /// The body asks for a mode the provider bills at a multiple of the model's rates, which the
+    /// price book does not hold: `speed` other than `"standard"` (fast mode), `inference_geo`
+    /// other than `"global"` (inference kept in one geography).
+    var premium = false
 
-    /// Whether the prompt can be bounded from the body at all (SPEC §11).
-    var bounded: Bool { !serverTools && !batch }
+    /// Whether the call can be bounded from the body at all (SPEC §11).
+    var bounded: Bool { !serverTools && !batch && !premium }
+
+    /// The top-level members whose every value but one (the standard rate's) asks for a premium.
+    static let standardModes: [(name: StaticString, standard: String)] = [("speed", "standard"), ("inference_geo", "global")]
 
     /// The `type` prefixes of tools the client runs (their definitions cost only prompt tokens);
     /// a tool without a `type`, or `"custom"`, is one too.
@@ -78,6 +85,8 @@ extension JSONParser {
                     if let ttl = control["ttl"], ttl.stringValue != "5m" { shape.cachedLong = true }
                 } else if place == .body, parser.nameIs(name, "tools") {
                     try parser.shapeValue(depth: depth + 1, into: &shape, place: .tools)
+                } else if place == .body, let mode = PromptShape.standardModes.first(where: { parser.nameIs(name, $0.name) }) {
+                    if try parser.value(depth: depth + 1, build: true).stringValue != mode.standard { shape.premium = true }
                 } else {
                     if place == .body, parser.nameIs(name, "mcp_servers") { shape.serverTools = true }
                     if place == .body, parser.nameIs(name, "requests") { shape.batch = true }
