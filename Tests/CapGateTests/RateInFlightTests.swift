@@ -209,6 +209,46 @@ struct RateInFlightTests {
         }
     }
 
+    @Test("an end whose write fails stays noted (this gateway does not count its slot) and is written again once the database takes it")
+    func failedEndWrittenAgain() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: nil, user: nil)
+            try await RateWindowTests.setLimits(h, plan: "p", .obj(["user_concurrency": 1]))
+            let (company, users) = try await h.createCompany(plan: "p", users: 1)
+            try await BatchAdmissionTests.withMetering(h) { _, database in
+                let ends = SlotEnds(database: database, gather: .milliseconds(10), retry: .milliseconds(200))
+                func admit() async -> String? {
+                    await MeteringStore.admitBatch(
+                        [BatchAdmissionTests.call(key: users[0].key)], database: database, relaxed: false, slotEnds: ends
+                    )
+                    .first.flatMap { try? $0.get().decision }
+                }
+                let first = try #require(
+                    await MeteringStore.admitBatch(
+                        [BatchAdmissionTests.call(key: users[0].key)], database: database, relaxed: false, slotEnds: ends
+                    ).first?.get().ledgerID)
+                // The end's write fails while its function raises (an error at execution: a failed
+                // preparation would stay with the connection's prepared statement).
+                let function = "capgate_rate_end(uuid[], bigint[])"
+                let definition = try #require(try await h.text("SELECT pg_get_functiondef('\(function)'::regprocedure)"))
+                try await h.exec(
+                    """
+                    CREATE OR REPLACE FUNCTION capgate_rate_end(p_company uuid[], p_ledger bigint[]) RETURNS void LANGUAGE plpgsql
+                    AS $$ BEGIN RAISE EXCEPTION 'unavailable'; END; $$
+                    """)
+                ends.add(RateEnd(companyID: company, ledgerID: first))
+                await ends.flush()
+                #expect(ends.excluded() == [first])
+                #expect(try await h.scalar("SELECT count(*) FROM rate_calls WHERE ledger_id = \(first)") == 1)
+                #expect(await admit() == "charged")  // its slot is free for this gateway meanwhile
+                try await h.exec(definition)
+                #expect(try await h.eventually("SELECT count(*) FROM rate_calls WHERE ledger_id = \(first)", equals: 0) == 0)
+                for _ in 0..<50 where !ends.excluded().isEmpty { try await Task.sleep(for: .milliseconds(20)) }
+                #expect(ends.excluded().isEmpty)
+            }
+        }
+    }
+
     /// What concurrent callers saw (``exactUnderLoad()``).
     final class InFlight: Sendable {
         let state = Mutex((now: 0, most: 0, charged: 0, refused: 0))

@@ -12,7 +12,7 @@ extension MeteringStore {
     /// Frees a call's concurrency slot: noted before its answer ends, or when its client left,
     /// and written with this gateway's next admission transaction or within milliseconds
     /// (``SlotEnds``), so a call this gateway admits after the answer ended finds the slot free.
-    /// (Its token hold is settled by its settlement.) A write that fails leaves the slot to its lease.
+    /// (Its token hold is settled by its settlement.) A write that fails is tried again every second (``SlotEnds``).
     public func freeSlot(companyID: UUID, ledgerID: Int64) {
         slotEnds.add(RateEnd(companyID: companyID, ledgerID: ledgerID))
     }

@@ -32,6 +32,8 @@ final class SlotEnds: Sendable {
         var flushScheduled = false
         /// The last `capgate_rate_end` or lease renewal started (finished or not).
         var written: Task<Void, Never>?
+        /// End writes failed in a row (reset by one that commits).
+        var failures = 0
         /// The calls holding a slot on this gateway now, by ledger id: company, last renewal.
         var live: [Int64: (company: UUID, renewed: ContinuousClock.Instant)] = [:]
     }
@@ -40,10 +42,13 @@ final class SlotEnds: Sendable {
     let database: Database
     /// How long an end waits for an admission to carry it before it is written on its own.
     let gather: Duration
+    /// How long ends whose write failed wait before they are written again.
+    let retry: Duration
 
-    init(database: Database, gather: Duration = MeteringStore.slotEndGather) {
+    init(database: Database, gather: Duration = MeteringStore.slotEndGather, retry: Duration = .seconds(1)) {
         self.database = database
         self.gather = gather
+        self.retry = retry
     }
 
     /// Notes that a call's slot is free (its answer ends, or its client left).
@@ -94,9 +99,19 @@ final class SlotEnds: Sendable {
             let database = self.database
             let task = Task {
                 await previous?.value
-                await Self.write(ends, database: database)
-                // Written (or left to their lease): the admissions count what the rows say.
-                self.state.withLock { _ = $0.writing.removeValue(forKey: number) }
+                let written = await Self.write(ends, database: database)
+                // Written: the admissions count what the rows say. Not written (the database
+                // failed or did not answer): noted again, still not counted by this gateway's
+                // admissions, and written again shortly (an end written twice changes nothing),
+                // for up to ``retries`` failures in a row; then left to their lease.
+                let again = self.state.withLock { state -> Bool in
+                    state.writing.removeValue(forKey: number)
+                    state.failures = written ? 0 : state.failures + 1
+                    guard !written, state.failures <= Self.retries else { return false }
+                    state.pending += ends
+                    return true
+                }
+                if again { self.scheduleRetry() }
             }
             state.written = task
             return task
@@ -104,14 +119,34 @@ final class SlotEnds: Sendable {
         await write?.value
     }
 
-    /// `capgate_rate_end`; on failure the slots come back at their lease (`rate.leaseSeconds`).
-    static func write(_ ends: [RateEnd], database: Database) async {
+    /// End writes that may fail in a row before their ends are left to their lease.
+    static let retries = 120
+
+    /// A flush of the noted ends after ``retry`` (unless one is already due).
+    private func scheduleRetry() {
+        let schedule = state.withLock { state -> Bool in
+            defer { state.flushScheduled = true }
+            return !state.flushScheduled
+        }
+        guard schedule else { return }
+        let retry = self.retry
+        Task {
+            try? await Task.sleep(for: retry)
+            await self.flush()
+        }
+    }
+
+    /// `capgate_rate_end`; whether it committed.
+    static func write(_ ends: [RateEnd], database: Database) async -> Bool {
         do {
             try await database.run { client in
                 _ = try await client.execute(RateEndStatement(items: ends), logger: database.logger).collect()
             }
+            return true
         } catch {
-            database.logger.warning("could not end calls in their rate windows", metadata: ["calls": "\(ends.count)"])
+            database.logger.warning(
+                "could not end calls in their rate windows; written again shortly", metadata: ["calls": "\(ends.count)"])
+            return false
         }
     }
 }
