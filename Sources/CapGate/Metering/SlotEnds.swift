@@ -59,16 +59,22 @@ final class SlotEnds: Sendable {
     /// Notes that calls' slots are free.
     func add(_ ends: [RateEnd]) {
         guard !ends.isEmpty else { return }
-        let schedule = state.withLock { state -> Bool in
+        state.withLock { state in
             for end in ends { state.live.removeValue(forKey: end.ledgerID) }
             state.pending += ends
+        }
+        scheduleFlush(after: gather)
+    }
+
+    /// A flush of the noted ends after `delay`, unless one is already due.
+    private func scheduleFlush(after delay: Duration) {
+        let schedule = state.withLock { state -> Bool in
             defer { state.flushScheduled = true }
             return !state.flushScheduled
         }
         guard schedule else { return }
-        let gather = self.gather
         Task {
-            try? await Task.sleep(for: gather)
+            try? await Task.sleep(for: delay)
             await self.flush()
         }
     }
@@ -111,7 +117,7 @@ final class SlotEnds: Sendable {
                     state.pending += ends
                     return true
                 }
-                if again { self.scheduleRetry() }
+                if again { self.scheduleFlush(after: self.retry) }
             }
             state.written = task
             return task
@@ -121,20 +127,6 @@ final class SlotEnds: Sendable {
 
     /// End writes that may fail in a row before their ends are left to their lease.
     static let retries = 120
-
-    /// A flush of the noted ends after ``retry`` (unless one is already due).
-    private func scheduleRetry() {
-        let schedule = state.withLock { state -> Bool in
-            defer { state.flushScheduled = true }
-            return !state.flushScheduled
-        }
-        guard schedule else { return }
-        let retry = self.retry
-        Task {
-            try? await Task.sleep(for: retry)
-            await self.flush()
-        }
-    }
 
     /// `capgate_rate_end`; whether it committed.
     static func write(_ ends: [RateEnd], database: Database) async -> Bool {
