@@ -85,4 +85,22 @@ struct PromptBoundTests {
         #expect(CostBound.enablesLargeWindow(["x-y", "token-efficient, context-1m-2025-08-07"]))
         #expect(!CostBound.enablesLargeWindow(["context-management-2025"]))
     }
+
+    @Test("a premium-priced mode cannot be bounded: top-level speed other than standard, inference_geo other than global")
+    func premiumModes() throws {
+        for body in [
+            #"{"speed":"fast"}"#, #"{"spe\u0065d":"fast"}"#, #"{"speed":null}"#, #"{"speed":1}"#,
+            #"{"inference_geo":"us"}"#, #"{"model":"m","inference_geo":"eu","messages":[]}"#,
+        ] {
+            let shape = try Self.shape(body)
+            #expect(shape.premium && !shape.bounded, "\(body)")
+        }
+        for body in [
+            #"{"speed":"standard","inference_geo":"global"}"#, #"{"model":"m"}"#,
+            // Only the top-level members are the call's mode.
+            #"{"metadata":{"speed":"fast"},"messages":[{"role":"user","content":[{"type":"text","text":"x","inference_geo":"us"}]}]}"#,
+        ] {
+            #expect(try Self.shape(body).bounded, "\(body)")
+        }
+    }
 }
