@@ -168,6 +168,7 @@ struct CostBudgetTests {
             }
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0)
             #expect(try await h.scalar("SELECT coalesce(sum(used + cost_held), 0) FROM company_usage") == 0)
+            #expect(h.mock.counter.count == 0, "a refused call reached the provider")
             // The standard rate's values are held as any call.
             #expect(try await call(h, key: key, Self.body(extra: #""speed":"standard","inference_geo":"global","#)).status == 200)
 

@@ -212,6 +212,8 @@ struct RateWindowTests {
             try await h.exec(CostBudgetTests.priceRow)
             #expect(try await h.message(key: key, headers: [("CapGate-Feature", "analysis")]).status == 200)
             #expect(try await h.scalar("SELECT tokens FROM rate_windows WHERE feature_id = 'analysis'") > 0)
+            // The provider served exactly the calls charged: no refused call reached it.
+            #expect(Int64(h.mock.counter.count) == (try await h.scalar("SELECT count(*) FROM usage_ledger")))
         }
     }
 }
