@@ -80,6 +80,34 @@ def psql(url, sql=None, file=None):
     return subprocess.run(args, check=True, capture_output=True, text=True).stdout.strip()
 
 
+def cpu_sample():
+    """The machine's busy and idle clock ticks, and each started process's own (utime + stime)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:8]]
+    busy, idle = sum(fields) - fields[3] - fields[4], fields[3] + fields[4]
+    own = {}
+    for name, process in started:
+        try:
+            with open(f"/proc/{process.pid}/stat") as f:
+                parts = f.read().rsplit(")", 1)[1].split()
+            own[name] = int(parts[11]) + int(parts[12])
+        except (OSError, IndexError):
+            pass
+    return busy, idle, own
+
+
+def cpu_per_call(before, after, requests):
+    """`BENCH_CPU=1`: CPU microseconds a call by process (the gateway, the mock; `rest` is
+    PostgreSQL, wrk and the harness) and the machine's idle share during the run."""
+    tick = 1e6 / os.sysconf("SC_CLK_TCK")
+    busy, idle = after[0] - before[0], after[1] - before[1]
+    result = {name: (after[2][name] - before[2].get(name, 0)) * tick / requests
+              for name in after[2] if name in ("gateway", "mock")}
+    result["rest"] = busy * tick / requests - sum(result.values())
+    result["idle"] = idle / max(1, busy + idle)
+    return result
+
+
 def wrk(url, connections, seconds, keys_file=None, stream=False, per_call=False):
     """One wrk run. `per_call` (concurrency 1): also every call's latency as measured (wrk's own
     percentiles are corrected for coordinated omission) and the disk's fsync stalls meanwhile."""
@@ -91,6 +119,7 @@ def wrk(url, connections, seconds, keys_file=None, stream=False, per_call=False)
         for name in os.listdir(WORK):
             if name.startswith("latency."):
                 os.remove(os.path.join(WORK, name))
+    before = cpu_sample()
     with DiskProbe(WORK, enabled=per_call) as probe:
         out = subprocess.run(
             ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s", "--timeout", "10s",
@@ -103,6 +132,11 @@ def wrk(url, connections, seconds, keys_file=None, stream=False, per_call=False)
     requests, non2xx, errors, duration, p50, p99 = map(int, m.groups())
     result = {"requests": requests, "non2xx": non2xx, "errors": errors, "rps": requests / (duration / 1e6),
               "p50_ms": p50 / 1000, "p99_ms": p99 / 1000}
+    if os.environ.get("BENCH_CPU") and requests:
+        result["cpu"] = cpu_per_call(before, cpu_sample(), requests)
+        log(f"  {url} c={connections}: {result['rps']:.0f} rps; CPU us a call: "
+            + ", ".join(f"{k} {v:.0f}" for k, v in result["cpu"].items() if k != "idle")
+            + f"; idle {result['cpu']['idle']:.1%}")
     if per_call:
         calls = []
         for name in os.listdir(WORK):

@@ -79,7 +79,7 @@ function companyName(id) {
 }
 
 function renderAudit() {
-  const columns = [["Time", (r) => r.at.replace("T", " ").slice(0, 19)], ["Who", (r) => actorText(r.actor)], ["Action", (r) => r.action],
+  const columns = [["Time", (r) => r.time.replace("T", " ").slice(0, 19)], ["Who", (r) => actorText(r.actor)], ["Action", (r) => r.action],
     ["Target", targetText], ["Change", changeText], ["Request", (r) => r.request_id || "—"]];
   if (!auditState.company) columns.splice(2, 0, ["Company", (r) => companyName(r.company_id)]);
   $("audit-rows").replaceChildren(table("Audit entries, newest first", columns, auditState.rows,

@@ -113,6 +113,13 @@ struct AuditLogTests {
             #expect(first.json["has_more"]?.boolValue == true)
             let ids = page1.compactMap { $0["id"]?.intValue }
             #expect(ids == ids.sorted(by: >))
+            // SPEC §13's fields: time, actor, company, action, target id, before, after, request id.
+            for row in page1 {
+                #expect(row["time"]?.stringValue.flatMap(Timestamp.parseStrict) != nil, "\(row.serialized())")
+                for field in ["actor", "company_id", "action", "target_id", "before", "after", "request_id"] {
+                    #expect(row[field] != nil, "\(field)")
+                }
+            }
             let cursor = try #require(first.json["next_cursor"]?.stringValue)
             let second = try await h.request(.GET, "/admin/v1/companies/\(a.text)/audit?limit=4&cursor=\(cursor)", headers: adminA)
             let page2 = try #require(second.json["data"]?.arrayValue)
@@ -153,7 +160,7 @@ struct AuditLogTests {
     func namedOperatorTokens() async throws {
         let ci = "ci-token-" + UUID().uuidString
         let deploy = "deploy-token-" + UUID().uuidString
-        let tokens = #"[{"name": "ci", "token": "\#(ci)"}, {"name": "deploy", "token": "\#(deploy)"}]"#
+        let tokens = "ci:\(ci),deploy:\(deploy)"  // SPEC §7's form
         try await Harness.with(settings: ["operator.tokens": tokens]) { h in
             for (token, plan, status) in [(ci, "a", 201), (deploy, "b", 201), (h.operatorToken, "c", 201), (ci + "x", "d", 401)] {
                 let reply = try await h.request(

@@ -229,6 +229,9 @@ struct ChargeHonestyTests {
             #expect(try await status(#"{"sub":"\#(sub)","company_id":"\#(company.text)","exp":\#(now + 7200),"iat":\#(now)}"#) == 401)
             #expect(try await status(#"{"sub":"\#(sub)","company_id":"\#(company.text)","exp":\#(now + 7200)}"#) == 401)
             #expect(try await status(#"{"sub":"\#(sub)","company_id":"\#(company.text)","exp":\#(now + 1800)}"#) == 200)
+            // Exactly at the limit is taken; 30 s past it is not (no leeway unless jwt.leeway is set).
+            #expect(try await status(#"{"sub":"\#(sub)","company_id":"\#(company.text)","exp":\#(now + 3600),"iat":\#(now)}"#) == 200)
+            #expect(try await status(#"{"sub":"\#(sub)","company_id":"\#(company.text)","exp":\#(now + 3630),"iat":\#(now)}"#) == 401)
         }
     }
 }

@@ -320,7 +320,7 @@ struct EdgeHardeningTests {
     @Test("jwt.audience, jwt.issuer and jwt.leeway come from the environment (JWT_AUDIENCE, JWT_ISSUER, JWT_LEEWAY)")
     func jwtConfiguration() async throws {
         let defaults = try await CapGateConfiguration.load(environment: [:], file: "/nonexistent/capgate.json")
-        #expect(defaults.jwtAudience == nil && defaults.jwtIssuer == nil && defaults.jwtLeeway == 60)
+        #expect(defaults.jwtAudience == nil && defaults.jwtIssuer == nil && defaults.jwtLeeway == 0)
         let set = try await CapGateConfiguration.load(
             environment: ["JWT_AUDIENCE": "capgate", "JWT_ISSUER": "https://id.example", "JWT_LEEWAY": "5"],
             file: "/nonexistent/capgate.json")
@@ -333,7 +333,9 @@ struct EdgeHardeningTests {
 
     @Test("through the gateway: a token for another audience or issuer is 401; small clock skew is allowed")
     func jwtAudienceIssuer() async throws {
-        let settings = ["jwt.secret": JWTTests.secret, "jwt.audience": "capgate-test", "jwt.issuer": "https://id.example"]
+        let settings = [
+            "jwt.secret": JWTTests.secret, "jwt.audience": "capgate-test", "jwt.issuer": "https://id.example", "jwt.leeway": "60",
+        ]
         try await Harness.with(settings: settings) { h in
             try await h.createPlan("low", company: 100, user: 25)
             let (company, users) = try await h.createCompany(plan: "low", users: 1)
@@ -351,7 +353,7 @@ struct EdgeHardeningTests {
             }
             #expect(try await usage(try await token()).status == 200)
             #expect(try await usage(try await token(aud: .many(["other", "capgate-test"]))).status == 200)
-            #expect(try await usage(try await token(exp: now - 20)).status == 200)  // within the 60 s leeway
+            #expect(try await usage(try await token(exp: now - 20)).status == 200)  // within the configured 60 s leeway
             #expect(try await usage(try await token(nbf: now + 20)).status == 200)
             for (bad, words) in [
                 (try await token(aud: .one("other")), "audience"), (try await token(aud: .many(["a", "b"])), "audience"),

@@ -61,6 +61,9 @@ struct JWTTests {
             let (other, _) = try await h.createCompany(plan: "low", users: 1)
             let expired = try await Self.hs256(
                 TestClaims(sub: users[0].id.text, exp: Int(Date().timeIntervalSince1970) - 60, company_id: company.text))
+            // Just expired: no leeway unless `jwt.leeway` is set (SPEC §3: an expired JWT is 401).
+            let justExpired = try await Self.hs256(
+                TestClaims(sub: users[0].id.text, exp: Int(Date().timeIntervalSince1970) - 2, company_id: company.text))
             let noExp = try await Self.hs256(TestClaims(sub: users[0].id.text, exp: nil, company_id: company.text))
             let forged = try await Self.hs256(
                 TestClaims(sub: users[0].id.text, exp: Self.inAnHour, company_id: company.text),
@@ -68,7 +71,7 @@ struct JWTTests {
             let unknownCompany = try await Self.hs256(TestClaims(sub: UUID().text, exp: Self.inAnHour, company_id: UUID().text))
             // A user of one company presenting another company's id.
             let crossCompany = try await Self.hs256(TestClaims(sub: users[0].id.text, exp: Self.inAnHour, company_id: other.text))
-            for token in [expired, noExp, forged, unknownCompany, crossCompany, "a.b.c"] {
+            for token in [expired, justExpired, noExp, forged, unknownCompany, crossCompany, "a.b.c"] {
                 let reply = try await h.request(.GET, "/v1/usage", headers: [("authorization", "Bearer \(token)")])
                 #expect(reply.status == 401, "token should be refused: \(reply.body)")
                 #expect(reply.json["error"]?["type"]?.stringValue == "authentication_error")

@@ -49,7 +49,7 @@ struct KeyLifecycleTests {
         }
     }
 
-    @Test("create with name and expires_at; list shows every field and no secret; a past expires_at is 400")
+    @Test("create with name and expires_at; list shows every field and no secret; a key created with a past expires_at is 401 'expired'")
     func createAndList() async throws {
         try await Harness.with { h in
             try await h.createPlan("p", company: nil, user: nil)
@@ -63,11 +63,15 @@ struct KeyLifecycleTests {
             #expect(created.json["last_used_at"]?.isNull == true)
             let secret = try #require(created.json["key"]?.stringValue)
             let past = try await h.op(.POST, path, .obj(["user_id": .string(users[0].id.text), "expires_at": "2001-01-01T00:00:00Z"]))
-            #expect(past.status == 400)
+            #expect(past.status == 201, "\(past.body)")
+            let expired = try await h.message(key: try #require(past.json["key"]?.stringValue))
+            #expect(expired.status == 401)
+            #expect(expired.json["error"]?["message"]?.stringValue?.contains("expired") == true, "\(expired.body)")
+            #expect(try await h.message(key: secret).status == 200)
             let list = try await h.op(.GET, path)
             #expect(!list.body.contains(secret))
             let keys = try #require(list.json["data"]?.arrayValue)
-            #expect(keys.count == 2)
+            #expect(keys.count == 3)
             for key in keys {
                 for field in ["id", "name", "user_id", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at", "features"] {
                     #expect(key[field] != nil, "\(field)")
@@ -116,6 +120,13 @@ struct KeyLifecycleTests {
             #expect(third.status == 201)
             #expect(try await h.message(key: newKey).status == 401)
             #expect(try await h.message(key: try #require(third.json["key"]?.stringValue)).status == 200)
+            // No body at all: the default grace of a day (SPEC §13's 86400).
+            let thirdID = try #require(third.json["id"]?.stringValue)
+            let bare = try await h.op(.POST, "\(path)/\(thirdID)/rotate")
+            #expect(bare.status == 201, "\(bare.body)")
+            let dayLeft = "SELECT extract(epoch FROM expires_at - now())::bigint FROM api_keys WHERE id = '\(thirdID)'"
+            #expect((86300...86400).contains(try await h.scalar(dayLeft)))
+            #expect(try await h.message(key: try #require(bare.json["key"]?.stringValue)).status == 200)
             // An expired or revoked key is not rotated again; an unknown one is 404.
             #expect(try await h.op(.POST, "\(path)/\(oldID)/rotate", .obj([:])).status == 409)
             #expect(try await h.op(.POST, "\(path)/\(UUID().text)/rotate", .obj([:])).status == 404)

@@ -52,6 +52,19 @@ struct PriceBookTests {
             let replaced = try await h.op(.PUT, "/admin/v1/prices", .obj(["prices": .array([book[1]])]))
             #expect(replaced.status == 200, "\(replaced.body)")
             #expect(try await h.scalar("SELECT count(*) FROM prices") == 1)
+            // `long_prompt` is optional (SPEC §11): a row without it has no long tier, read back as null.
+            let short: JSON = .obj([
+                "model": "claude-opus-4*", "effective_from": "2026-01-01T00:00:00Z", "context_window": 200_000, "input": "5",
+                "output": "25", "cache_write_5m": "6.25", "cache_write_1h": "10", "cache_read": "0.5",
+            ])
+            let withoutTier = try await h.op(.PUT, "/admin/v1/prices", .obj(["prices": .array([short])]))
+            #expect(withoutTier.status == 200, "\(withoutTier.body)")
+            let read = try await h.op(.GET, "/admin/v1/prices")
+            let stored = try #require(read.json["prices"]?.arrayValue?.first)
+            #expect(stored["long_prompt"] == .null, "\(read.body)")
+            #expect(stored["input"]?.stringValue == "5")
+            #expect(try await h.scalar("SELECT count(*) FROM prices WHERE long_prompt_threshold IS NULL") == 1)
+
             #expect(try await h.op(.PUT, "/admin/v1/prices", .obj(["prices": .array([])])).status == 200)
             #expect(try await h.scalar("SELECT count(*) FROM prices") == 0)
         }

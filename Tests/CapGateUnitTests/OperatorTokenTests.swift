@@ -10,16 +10,21 @@ struct OperatorTokenTests {
     static let ci = "ci-" + String(repeating: "a", count: 20)
     static let deploy = "deploy-" + String(repeating: "b", count: 20)
 
-    @Test("operator.tokens parses a JSON list of {name, token}; a bad list names the key")
+    @Test("operator.tokens parses name:token pairs (SPEC §7) or a JSON list of {name, token}; a bad list names the key")
     func parse() throws {
-        let tokens = try OperatorToken.parse(#"[{"name": "ci", "token": "\#(Self.ci)"}, {"token": "\#(Self.deploy)", "name": "deploy"}]"#)
-        #expect(tokens == [OperatorToken(name: "ci", token: Self.ci), OperatorToken(name: "deploy", token: Self.deploy)])
+        let expected = [OperatorToken(name: "ci", token: Self.ci), OperatorToken(name: "deploy", token: Self.deploy)]
+        #expect(try OperatorToken.parse("ci:\(Self.ci),deploy:\(Self.deploy)") == expected)
+        #expect(try OperatorToken.parse(" ci:\(Self.ci) , deploy:\(Self.deploy) ") == expected)
+        #expect(try OperatorToken.parse("ops:s3cret:with:colons") == [OperatorToken(name: "ops", token: "s3cret:with:colons")])
+        #expect(try OperatorToken.parse("a:x") == [OperatorToken(name: "a", token: "x")])
+        #expect(try OperatorToken.parse(#"[{"name": "ci", "token": "\#(Self.ci)"}, {"token": "\#(Self.deploy)", "name": "deploy"}]"#) == expected)
         #expect(try OperatorToken.parse("[]") == [])
+        #expect(try OperatorToken.parse("") == [])
         for bad in [
-            "ci=\(Self.ci)", #"{"name": "ci", "token": "\#(Self.ci)"}"#, #"[{"name": "ci"}]"#,
-            #"[{"name": "ci", "token": "short"}]"#, #"[{"name": "CI!", "token": "\#(Self.ci)"}]"#,
+            "ci=\(Self.ci)", "ci:", ":\(Self.ci)", "ci:\(Self.ci),", "ci:\(Self.ci),,deploy:\(Self.deploy)", "CI!:\(Self.ci)",
+            "ci:\(Self.ci),ci:\(Self.deploy)", "ci:\(Self.ci),other:\(Self.ci)", "ci:has a space",
+            #"{"name": "ci", "token": "\#(Self.ci)"}"#, #"[{"name": "ci"}]"#, #"[{"name": "CI!", "token": "\#(Self.ci)"}]"#,
             #"[{"name": "ci", "token": "\#(Self.ci)"}, {"name": "ci", "token": "\#(Self.deploy)"}]"#,
-            #"[{"name": "ci", "token": "\#(Self.ci)"}, {"name": "other", "token": "\#(Self.ci)"}]"#,
             #"[{"name": "ci", "token": "\#(Self.ci)", "extra": 1}]"#, #"[{"name": "ci", "token": "has a space in it!!"}]"#,
         ] {
             #expect(throws: ConfigurationError.self, "\(bad)") { try OperatorToken.parse(bad) }
@@ -38,7 +43,7 @@ struct OperatorTokenTests {
 
     @Test("configuration: operator.token is 'operator', operator.tokens adds named ones; a repeated token or name is refused")
     func configuration() async throws {
-        let list = #"[{"name": "ci", "token": "\#(Self.ci)"}]"#
+        let list = "ci:\(Self.ci)"
         let both = try await CapGateConfiguration.load(
             flags: ["operator.token": "op-" + Self.deploy], environment: ["OPERATOR_TOKENS": list], file: "/nonexistent.json")
         #expect(both.allOperatorTokens.map(\.name) == ["operator", "ci"])

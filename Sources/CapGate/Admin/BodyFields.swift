@@ -10,7 +10,10 @@ struct BodyFields {
     let containsNUL: Bool
 
     /// The body, up to `limit` bytes (default the context's `maxUploadSize`; larger is 413).
-    static func read(_ request: Request, context: some RequestContext, limit: Int? = nil) async throws -> BodyFields {
+    /// `emptyIsObject`: no body at all reads as `{}` (a route whose every field is optional).
+    static func read(
+        _ request: Request, context: some RequestContext, limit: Int? = nil, emptyIsObject: Bool = false
+    ) async throws -> BodyFields {
         let limit = limit ?? context.maxUploadSize
         let buffer: ByteBuffer
         do {
@@ -20,7 +23,10 @@ struct BodyFields {
         } catch {
             throw GatewayError(.contentTooLarge, "request_too_large", "The request body is larger than \(limit) bytes.")
         }
-        guard buffer.readableBytes > 0 else { throw GatewayError.invalidRequest("The request needs a JSON object body.") }
+        guard buffer.readableBytes > 0 else {
+            if emptyIsObject { return BodyFields(fields: [:], containsNUL: false) }
+            throw GatewayError.invalidRequest("The request needs a JSON object body.")
+        }
         let containsNUL = buffer.readableBytesView.containsSequence(Array("\\u0000".utf8))
         let json: JSON
         do {

@@ -194,10 +194,9 @@ struct OperatorRoutes {
             // Bound to features (SPEC §8): charged only to those; absent or null: unbound.
             let features = try fields.featureIDs("features", allowEmpty: true)
             let name = try fields.string("name", maxLength: 200)
+            // A past `expires_at` is taken: the key exists and every call with it is 401 "expired"
+            // (SPEC §13), as it will be once a future one passes.
             let expiresAt = try fields.date("expires_at")
-            if let expiresAt, expiresAt <= Date() {
-                throw GatewayError.invalidRequest("'expires_at' must be in the future (or null: the key does not expire).")
-            }
             guard try await tenants.companyExists(company) else { throw GatewayError.notFound("No company with that id.") }
             guard try await tenants.user(company: company, id: user) != nil else {
                 throw GatewayError.notFound("No user with that id in this company.")
@@ -221,7 +220,8 @@ struct OperatorRoutes {
             let company = try context.parameters.uuid("id", what: "company")
             try context.requireAdmin(of: company)
             let key = try context.parameters.uuid("keyId", what: "API key")
-            let fields = try await BodyFields.read(request, context: context)
+            // No body is `{}`: the default grace (SPEC §13).
+            let fields = try await BodyFields.read(request, context: context, emptyIsObject: true)
             let grace = try fields.int("grace_seconds", range: 0...(86400 * 90)) ?? 86400
             do {
                 let fresh = try await tenants.rotateKey(company: company, id: key, grace: grace, by: context.auditActor)

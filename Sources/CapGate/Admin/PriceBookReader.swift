@@ -5,7 +5,7 @@ import Foundation
 /// model) and what is wrong, and the book stays as it was.
 ///
 /// Rules (README "Price book", openapi.yaml `PriceRow`): every documented member and no other
-/// (`long_prompt` is `null` when the model has no long-prompt tier); `model` 1 to 200 printable ASCII characters without spaces, `*` only as the last one;
+/// (`long_prompt` is optional, SPEC §11: absent or `null` when the model has no long-prompt tier); `model` 1 to 200 printable ASCII characters without spaces, `*` only as the last one;
 /// `effective_from` an RFC 3339 date-time from 1970 to 9999, kept to the (nearest) millisecond; `context_window` and
 /// `long_prompt.threshold_tokens` whole numbers from 1 to 100,000,000, the threshold below the
 /// window; rates decimal strings of USD per million tokens (``Micros``), at most 10,000; no
@@ -67,7 +67,7 @@ struct PriceBookReader {
 
         func read() throws -> PriceRecord {
             guard let members = json.objectFields else { throw problem("a row must be a JSON object.") }
-            try checkMembers(members, allowed: PriceBookReader.rowMembers, in: "")
+            try checkMembers(members, allowed: PriceBookReader.rowMembers, optional: ["long_prompt"], in: "")
             let model = try readModel()
             let window = try tokens("context_window", json["context_window"])
             let rates = try readRates(json, in: "")
@@ -87,11 +87,11 @@ struct PriceBookReader {
                 model: model, effectiveFrom: try readEffectiveFrom(), contextWindow: window, rates: rates, longPrompt: longPrompt)
         }
 
-        func checkMembers(_ members: [JSON.Field], allowed: Set<String>, in prefix: String) throws {
+        func checkMembers(_ members: [JSON.Field], allowed: Set<String>, optional: Set<String> = [], in prefix: String) throws {
             if let unknown = members.map(\.key).first(where: { !allowed.contains($0) }) {
                 throw problem("unknown member '\(prefix)\(Self.shown(unknown))'.")
             }
-            if let missing = allowed.subtracting(members.map(\.key)).sorted().first {
+            if let missing = allowed.subtracting(optional).subtracting(members.map(\.key)).sorted().first {
                 throw problem("'\(prefix)\(missing)' is required.")
             }
         }

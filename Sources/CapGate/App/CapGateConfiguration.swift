@@ -57,9 +57,9 @@ public struct CapGateConfiguration: Sendable {
     /// `operator.token` / `OPERATOR_TOKEN` (secret): the operator's bearer token; unset disables the operator API.
     public var operatorToken: String?
     /// `operator.tokens` / `OPERATOR_TOKENS` (secret, default none): more operator tokens, each with
-    /// the name the audit log gives its changes, as a JSON array of `{"name", "token"}` objects
-    /// (JSON text, also in the file: the file's reader takes no array of objects). Several let one
-    /// be rotated without downtime; `operator.token` stays, named `operator`.
+    /// the name the audit log gives its changes, as `name:token,name:token` (SPEC §7; a JSON array
+    /// of `{"name", "token"}` objects as text is also read). Several let one be rotated without
+    /// downtime; `operator.token` stays, named `operator`.
     public var operatorTokens: [OperatorToken]
 
     /// Every operator token: the unnamed `operator.token` (as `operator`), then `operator.tokens`.
@@ -81,8 +81,8 @@ public struct CapGateConfiguration: Sendable {
     public var jwtAudience: String?
     /// `jwt.issuer` / `JWT_ISSUER` (default unset): when set, a token's `iss` must equal it, else 401.
     public var jwtIssuer: String?
-    /// `jwt.leeway` / `JWT_LEEWAY` (seconds, default `60`, `0` for none): clock skew allowed when
-    /// checking a token's `exp` and `nbf`.
+    /// `jwt.leeway` / `JWT_LEEWAY` (seconds, default `0`: none): clock skew allowed when checking
+    /// a token's `exp` and `nbf` (and `jwt.maxLifetime`). By default an expired token is 401 at once (SPEC §3).
     public var jwtLeeway: Int
     /// `proxy.prefix` / `PROXY_PREFIX` (default `/v1/`): paths forwarded upstream.
     public var proxyPrefix: String
@@ -207,7 +207,7 @@ public struct CapGateConfiguration: Sendable {
         jwtFeatureClaim = Self.nonEmpty(reader.string(forKey: "jwt.featureClaim", default: "capgate_features"))
         jwtAudience = Self.nonEmpty(reader.string(forKey: "jwt.audience"))
         jwtIssuer = Self.nonEmpty(reader.string(forKey: "jwt.issuer"))
-        jwtLeeway = try Self.int(reader, "jwt.leeway", default: 60, range: 0...3600)
+        jwtLeeway = try Self.int(reader, "jwt.leeway", default: 0, range: 0...3600)
         proxyPrefix = reader.string(forKey: "proxy.prefix", default: "/v1/")
         proxyMaxBodyBytes = try Self.int(reader, "proxy.maxBodyBytes", default: 32 << 20, range: 1...(1 << 34))
         proxyIdempotencyMaxBytes = try Self.int(reader, "proxy.idempotencyMaxBytes", default: 1 << 20, range: 0...(64 << 20))

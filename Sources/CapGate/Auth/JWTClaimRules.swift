@@ -2,7 +2,7 @@ import Foundation
 
 /// The registered claims a verified token must satisfy (its signature is checked first):
 /// `exp` is required and not past, `nbf` (if present) not in the future, both with
-/// `jwt.leeway` seconds of clock skew; `aud` must contain `jwt.audience` and `iss` must equal
+/// `jwt.leeway` seconds of clock skew (default none: SPEC §3, an expired JWT is 401); `aud` must contain `jwt.audience` and `iss` must equal
 /// `jwt.issuer` when those are configured. A failure is a 401 that says which claim.
 struct JWTClaimRules: Sendable {
     var audience: String?
@@ -11,7 +11,7 @@ struct JWTClaimRules: Sendable {
     /// `jwt.maxLifetime`: the longest `exp - iat` (or `exp - now` without `iat`) accepted.
     var maxLifetime: TimeInterval?
 
-    init(audience: String? = nil, issuer: String? = nil, leeway: TimeInterval = 60, maxLifetime: TimeInterval? = nil) {
+    init(audience: String? = nil, issuer: String? = nil, leeway: TimeInterval = 0, maxLifetime: TimeInterval? = nil) {
         self.audience = audience
         self.issuer = issuer
         self.leeway = leeway

@@ -15,15 +15,36 @@ public struct OperatorToken: Sendable, Equatable {
         self.token = token
     }
 
-    /// `operator.tokens` as text: a JSON array of `{"name", "token"}` objects (the form for the
-    /// environment, `OPERATOR_TOKENS`, and the file). Names are 1 to 64 of `a-z 0-9 _ . -` and
-    /// unique; a token is at least 16 characters and appears once. nil for an empty text.
+    /// `operator.tokens` as text (SPEC §7: `name:token,name:token`, the form for the environment,
+    /// `OPERATOR_TOKENS`, and the file), or a JSON array of `{"name", "token"}` objects. A name is
+    /// 1 to 64 of `a-z 0-9 _ . -` and unique (it ends at the first `:`); a token is any text
+    /// without whitespace or `,`, and appears once. An empty text is no tokens.
     public static func parse(_ text: String) throws(ConfigurationError) -> [OperatorToken] {
         let problem = ConfigurationError(
             key: "operator.tokens",
             problem:
-                #"must be a JSON array of {"name": "...", "token": "..."} objects (names of a-z, 0-9, '_', '.', '-'; tokens of 16 characters or more, each once)"#
+                #"must be name:token pairs separated by commas, e.g. "ci:<token>,deploy:<token>" (or a JSON array of {"name": "...", "token": "..."} objects); names of a-z, 0-9, '_', '.', '-'; each name and token once"#
         )
+        let trimmed = text.trimmingCharacters(in: .whitespaces)
+        let out = trimmed.hasPrefix("[") ? try parseJSON(trimmed, problem: problem) : try parsePairs(trimmed, problem: problem)
+        try check(out, problem: problem)
+        return out
+    }
+
+    /// `name:token,name:token`.
+    private static func parsePairs(_ text: String, problem: ConfigurationError) throws(ConfigurationError) -> [OperatorToken] {
+        guard !text.isEmpty else { return [] }
+        var out: [OperatorToken] = []
+        for pair in text.split(separator: ",", omittingEmptySubsequences: false) {
+            let pair = pair.trimmingCharacters(in: .whitespaces)
+            guard let colon = pair.firstIndex(of: ":") else { throw problem }
+            out.append(OperatorToken(name: String(pair[..<colon]), token: String(pair[pair.index(after: colon)...])))
+        }
+        return out
+    }
+
+    /// `[{"name": "…", "token": "…"}, …]`.
+    private static func parseJSON(_ text: String, problem: ConfigurationError) throws(ConfigurationError) -> [OperatorToken] {
         guard case .array(let items)? = try? JSON.parse(Array(text.utf8)) else { throw problem }
         var out: [OperatorToken] = []
         for item in items {
@@ -32,7 +53,6 @@ public struct OperatorToken: Sendable, Equatable {
             else { throw problem }
             out.append(OperatorToken(name: name, token: token))
         }
-        try check(out, problem: problem)
         return out
     }
 
@@ -40,7 +60,7 @@ public struct OperatorToken: Sendable, Equatable {
     static func check(_ tokens: [OperatorToken], problem: ConfigurationError) throws(ConfigurationError) {
         let names = tokens.map(\.name)
         guard Set(names).count == names.count, Set(tokens.map(\.token)).count == tokens.count,
-            tokens.allSatisfy({ isName($0.name) && $0.token.count >= 16 && !$0.token.contains(where: \.isWhitespace) })
+            tokens.allSatisfy({ isName($0.name) && !$0.token.isEmpty && !$0.token.contains(where: { $0.isWhitespace || $0 == "," }) })
         else { throw problem }
     }
 

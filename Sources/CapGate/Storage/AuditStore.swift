@@ -40,7 +40,7 @@ struct AuditStore: Sendable {
     static func json(_ r: (Int64, Date, String, UUID?, String, String?, String?, String?, String?)) -> JSON {
         func parsed(_ text: String?) -> JSON { text.flatMap { try? JSON.parse(Array($0.utf8)) } ?? .null }
         return .obj([
-            "id": .int(r.0), "at": JSON(r.1), "actor": .string(r.2), "company_id": JSON(r.3), "action": .string(r.4),
+            "id": .int(r.0), "time": JSON(r.1), "actor": .string(r.2), "company_id": JSON(r.3), "action": .string(r.4),
             "target_id": JSON(r.5), "before": parsed(r.6), "after": parsed(r.7), "request_id": JSON(r.8),
         ])
     }
