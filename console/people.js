@@ -110,6 +110,8 @@ function createKey(userID) {
     submit: "Create key",
     send: (body, value) => {
       const seconds = value("expires_at");
+      // The API takes a past expiry (the key is created expired); here that is a slip.
+      if (seconds === 0) throw new FieldError("expires_at", "Type a number above 0, or leave it blank: a key that expires at once cannot be used.");
       if (seconds !== null) body.expires_at = new Date(Date.now() + seconds * 1000).toISOString().replace(/\.\d{3}Z$/, "Z");
       if (!body.features.length) delete body.features;
       return api(companyPath(state.companyID, "/api-keys"), { method: "POST", body });

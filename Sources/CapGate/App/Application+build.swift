@@ -48,6 +48,12 @@ struct GatewayParts {
         let upstream = try UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
         let keyUsage = KeyUsage(database: database)
         let authenticator = try await Authenticator(database: database, configuration: configuration, keyUsage: keyUsage)
+        // An operator token is a full-admin credential, and guesses of it are not slowed down.
+        for token in configuration.allOperatorTokens where token.token.count < OperatorToken.advisedLength {
+            logger.warning(
+                "an operator token is short: use \(OperatorToken.advisedLength) or more random characters",
+                metadata: ["name": "\(token.name)"])
+        }
         // The spool's entries name their database by user and name (not host: a failover keeps them).
         let spool: Spool
         do {

@@ -6,6 +6,8 @@ import Foundation
 public struct OperatorToken: Sendable, Equatable {
     /// The unnamed `operator.token`'s name.
     public static let defaultName = "operator"
+    /// Below this many characters a token is taken, with a warning at start.
+    public static let advisedLength = 16
 
     public var name: String
     public var token: String
@@ -25,7 +27,7 @@ public struct OperatorToken: Sendable, Equatable {
             problem:
                 #"must be name:token pairs separated by commas, e.g. "ci:<token>,deploy:<token>" (or a JSON array of {"name": "...", "token": "..."} objects); names of a-z, 0-9, '_', '.', '-'; each name and token once"#
         )
-        let trimmed = text.trimmingCharacters(in: .whitespaces)
+        let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
         let out = trimmed.hasPrefix("[") ? try parseJSON(trimmed, problem: problem) : try parsePairs(trimmed, problem: problem)
         try check(out, problem: problem)
         return out

@@ -211,4 +211,48 @@ struct CommandTests {
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
         }
     }
+
+    @Test(
+        "OPERATOR_TOKENS as SPEC §7 writes it (name:token,name:token): each named token is the operator; a short one is taken with a warning naming it, never showing it"
+    )
+    func namedOperatorTokensFromEnvironment() async throws {
+        try #require(FileManager.default.isExecutableFile(atPath: Self.binary), "build the binary first: swift build")
+        try await Harness.with { h in
+            let port = try EmbeddedPostgres.freePort()
+            let short = "ci-tok-9"
+            let long = "deploy-" + UUID().uuidString
+            let log = FileManager.default.temporaryDirectory.appendingPathComponent("capgate-tokens-\(UUID().uuidString).log")
+            FileManager.default.createFile(atPath: log.path, contents: nil)
+            defer { try? FileManager.default.removeItem(at: log) }
+            let output = try FileHandle(forWritingTo: log)
+            let serve = Process()
+            serve.executableURL = URL(fileURLWithPath: Self.binary)
+            serve.arguments = ["serve"]
+            serve.environment = [
+                "DATABASE_URL": h.databaseURL.text, "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port),
+                "OPERATOR_TOKENS": "ci:\(short),deploy:\(long)", "LOG_LEVEL": "warning",
+                "PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin",
+            ]
+            serve.standardOutput = output
+            serve.standardError = output
+            try EmbeddedPostgres.spawnLock.withLock { _ in try serve.run() }
+            defer { if serve.isRunning { serve.terminate() } }
+            let base = "http://127.0.0.1:\(port)"
+            try #require(try await Harness.ready(base))
+            for (token, status) in [(short, 200), (long, 200), (long + "x", 401), ("ci:" + short, 401)] {
+                var request = HTTPClientRequest(url: base + "/admin/v1/companies")
+                request.headers.add(name: "authorization", value: "Bearer \(token)")
+                let reply = try await Harness.http.execute(request, timeout: .seconds(10))
+                _ = try await reply.body.collect(upTo: 1 << 20)
+                #expect(Int(reply.status.code) == status, "token \(token.prefix(4))…")
+            }
+            serve.terminate()
+            for _ in 0..<120 where serve.isRunning { try await Task.sleep(for: .milliseconds(250)) }
+            try output.close()
+            let text = String(decoding: try Data(contentsOf: log), as: UTF8.self)
+            #expect(text.contains("an operator token is short") && text.contains("name=ci"), "\(text)")
+            #expect(!text.contains("name=deploy"))
+            #expect(!text.contains(short) && !text.contains(long))
+        }
+    }
 }
