@@ -103,6 +103,13 @@ struct ChargeHonestyTests {
             let connect = try await UpstreamStrictnessTests.raw(
                 h, "CONNECT 127.0.0.1:443 HTTP/1.1\r\nhost: 127.0.0.1:443\r\nx-api-key: \(key)\r\nconnection: close\r\n\r\n")
             #expect(connect.status == 405 || connect.status == 400)
+            // Without `connection: close` the gateway still closes after its 405 (an answer to
+            // CONNECT carries no body, so a client reads to the close): no client waits for it.
+            let started = ContinuousClock.now
+            let open = try await UpstreamStrictnessTests.raw(
+                h, "CONNECT 127.0.0.1:443 HTTP/1.1\r\nhost: 127.0.0.1:443\r\nx-api-key: \(key)\r\n\r\n")
+            #expect(open.status == 405)
+            #expect(ContinuousClock.now - started < .seconds(5), "CONNECT's 405 left the connection open")
             // Without a credential the proxy's 401 comes first (SPEC §2's order).
             let anonymous = try await UpstreamStrictnessTests.raw(h, "TRACE /v1/messages HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n")
             #expect(anonymous.status == 401)

@@ -82,12 +82,17 @@ struct EdgeHardeningTests {
                 "/v1/../admin/v1/companies", "/v1/%2e%2e/admin/v1/plans", "/v1/.%2e/admin/v1/plans", "/v1/..", "/v1/../../etc/passwd",
                 "/v1/echo/a%2fb", "/v1/echo/a%2F..%2Fb", "/v1/echo/a%5cb", "/v1/echo/..;x/admin", "/v1/%2e%2e/healthz",
             ] {
-                for headers in [[("x-api-key", key)], h.asOperator] {
+                // SPEC §2's order: 401 before 400, so without a valid credential the path's 400 is a 401.
+                let cases: [([(String, String)], Int, String)] = [
+                    ([("x-api-key", key)], 400, "invalid_request_error"), (h.asOperator, 400, "invalid_request_error"),
+                    ([], 401, "authentication_error"), ([("x-api-key", "cg_not_a_key")], 401, "authentication_error"),
+                ]
+                for (headers, status, type) in cases {
                     let reply = try await RawHTTP.send(port: port, method: "GET", target: target, headers: headers)
-                    #expect(reply.status == 400, "\(target): \(reply.status) \(reply.body)")
+                    #expect(reply.status == status, "\(target): \(reply.status) \(reply.body)")
                     let json = try JSON.parse(Array(reply.body.utf8))
                     #expect(json["type"]?.stringValue == "error")
-                    #expect(json["error"]?["type"]?.stringValue == "invalid_request_error", "\(target): \(reply.body)")
+                    #expect(json["error"]?["type"]?.stringValue == type, "\(target): \(reply.body)")
                 }
             }
             // A raw backslash: refused, by the HTTP parser or by CapGate.

@@ -135,6 +135,9 @@ struct FeatureAdmissionTests {
             let tooMany = try await batch(4)  // 7 + 4 > 10: refused whole
             #expect(tooMany.status == 402)
             #expect(tooMany.json["error"]?["type"]?.stringValue == "usage_cap_exceeded")
+            // Not "used all": 3 are left, fewer than the call's 4.
+            let message = tooMany.json["error"]?["message"]?.stringValue ?? ""
+            #expect(message.contains("used 7 of the 10") && message.contains("needs more than what is left"), "\(message)")
             #expect(try await used() == 7)
             let empty = try await batch(0)
             #expect(empty.status == 400)
@@ -276,6 +279,14 @@ struct FeatureAdmissionTests {
             #expect(notInPlan.json["usage"]?["feature"]?["id"]?.stringValue == "chat")
             #expect(notInPlan.json["usage"]?["upgrade"]?["plan"]?.stringValue == "bigger")
             #expect(notInPlan.headers.first(name: "retry-after") != nil)
+            // Its usage shows the counters as they stand (one call charged), on both admission
+            // paths: the batch, and the single call an Idempotency-Key takes.
+            for headers in [[("CapGate-Feature", "chat")], [("CapGate-Feature", "chat"), ("Idempotency-Key", "not-in-plan")]] {
+                let usage = try await h.message(key: key, headers: headers).json["usage"]
+                #expect(usage?["company"]?["used"]?.intValue == 1, "\(headers)")
+                #expect(usage?["company"]?["remaining"]?.intValue == 99, "\(headers)")
+                #expect(usage?["user"]?["used"]?.intValue == 1, "\(headers)")
+            }
             #expect(h.mock.counter.count == 1)
         }
     }

@@ -23,6 +23,11 @@ struct GatewayRoutingTests {
             if target.hasSuffix("/crash") { throw Crash() }
             return Response(status: .ok, body: .init(byteBuffer: ByteBuffer(string: "proxied " + target)))
         }
+
+        /// `x-api-key: good` is the one valid credential.
+        func requireCredential(_ request: Request) async throws {
+            guard request.headers[.xAPIKey] == "good" else { throw GatewayError.authentication("no credential") }
+        }
     }
 
     static func application(prefix: String = "/v1/") -> some ApplicationProtocol {
@@ -83,8 +88,21 @@ struct GatewayRoutingTests {
             #expect(wrong.status == .methodNotAllowed && wrong.headers[.allow]?.contains("GET") == true)
             let trace = try await client.execute(uri: "/healthz", method: .trace)
             #expect(trace.status == .methodNotAllowed && Self.errorType(trace) == "invalid_request_error")
-            let dotted = try await client.execute(uri: "/admin/v1/x/../companies", method: .get)
+            let dotted = try await client.execute(uri: "/admin/v1/x/../companies", method: .get, headers: [.xAPIKey: "good"])
             #expect(dotted.status == .badRequest)
+        }
+    }
+
+    @Test("SPEC §2's order (401 before 400): a path CapGate will not take is 401 without a valid credential, 400 with one")
+    func credentialBeforePath() async throws {
+        try await Self.application().test(.router) { client in
+            for uri in ["/v1/../admin/v1/companies", "/v1/a%2Fb", "/admin/v1/x/../companies", "/v1/x/../usage"] {
+                for (key, status) in [(nil, HTTPResponse.Status.unauthorized), ("bad", .unauthorized), ("good", .badRequest)] {
+                    let headers: HTTPFields = key.map { [.xAPIKey: $0] } ?? [:]
+                    let reply = try await client.execute(uri: uri, method: .get, headers: headers)
+                    #expect(reply.status == status, "\(uri) with \(key ?? "nothing"): \(reply.status)")
+                }
+            }
         }
     }
 }

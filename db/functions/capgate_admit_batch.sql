@@ -471,6 +471,10 @@ BEGIN
             CONTINUE;
         ELSIF a_feature[i] IS NOT NULL AND NOT coalesce(a_fenabled[i], false) THEN
             a_decision[i] := 'feature_not_in_plan';
+            -- Its 402's usage shows the counters as they stand (SPEC §3), unchanged.
+            a_cused[i] := c_used[a_cslot[i]]; a_uused[i] := u_used[a_uslot[i]];
+            a_ccu[i] := c_cost[a_cslot[i]]; a_cch[i] := c_held[a_cslot[i]];
+            a_ucu[i] := u_cost[a_uslot[i]]; a_uch[i] := u_held[a_uslot[i]];
             CONTINUE;
         ELSIF p_units[i] > 0 AND (a_cbudget[i] IS NOT NULL OR a_ubudget[i] IS NOT NULL)
               AND (NOT a_priced[i] OR p_prompt[i] < -1 OR p_max_tokens[i] < 0) THEN

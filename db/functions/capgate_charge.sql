@@ -133,18 +133,19 @@ BEGIN
         r.f_user_concurrency := e.user_concurrency;
         IF NOT coalesce(e.enabled, false) THEN
             r.decision := 'feature_not_in_plan';
-            RETURN r;
+        ELSE
+            r.day_start := capgate_day_start(p_at, v_zone);
+            r.day_end := capgate_day_end(p_at, v_zone);
+            r.fc_period_limit := e.period_limit;
+            r.fc_day_limit := e.daily_limit;
+            r.fu_period_limit := e.user_period_limit;
+            r.fu_day_limit := e.user_daily_limit;
         END IF;
-        r.day_start := capgate_day_start(p_at, v_zone);
-        r.day_end := capgate_day_end(p_at, v_zone);
-        r.fc_period_limit := e.period_limit;
-        r.fc_day_limit := e.daily_limit;
-        r.fu_period_limit := e.user_period_limit;
-        r.fu_day_limit := e.user_daily_limit;
     END IF;
 
-    IF p_units = 0 THEN
-        -- A free route: in the ledger, counted against nothing, held nothing.
+    IF p_units = 0 OR r.decision = 'feature_not_in_plan' THEN
+        -- A free route: in the ledger, counted against nothing, held nothing. A feature not in
+        -- the plan: refused, its 402's usage showing the counters as they stand (SPEC §3).
         SELECT used, cost_used, cost_held INTO r.company_used, r.cc_used, r.cc_held
           FROM company_usage WHERE company_id = p_company AND period_id = r.period_id;
         SELECT used, cost_used, cost_held INTO r.user_used, r.uc_used, r.uc_held FROM user_usage
@@ -155,6 +156,9 @@ BEGIN
         r.cc_held := coalesce(r.cc_held, 0);
         r.uc_used := coalesce(r.uc_used, 0);
         r.uc_held := coalesce(r.uc_held, 0);
+        IF r.decision = 'feature_not_in_plan' THEN
+            RETURN r;
+        END IF;
         INSERT INTO usage_ledger (company_id, period_id, user_id, units, method, route, model, feature,
                                   request_id, outcome, created_at)
         VALUES (p_company, r.period_id, p_user, 0, p_method, p_route, p_model, p_feature, p_request_id, 'charged', p_at)

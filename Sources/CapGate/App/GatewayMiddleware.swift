@@ -7,6 +7,8 @@ import Synchronization
 /// around it give their own).
 protocol MeteredCalls: Sendable {
     func handle(_ request: Request, context: GatewayContext) async throws -> Response
+    /// A 401 unless the request carries a valid credential (any identity).
+    func requireCredential(_ request: Request) async throws
 }
 
 extension ProxyHandler: MeteredCalls {}
@@ -55,7 +57,12 @@ struct GatewayMiddleware<Proxy: MeteredCalls>: RouterMiddleware {
         _ request: Request, context: Context, path: inout String, proxied: inout Bool,
         next: (Request, Context) async throws -> Response
     ) async throws -> Response {
-        let target = try ForwardTarget(path: path, query: request.uri.query, prefix: prefix)
+        let target: ForwardTarget
+        do {
+            target = try ForwardTarget(path: path, query: request.uri.query, prefix: prefix)
+        } catch {
+            try await refuseUncredentialed(request, then: error)
+        }
         path = target.path
         let trimmed = path.count > 1 && path.hasSuffix("/") ? String(path.dropLast()) : path
         // CapGate's own routes are never forwarded, whatever the prefix (even `/`).
@@ -71,16 +78,24 @@ struct GatewayMiddleware<Proxy: MeteredCalls>: RouterMiddleware {
             }
             // The router matched (or missed) the path as sent, before this middleware ran.
             if target.changed {
-                throw GatewayError.invalidRequest(
-                    "CapGate's own routes take paths without dot segments ('.', '..'); send \(path) instead.")
+                try await refuseUncredentialed(
+                    request,
+                    then: GatewayError.invalidRequest(
+                        "CapGate's own routes take paths without dot segments ('.', '..'); send \(path) instead."))
             }
             return try await next(request, context)
         }
-        try target.checkForwardable()
+        do {
+            try target.checkForwardable()
+        } catch {
+            try await refuseUncredentialed(request, then: error)
+        }
         // A fragment never belongs in a request target (RFC 9112); the parser drops it from the
         // path above, so it is refused here on the target as sent.
         if request.head.path?.contains("#") == true {
-            throw GatewayError.invalidRequest("The request target holds a '#', which is not forwarded; percent-encode it as %23.")
+            try await refuseUncredentialed(
+                request,
+                then: GatewayError.invalidRequest("The request target holds a '#', which is not forwarded; percent-encode it as %23."))
         }
         // What goes upstream (and into the ledger and the idempotency fingerprint) is the resolved
         // path with the original query, in origin form.
@@ -88,6 +103,13 @@ struct GatewayMiddleware<Proxy: MeteredCalls>: RouterMiddleware {
         var head = request.head
         head.path = target.target
         return try await proxy.handle(Request(head: head, body: request.body), context: context)
+    }
+
+    /// Throws a path's 400 (`error`), after the 401 of a request without a valid credential: SPEC
+    /// §2 orders 401 before 400, and a stranger learns nothing of how CapGate reads paths.
+    func refuseUncredentialed(_ request: Request, then error: any Error) async throws -> Never {
+        try await proxy.requireCredential(request)
+        throw error
     }
 
     /// The 405 of a known path asked with another method (with `Allow`); nil for an unknown path.

@@ -194,9 +194,18 @@ final class RequestHeadSignal: ChannelInboundHandler, RemovableChannelHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch unwrapInboundIn(data) {
-        case .head:
+        case .head(var head):
             inBody = true
             context.triggerUserOutboundEvent(RequestHeadEvent.head, promise: nil)
+            // NIO's encoder frames every answer to CONNECT without a body (as a tunnel's), so the
+            // 405's envelope never goes out and a client would wait for a body that never comes:
+            // the connection closes after the answer (Hummingbird closes on the request's
+            // `connection: close`), and the client reads the 405 to the close.
+            if head.method == .connect {
+                head.headerFields[.connection] = "close"
+                context.fireChannelRead(wrapInboundOut(.head(head)))
+                return
+            }
         case .end:
             inBody = false
             disarm()

@@ -3,18 +3,13 @@ import Hummingbird
 
 extension CallReader {
     /// Refuses, from the head alone and before a byte of the body is read, what the provider
-    /// would read differently from CapGate (SPEC §2, in the order 405 then 415): `TRACE` (its
+    /// would read differently from CapGate (SPEC §2, in the order 405, 415, 400): `TRACE` (its
     /// echo would show the provider key) and `CONNECT` on any path, and a request body in any
     /// `Content-Encoding` but `identity` (CapGate would count compressed bytes the provider reads
     /// decompressed).
     static func checkHead(_ request: Request) throws {
         if request.method == .trace || request.method == .connect {
             throw methodRefusal(request.method)
-        }
-        // Readers disagree on which of several Content-Type fields counts (the first, the last,
-        // both joined): one decides whether CapGate reads the body, so it must be one.
-        if request.headers[values: .contentType].count > 1 {
-            throw GatewayError.invalidRequest("The request has more than one Content-Type field; send one.")
         }
         for value in request.headers[values: .contentEncoding] {
             for coding in value.split(separator: ",") where !coding.trimmingSpaces.isEmpty {
@@ -25,6 +20,12 @@ extension CallReader {
                     )
                 }
             }
+        }
+        // Readers disagree on which of several Content-Type fields counts (the first, the last,
+        // both joined): one decides whether CapGate reads the body, so it must be one (400, after
+        // the 415: SPEC §2's order).
+        if request.headers[values: .contentType].count > 1 {
+            throw GatewayError.invalidRequest("The request has more than one Content-Type field; send one.")
         }
     }
 

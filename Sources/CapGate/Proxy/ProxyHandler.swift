@@ -32,6 +32,17 @@ public struct ProxyHandler: Sendable {
             metering: metering, idempotencyMaxBytes: idempotencyMaxBytes, drain: .seconds(costs.drainSeconds))
     }
 
+    /// A 401 for a request without a valid credential (any identity passes: a user's key or token,
+    /// an admin's, the operator's); nothing else is read. Run before a refusal that SPEC §2 orders
+    /// after 401 but that is found before the caller is (a path CapGate will not forward).
+    public func requireCredential(_ request: Request) async throws {
+        if let apiKey = reader.authenticator.apiKey(in: request.headers) {
+            _ = try await reader.knownKeys.check(apiKey)
+        } else {
+            _ = try await reader.authenticator.authenticate(request.headers)
+        }
+    }
+
     public func handle(_ request: Request, context: GatewayContext) async throws -> Response {
         let call = try await reader.read(request, requestID: context.record.snapshot.requestID)
         let admitted: AdmittedCall

@@ -135,10 +135,20 @@ extension Responder {
         let upgrade = state.upgrade.map { " Upgrading to the \($0.plan) plan raises the limit." } ?? ""
         if scope == .company {
             let limit = state.companyLimit.map(String.init) ?? "unlimited"
-            return "Your company has used all \(limit) analyses included in the \(planName) plan for this period.\(end)\(upgrade)"
+            let left = Self.leftText(used: state.companyUsed, limit: state.companyLimit)
+            return "Your company has used \(left.used)\(limit) analyses included in the \(planName) plan for this period.\(left.short)"
+                + "\(end)\(upgrade)"
         }
         let limit = state.userLimit.map(String.init) ?? "unlimited"
-        return "You have used all \(limit) analyses allowed per user in this period.\(end)\(upgrade)"
+        let left = Self.leftText(used: state.userUsed ?? 0, limit: state.userLimit)
+        return "You have used \(left.used)\(limit) analyses allowed per user in this period.\(left.short)\(end)\(upgrade)"
+    }
+
+    /// How much of a limit a refusal's message says is used: "all " when nothing is left; else
+    /// "2 of the " (a call of several units can need more than what is left), with a sentence saying so.
+    static func leftText(used: Int64, limit: Int64?) -> (used: String, short: String) {
+        guard let limit, used < limit else { return ("all ", "") }
+        return ("\(used) of the ", " This call needs more than what is left.")
     }
 
     static func featureLimitMessage(name: String, state: UsageState, reset: Date?) -> String {
@@ -146,8 +156,9 @@ extension Responder {
         let whose = refused?.scope == .user ? "You have" : "Your company has"
         let window = refused?.window == .day ? "today" : "in this period"
         let limit = refused?.limit.map(String.init) ?? "all"
+        let left = refused.map { Self.leftText(used: $0.used, limit: $0.limit) } ?? (used: "all ", short: "")
         let when = reset.map { " It renews at \(Timestamp.format($0))." } ?? ""
         let upgrade = state.upgrade.map { " Upgrading to the \($0.plan) plan raises the limit." } ?? ""
-        return "\(whose) used all \(limit) \(name) allowed \(window).\(when)\(upgrade)"
+        return "\(whose) used \(left.used)\(limit) \(name) allowed \(window).\(left.short)\(when)\(upgrade)"
     }
 }
