@@ -61,6 +61,9 @@ struct GatewayMiddleware<Proxy: MeteredCalls>: RouterMiddleware {
         do {
             target = try ForwardTarget(path: path, query: request.uri.query, prefix: prefix)
         } catch {
+            // A call under the prefix is a credentialed one: its 401 first. (CapGate's public
+            // routes, `/healthz` and the like, take no credential: their path's 400 stands.)
+            guard path.hasPrefix(prefix) else { throw error }
             try await refuseUncredentialed(request, then: error)
         }
         path = target.path
@@ -78,10 +81,8 @@ struct GatewayMiddleware<Proxy: MeteredCalls>: RouterMiddleware {
             }
             // The router matched (or missed) the path as sent, before this middleware ran.
             if target.changed {
-                try await refuseUncredentialed(
-                    request,
-                    then: GatewayError.invalidRequest(
-                        "CapGate's own routes take paths without dot segments ('.', '..'); send \(path) instead."))
+                throw GatewayError.invalidRequest(
+                    "CapGate's own routes take paths without dot segments ('.', '..'); send \(path) instead.")
             }
             return try await next(request, context)
         }

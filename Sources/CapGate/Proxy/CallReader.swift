@@ -5,7 +5,7 @@ import NIOCore
 
 /// Step 1 of a metered call: reads it into a ``Call``. The credential first (nothing of the body
 /// is read for a caller who is not one: an API key is looked up in ``KnownKeys``, a token
-/// verified), then the head (405, 400, 415), then the body within its budgets (413, 408, 503),
+/// verified), then the head (405, 415, 400), then the body within its budgets (413, 408, 503),
 /// then the one strict reading of it (400).
 struct CallReader: Sendable {
     let authenticator: Authenticator

@@ -155,10 +155,11 @@ extension Responder {
         let refused = state.feature?.refused
         let whose = refused?.scope == .user ? "You have" : "Your company has"
         let window = refused?.window == .day ? "today" : "in this period"
-        let limit = refused?.limit.map(String.init) ?? "all"
         let left = refused.map { Self.leftText(used: $0.used, limit: $0.limit) } ?? (used: "all ", short: "")
+        // "all 3 analyses", "2 of the 3 analyses"; "all analyses" when the refusing window is not known.
+        let amount = refused?.limit.map { "\(left.used)\($0) " } ?? "all "
         let when = reset.map { " It renews at \(Timestamp.format($0))." } ?? ""
         let upgrade = state.upgrade.map { " Upgrading to the \($0.plan) plan raises the limit." } ?? ""
-        return "\(whose) used \(left.used)\(limit) \(name) allowed \(window).\(left.short)\(when)\(upgrade)"
+        return "\(whose) used \(amount)\(name) allowed \(window).\(left.short)\(when)\(upgrade)"
     }
 }
