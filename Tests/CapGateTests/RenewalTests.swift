@@ -134,4 +134,25 @@ struct RenewalTests {
             #expect(try await h.scalar("SELECT count(*) FROM plan_periods WHERE company_id = '\(company.text)'") == 2)
         }
     }
+
+    @Test("the company object after a plan assigned from a past start shows that plan and its renewal, and moves nothing")
+    func companyReadAfterPastStart() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (company, _) = try await h.createCompany(plan: nil, users: 1)
+            var utc = Calendar(identifier: .gregorian)
+            utc.timeZone = TimeZone(identifier: "UTC")!
+            let start = utc.date(byAdding: .month, value: -10, to: Date())!
+            let path = "/admin/v1/companies/\(company.text)"
+            let put = try await h.op(.PUT, path + "/plan", .obj(["plan": "low", "started_at": .string(Self.iso(start))]))
+            #expect(put.status == 200, "\(put.body)")
+            for reply in [put, try await h.op(.GET, path)] {
+                #expect(reply.json["plan"]?.stringValue == "low", "\(reply.body)")
+                #expect(reply.json["auto_renew"]?.boolValue == true, "\(reply.body)")
+                #expect(reply.json["period"]?["start"] != nil && reply.json["period"] != .null, "\(reply.body)")
+            }
+            // A read changes nothing: the rollover (or the next call) moves the company on.
+            #expect(try await h.scalar("SELECT count(*) FROM plan_periods WHERE company_id = '\(company.text)'") == 1)
+        }
+    }
 }
