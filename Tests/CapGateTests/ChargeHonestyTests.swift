@@ -202,8 +202,8 @@ struct ChargeHonestyTests {
     }
 
     /// An HS256 token over exactly `payload` (a JSON library would not write a repeated claim).
-    static func signed(_ payload: String, secret: String = JWTTests.secret) -> String {
-        let signingInput = base64URL(Array(#"{"alg":"HS256","typ":"JWT"}"#.utf8)) + "." + base64URL(Array(payload.utf8))
+    static func signed(_ payload: String, secret: String = JWTTests.secret, header: String = #"{"alg":"HS256","typ":"JWT"}"#) -> String {
+        let signingInput = base64URL(Array(header.utf8)) + "." + base64URL(Array(payload.utf8))
         let mac = HMAC<SHA256>.authenticationCode(for: Array(signingInput.utf8), using: SymmetricKey(data: Array(secret.utf8)))
         return signingInput + "." + base64URL(Array(mac))
     }
@@ -236,6 +236,15 @@ struct ChargeHonestyTests {
             #expect(try await status(#"{"sub":"\#(sub)","company_id":"\#(company.text)","exp":\#(now + 7200),"iat":\#(now)}"#) == 401)
             #expect(try await status(#"{"sub":"\#(sub)","company_id":"\#(company.text)","exp":\#(now + 7200)}"#) == 401)
             #expect(try await status(#"{"sub":"\#(sub)","company_id":"\#(company.text)","exp":\#(now + 1800)}"#) == 200)
+            // The header's alg must be what the gateway verifies (HS256 with jwt.secret): an
+            // HMAC-SHA256 signature under another alg, or none, is not a valid token.
+            let claims = #"{"sub":"\#(sub)","company_id":"\#(company.text)","exp":\#(now + 600)}"#
+            for header in [#"{"alg":"HS384","typ":"JWT"}"#, #"{"alg":"RS256"}"#, #"{"alg":"none"}"#, #"{"typ":"JWT"}"#] {
+                let reply = try await h.request(
+                    .GET, "/v1/usage", headers: [("authorization", "Bearer \(Self.signed(claims, header: header))")])
+                #expect(reply.status == 401, "\(header): \(reply.body)")
+            }
+            #expect(try await status(claims) == 200)
             // Exactly at the limit is taken; 30 s past it is not (no leeway unless jwt.leeway is set).
             #expect(try await status(#"{"sub":"\#(sub)","company_id":"\#(company.text)","exp":\#(now + 3600),"iat":\#(now)}"#) == 200)
             #expect(try await status(#"{"sub":"\#(sub)","company_id":"\#(company.text)","exp":\#(now + 3630),"iat":\#(now)}"#) == 401)

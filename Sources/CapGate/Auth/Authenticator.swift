@@ -14,7 +14,9 @@ public struct Authenticator: Sendable {
     let database: Database
     /// `operator.token` and `operator.tokens`, each with its name.
     let operatorTokens: [OperatorToken]
-    let jwtKeys: JWTKeyCollection?
+    /// The keys a token's header `alg` selects (SPEC §2): `HS256` the `jwt.secret`, `RS256` and
+    /// `ES256` the `jwt.jwksFile`'s keys; empty when neither is configured.
+    let jwtKeys: [String: JWTKeyCollection]
     let companyClaim: String
     /// `jwt.featureClaim`: where a token names the features it may be charged to; nil: not read.
     let featureClaim: String?
@@ -30,25 +32,26 @@ public struct Authenticator: Sendable {
         self.companyClaim = configuration.jwtCompanyClaim
         self.featureClaim = configuration.jwtFeatureClaim
         self.claimRules = JWTClaimRules(configuration: configuration)
-        if configuration.jwtSecret != nil || configuration.jwtJWKSFile != nil {
-            let keys = JWTKeyCollection()
-            if let secret = configuration.jwtSecret {
-                await keys.add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256)
-            }
-            if let file = configuration.jwtJWKSFile {
-                guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
-                    throw ConfigurationError(key: "jwt.jwksFile", problem: "names a file that cannot be read: \(file)")
-                }
-                do {
-                    try await keys.add(jwksJSON: text)
-                } catch {
-                    throw ConfigurationError(key: "jwt.jwksFile", problem: "is not a valid JWKS document")
-                }
-            }
-            self.jwtKeys = keys
-        } else {
-            self.jwtKeys = nil
+        var keys: [String: JWTKeyCollection] = [:]
+        if let secret = configuration.jwtSecret {
+            let hmac = JWTKeyCollection()
+            await hmac.add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256)
+            keys["HS256"] = hmac
         }
+        if let file = configuration.jwtJWKSFile {
+            guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
+                throw ConfigurationError(key: "jwt.jwksFile", problem: "names a file that cannot be read: \(file)")
+            }
+            let jwks = JWTKeyCollection()
+            do {
+                try await jwks.add(jwksJSON: text)
+            } catch {
+                throw ConfigurationError(key: "jwt.jwksFile", problem: "is not a valid JWKS document")
+            }
+            keys["RS256"] = jwks
+            keys["ES256"] = jwks
+        }
+        self.jwtKeys = keys
     }
 
     /// The identity behind `headers`, or a 401 ``GatewayError``.
@@ -125,13 +128,18 @@ public struct Authenticator: Sendable {
     }
 
     func identity(forJWT token: String) async throws -> Identity {
-        guard let jwtKeys else {
+        guard !jwtKeys.isEmpty else {
             throw GatewayError.authentication("Tokens are not accepted by this gateway: no JWT keys are configured.")
         }
-        try Self.checkIJSON(token)
+        let header = try Self.checkIJSON(token)
+        // The header's alg picks the keys (a token is verified only as the kind it says it is).
+        guard let keys = header["alg"]?.stringValue.flatMap({ jwtKeys[$0] }) else {
+            throw GatewayError.authentication(
+                "The token's alg must be \(jwtKeys.keys.sorted().joined(separator: " or ")), as this gateway verifies it.")
+        }
         let payload: ClaimsPayload
         do {
-            payload = try await jwtKeys.verify(token, as: ClaimsPayload.self, iteratingKeys: true)
+            payload = try await keys.verify(token, as: ClaimsPayload.self, iteratingKeys: true)
         } catch {
             throw GatewayError.authentication("The token's signature or format is not valid.")
         }
@@ -188,17 +196,21 @@ extension Authenticator {
     /// A token's header and payload must each be one I-JSON text (SPEC §7): a claim named twice
     /// is read as its first value by some libraries and its last by others, so which company or
     /// user it names would depend on the reader. 401 before the signature is checked.
-    static func checkIJSON(_ token: String) throws {
+    /// Checks that the header and payload are I-JSON; returns the header.
+    @discardableResult
+    static func checkIJSON(_ token: String) throws -> JSON {
+        var parts: [JSON] = []
         for part in token.split(separator: ".", omittingEmptySubsequences: false).prefix(2) {
             guard let bytes = Self.base64URLDecoded(part) else {
                 throw GatewayError.authentication("The token is not a valid JWT: a part is not base64url.")
             }
             do {
-                _ = try JSONParser.parse(bytes, maxDepth: 32)
+                parts.append(try JSONParser.parse(bytes, maxDepth: 32))
             } catch {
                 throw GatewayError.authentication("The token's header or payload is not I-JSON: \(error.reason).")
             }
         }
+        return parts.first ?? .null
     }
 
     static func base64URLDecoded(_ text: Substring) -> [UInt8]? {
