@@ -189,6 +189,14 @@ struct ChargeHonestyTests {
             let byOperator = try await h.request(.GET, "/metrics", headers: h.asOperator)
             #expect(byOperator.status == 200 && byOperator.body.contains("capgate_"))
             #expect(try await h.request(.GET, "/metrics", headers: [("authorization", "Bearer \(token)")]).status == 200)
+            // A company admin's valid key: authenticated, but not allowed (403); a revoked one is 401.
+            try await h.createPlan("p", company: nil, user: nil)
+            let (_, admins) = try await h.createCompany(plan: "p", users: 1, role: "admin")
+            for headers in [[("x-api-key", admins[0].key)], [("authorization", "Bearer \(admins[0].key)")]] {
+                let reply = try await h.request(.GET, "/metrics", headers: headers)
+                #expect(reply.status == 403 && reply.json["error"]?["type"]?.stringValue == "permission_error", "\(reply.body)")
+            }
+            #expect(try await h.request(.GET, "/metrics", headers: [("x-api-key", "cg_not_a_key")]).status == 401)
         }
         try await Harness.with(settings: ["metrics.public": "true"]) { h in
             let reply = try await h.request(.GET, "/metrics")

@@ -143,6 +143,7 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
     let database = services.database
     let migrator = services.migrator
     let metricsAccess = services.metricsAccess
+    let authenticator = services.authenticator
     let router = Router(context: GatewayContext.self)
     let ownPaths: Set<String> = [
         "/v1/usage", "/v1/usage/check", "/v1/billing/apple/transactions", "/healthz", "/readyz", "/metrics", "/openapi.yaml",
@@ -169,7 +170,16 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
         }
     }
     router.get("/metrics") { request, _ in
-        try metricsAccess.check(request.headers)
+        do {
+            try metricsAccess.check(request.headers)
+        } catch {
+            // A valid credential that may not read them (a user's or an admin's key or token) is
+            // 403 (SPEC §3: authenticated, but not allowed); anything else keeps the 401.
+            if (try? await authenticator.authenticate(request.headers)) != nil {
+                throw GatewayError.permission("/metrics is the operator's: read it with the operator token or metrics.token.")
+            }
+            throw error
+        }
         var headers = HTTPFields()
         headers[.contentType] = "text/plain; version=0.0.4; charset=utf-8"
         return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: GatewayMetrics.exposition())))
