@@ -132,6 +132,20 @@ struct ChargeHonestyTests {
                 .POST, "/v1/messages", headers: [("x-api-key", key), ("content-type", "text/plain"), ("content-type", "application/json")],
                 body: body)
             #expect(twoTypes.status == 400)
+            // SPEC §2's order (415, 413, 400): a compressed body or a too large one is refused as
+            // such before its two Content-Type fields are.
+            let twoTypesGzip = try await h.request(
+                .POST, "/v1/messages",
+                headers: [
+                    ("x-api-key", key), ("content-type", "text/plain"), ("content-type", "application/json"), ("content-encoding", "gzip"),
+                ],
+                body: body)
+            #expect(twoTypesGzip.status == 415)
+            let twoTypesHuge = try await UpstreamStrictnessTests.raw(
+                h,
+                "POST /v1/messages HTTP/1.1\r\nhost: gw\r\nx-api-key: \(key)\r\ncontent-type: text/plain\r\n"
+                    + "content-type: application/json\r\ncontent-length: 400000000\r\nconnection: close\r\n\r\n")
+            #expect(twoTypesHuge.status == 413)
             #expect(provider.requests.isEmpty)
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0)
             let identity = try await Self.post(h, "/v1/messages", key: key, body: body, headers: [("content-encoding", "identity")])

@@ -3,7 +3,7 @@ import Hummingbird
 
 extension CallReader {
     /// Refuses, from the head alone and before a byte of the body is read, what the provider
-    /// would read differently from CapGate (SPEC §2, in the order 405, 415, 400): `TRACE` (its
+    /// would read differently from CapGate (SPEC §2, in the order 405, 415): `TRACE` (its
     /// echo would show the provider key) and `CONNECT` on any path, and a request body in any
     /// `Content-Encoding` but `identity` (CapGate would count compressed bytes the provider reads
     /// decompressed).
@@ -21,9 +21,12 @@ extension CallReader {
                 }
             }
         }
-        // Readers disagree on which of several Content-Type fields counts (the first, the last,
-        // both joined): one decides whether CapGate reads the body, so it must be one (400, after
-        // the 415: SPEC §2's order).
+    }
+
+    /// Readers disagree on which of several Content-Type fields counts (the first, the last, both
+    /// joined): one decides whether CapGate reads the body, so it must be one. A 400, so checked
+    /// after the head's 405 and 415 and the body's 413 (SPEC §2's order).
+    static func checkContentType(_ request: Request) throws {
         if request.headers[values: .contentType].count > 1 {
             throw GatewayError.invalidRequest("The request has more than one Content-Type field; send one.")
         }

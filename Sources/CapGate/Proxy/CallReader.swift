@@ -5,8 +5,8 @@ import NIOCore
 
 /// Step 1 of a metered call: reads it into a ``Call``. The credential first (nothing of the body
 /// is read for a caller who is not one: an API key is looked up in ``KnownKeys``, a token
-/// verified), then the head (405, 415, 400), then the body within its budgets (413, 408, 503),
-/// then the one strict reading of it (400).
+/// verified), then the head (405, 415), then the body within its budgets (413, 408, 503), then
+/// one Content-Type field and the one strict reading of the body (400).
 struct CallReader: Sendable {
     let authenticator: Authenticator
     let knownKeys: KnownKeys
@@ -33,6 +33,7 @@ struct CallReader: Sendable {
         }
         try Self.checkHead(request)
         let body = try await readBody(request, company: company)
+        try Self.checkContentType(request)
         let idempotencyKey = try IdempotencyKey.key(in: request.headers)
         let reading = try CallBody.read(body, contentType: request.headers[.contentType], maxDepth: maxJSONDepth)
         let path = request.uri.path
