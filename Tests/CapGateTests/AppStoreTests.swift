@@ -73,6 +73,9 @@ struct AppStoreTests {
                 let reply = try await h.appleNotification(jws)
                 #expect(reply.status == 400, "\(name): \(reply.body)")
                 #expect(reply.json["error"]?["type"]?.stringValue == "invalid_request_error", "\(name)")
+                // A sentence, never a library's dump (a chain's certificates, an empty list).
+                let message = reply.json["error"]?["message"]?.stringValue ?? ""
+                #expect(message.count < 300 && !message.contains("[]") && !message.contains("Certificate("), "\(name): \(message)")
             }
             #expect(try await h.scalar("SELECT count(*) FROM apple_notifications") == 0)
             #expect(try await h.scalar("SELECT count(*) FROM billing_events WHERE transaction_id LIKE 'apple:%'") == 0)
@@ -95,6 +98,8 @@ struct AppStoreTests {
             for chain in [signer.otherRoot, signer.expiredLeaf, signer.leafWithoutOID, signer.intermediateWithoutOID] {
                 let reply = try await h.appleTransaction(try f.transaction("p1", company: company, chain: chain), key: users.key)
                 #expect(reply.status == 400, "\(reply.body)")
+                let message = reply.json["error"]?["message"]?.stringValue ?? ""
+                #expect(message.contains("does not verify to apple.rootCertificates") && message.count < 300, "\(message)")
             }
         }
     }

@@ -61,8 +61,8 @@ struct AppleRoutes {
         do {
             return try await body()
         } catch let refusal as AppleSignedData.Refusal {
-            logger.warning("App Store \(what) refused", metadata: ["reason": "\(refusal.reason)"])
-            throw GatewayError.invalidRequest("The App Store \(what) did not verify: \(refusal.reason).")
+            logger.warning("App Store \(what) refused", metadata: ["reason": "\(refusal.reason.prefix(2000))"])
+            throw GatewayError.invalidRequest("The App Store \(what) did not verify: \(refusal.message).")
         }
     }
 }

@@ -17,10 +17,16 @@ struct AppleSignedData: Sendable {
         self.verifier = try X5CVerifier(rootCertificates: settings.rootCertificates)
     }
 
-    /// Why signed data was refused: the reason is logged, never the payload.
+    /// Why signed data was refused: the reason is logged, never the payload; the caller gets
+    /// `message` (the reason itself when it is CapGate's own words, a sentence when it is a
+    /// library's: its text can hold a whole certificate chain).
     struct Refusal: Error, CustomStringConvertible {
         var reason: String
-        init(_ reason: String) { self.reason = reason }
+        var message: String
+        init(_ reason: String, message: String? = nil) {
+            self.reason = reason
+            self.message = message ?? reason
+        }
         var description: String { reason }
     }
 
@@ -86,10 +92,15 @@ struct AppleSignedData: Sendable {
                 Array(jws.utf8), as: Payload.self, jsonDecoder: JSONDecoder(), validationTime: .signedDate,
                 policy: { AppleChainPolicy() })
         } catch let error as JWTError {
-            throw Refusal("\(what): \(error.reason ?? String(describing: error.errorType))")
+            throw Refusal("\(what): \(error.reason ?? String(describing: error.errorType))", message: Self.notVerified(what))
         } catch {
-            throw Refusal("\(what): \(error)")
+            throw Refusal("\(what): \(error)", message: Self.notVerified(what))
         }
+    }
+
+    /// What the caller reads when the signature or the chain failed (the details are logged).
+    static func notVerified(_ what: String) -> String {
+        "\(what): its signature or its certificate chain does not verify to apple.rootCertificates at its signedDate"
     }
 
     struct Header: Decodable {
