@@ -69,6 +69,11 @@ struct AppStoreTests {
             refused.append(("wrong appAppleId in Production", try f.notification("SUBSCRIBED", transaction: tx, appID: 42)))
             refused.append(("no appAppleId in Production", try f.notification("SUBSCRIBED", transaction: tx, appID: nil)))
             refused.append(("not a JWS", "abc.def"))
+            // Signed, but with a repeated member name: CapGate and Apple's libraries could read it apart.
+            let plain = f.notificationFields("SUBSCRIBED", transaction: tx)
+            let text = String(decoding: try JSONSerialization.data(withJSONObject: plain, options: [.sortedKeys]), as: UTF8.self)
+            let repeated = text.replacingOccurrences(of: "{", with: #"{"notificationType":"TEST","#)
+            refused.append(("a repeated member", try f.signer.sign(repeated)))
             for (name, jws) in refused {
                 let reply = try await h.appleNotification(jws)
                 #expect(reply.status == 400, "\(name): \(reply.body)")

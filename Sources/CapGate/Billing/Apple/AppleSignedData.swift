@@ -87,6 +87,11 @@ struct AppleSignedData: Sendable {
         else { throw Refusal("\(what) is not a compact JWS") }
         guard header.alg == "ES256" else { throw Refusal("\(what) is signed with \(header.alg ?? "(none)"), not ES256") }
         guard header.x5c?.count == 3 else { throw Refusal("\(what)'s x5c is not leaf, intermediate and root") }
+        // One reading of what is applied (as for every body CapGate reads): a payload with a repeated
+        // member name could be read one way here and another by Apple's own libraries.
+        guard let payload = Self.base64URL(parts[1]), (try? JSONParser.parse(Array(payload), maxDepth: 64)) != nil else {
+            throw Refusal("\(what)'s payload is not one I-JSON object (a repeated member name, or not JSON)")
+        }
         do {
             return try await verifier.verifyJWS(
                 Array(jws.utf8), as: Payload.self, jsonDecoder: JSONDecoder(), validationTime: .signedDate,
