@@ -151,10 +151,14 @@ struct TenantIsolationTests {
         try await HeavyTests.alone { try await Self.readers() }
     }
 
-    /// B's calls each on a new connection: with `http.idleTimeout` 2 s the gateway closes a pooled
-    /// keep-alive connection the test client may pick up in the same instant (a CI run got
-    /// ECONNRESET on such a reuse: the HTTP/1.1 keep-alive race, not a starved call).
-    static func freshConnection(_ key: String) -> [(String, String)] { [("x-api-key", key), ("connection", "close")] }
+    /// B's calls each on a socket of its own (`RawHTTP`, `connection: close`): with `http.idleTimeout`
+    /// 2 s the gateway closes a pooled keep-alive connection the test's HTTP client may pick up in
+    /// the same instant (ECONNRESET, then `remoteConnectionClosed` on a connection the setup's
+    /// calls left in the pool, in two fresh-clone runs: the HTTP/1.1 keep-alive race, not a starved
+    /// call). A request's own `connection: close` did not help: the client still reused a pooled one.
+    static func bCall(port: Int, key: String) async throws -> Int {
+        try await RawHTTP.send(port: port, method: "GET", target: "/v1/keep", headers: [("x-api-key", key)]).status
+    }
 
     static func readers() async throws {
         let provider = try await ScriptedProvider.start()
@@ -174,9 +178,7 @@ struct TenantIsolationTests {
             defer { for reader in readers { reader.channel.close(promise: nil) } }
             try await Task.sleep(for: .milliseconds(500))
             // Company A holds its one share of the provider's connections; B's calls go on.
-            try await Self.otherCompanyServed(10) {
-                try await h.request(.GET, "/v1/keep", headers: Self.freshConnection(usersB[0].key)).status
-            }
+            try await Self.otherCompanyServed(10) { try await Self.bCall(port: port, key: usersB[0].key) }
             // Each of A's calls is cut after http.idleTimeout of its client reading nothing, one
             // after another as the company's connection frees; every answer the provider started
             // stays charged.
@@ -213,9 +215,7 @@ struct TenantIsolationTests {
                 #expect(reader.counter.received.load(ordering: .relaxed) < 64 << 20)
             }
             #expect(provider.open.load(ordering: .relaxed) <= 4)
-            try await Self.otherCompanyServed(3) {
-                try await h.request(.GET, "/v1/keep", headers: Self.freshConnection(usersB[0].key)).status
-            }
+            try await Self.otherCompanyServed(3) { try await Self.bCall(port: port, key: usersB[0].key) }
             try await Self.servedIsCharged(h, provider: provider)
         }
     }

@@ -38,7 +38,9 @@ struct RefusalAnswerTests {
 
         let user = Responder.error(for: .cap(.user), state: Self.state(), now: Self.now)
         #expect(Self.usage(user)["scope"]?.stringValue == "user")
-        #expect(user.message.hasPrefix("You have used all 10 analyses allowed per user"))
+        // The state's user has used 7 of 10: the call needed more than the 3 left.
+        #expect(user.message.hasPrefix("You have used 7 of the 10 analyses allowed per user"), "\(user.message)")
+        #expect(user.message.contains("This call needs more than what is left."))
     }
 
     @Test("no plan: 402 no_active_plan, scope company, Retry-After an hour, no RateLimit fields")
