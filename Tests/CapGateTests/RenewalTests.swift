@@ -153,6 +153,13 @@ struct RenewalTests {
             }
             // A read changes nothing: the rollover (or the next call) moves the company on.
             #expect(try await h.scalar("SELECT count(*) FROM plan_periods WHERE company_id = '\(company.text)'") == 1)
+            // A period that will not renew (expired, refunded, cancelled) is no plan.
+            for change in ["status = 'expired'", "status = 'cancelled'", "auto_renew = false"] {
+                try await h.exec("UPDATE plan_periods SET status = 'active', auto_renew = true WHERE company_id = '\(company.text)'")
+                try await h.exec("UPDATE plan_periods SET \(change) WHERE company_id = '\(company.text)'")
+                let read = try await h.op(.GET, path)
+                #expect(read.json["plan"] == .null && read.json["auto_renew"]?.boolValue == false, "\(change): \(read.body)")
+            }
         }
     }
 }

@@ -62,7 +62,8 @@ struct GatewayMiddleware<Proxy: MeteredCalls>: RouterMiddleware {
             target = try ForwardTarget(path: path, query: request.uri.query, prefix: prefix)
         } catch {
             // A call under the prefix is a credentialed one: its 401 first. (CapGate's public
-            // routes, `/healthz` and the like, take no credential: their path's 400 stands.)
+            // routes, `/healthz` and the like, take no credential: outside the prefix their path's
+            // 400 stands; with `proxy.prefix` `/` everything is under it.)
             guard path.hasPrefix(prefix) else { throw error }
             try await refuseUncredentialed(request, then: error)
         }

@@ -175,8 +175,10 @@ public struct TenantStore: Sendable {
     // MARK: companies
 
     /// The company object: id, name, plan, period, auto_renew of the period that contains now, or
-    /// when none does, of the last one that started (ended, with no call since to renew it: its
-    /// next call's admission or the rollover moves it on, SPEC §6); null when none has started.
+    /// when none does, of the last one that started if it renews (ended, with no call since: its
+    /// next call's admission or the rollover renews it on the same plan, SPEC §6); else null (no
+    /// period yet, or the last one expired, was refunded or cancelled: no plan until one is set or
+    /// the next call moves the company to the default plan).
     public func company(_ id: UUID, at: Date = Date()) async throws -> JSON? {
         try await database.run { client in
             try await Self.companyJSON(client.query(Self.companyQuery(id, at: at), logger: logger))
@@ -188,9 +190,10 @@ public struct TenantStore: Sendable {
         """
         SELECT c.id, c.name, c.created_at, pp.plan_id, pp.started_at, pp.ends_at, pp.auto_renew, c.time_zone, c.webhook_url
           FROM companies c
-          LEFT JOIN LATERAL (SELECT p.plan_id, p.started_at, p.ends_at, p.auto_renew FROM plan_periods p
-                              WHERE p.company_id = c.id AND p.started_at <= \(at)
-                              ORDER BY p.started_at DESC LIMIT 1) pp ON true
+          LEFT JOIN LATERAL (SELECT l.* FROM (SELECT p.plan_id, p.started_at, p.ends_at, p.auto_renew, p.status
+                                                  FROM plan_periods p WHERE p.company_id = c.id AND p.started_at <= \(at)
+                                                 ORDER BY p.started_at DESC LIMIT 1) l
+                              WHERE l.ends_at > \(at) OR (l.auto_renew AND l.status NOT IN ('expired', 'cancelled'))) pp ON true
          WHERE c.id = \(id)
         """
     }

@@ -85,12 +85,12 @@ struct AppleSignedData: Sendable {
         guard parts.count == 3, let headerData = Self.base64URL(parts[0]),
             let header = try? JSONDecoder().decode(Header.self, from: headerData)
         else { throw Refusal("\(what) is not a compact JWS") }
-        guard header.alg == "ES256" else { throw Refusal("\(what) is signed with \(header.alg ?? "(none)"), not ES256") }
+        guard header.alg == "ES256" else { throw Refusal("\(what) is signed with \(header.alg?.prefix(16) ?? "(none)"), not ES256") }
         guard header.x5c?.count == 3 else { throw Refusal("\(what)'s x5c is not leaf, intermediate and root") }
         // One reading of what is applied (as for every body CapGate reads): a payload with a repeated
         // member name could be read one way here and another by Apple's own libraries.
         guard let payload = Self.base64URL(parts[1]), (try? JSONParser.parse(Array(payload), maxDepth: 64)) != nil else {
-            throw Refusal("\(what)'s payload is not one I-JSON object (a repeated member name, or not JSON)")
+            throw Refusal("\(what)'s payload is not one I-JSON text (a repeated member name, or not JSON)")
         }
         do {
             return try await verifier.verifyJWS(
