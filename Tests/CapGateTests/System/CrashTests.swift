@@ -110,12 +110,19 @@ struct CrashTests {
                 // Every answer a client got was charged and settled; a call in flight at the kill
                 // may have been served without its settlement (it stays unsettled, for
                 // `capgate unsettled`), or charged without reaching the provider: at most one per caller.
+                // Unsettled at most: one call per caller in flight at the kill (16), and the answered
+                // calls whose settlements the killed gateway had gathered and not yet written (one
+                // `settlementGather`, 50 ms, gathering and one batch being written: about 0.1 s of
+                // calls at the rate before the kill; a fresh-clone run saw 21 with the bound at 16).
+                let answeredBefore = seenBefore.filter { $0 == 200 }.count
+                let bound = 16 + Int64((Double(answeredBefore) / 2 * 0.1).rounded(.up))
                 #expect(settled <= served && served <= charged, "settled \(settled), served \(served), charged \(charged)")
-                #expect(charged - settled <= 16, "unsettled: \(charged - settled)")
-                // Every answer a client got is charged; its token counts may be among the last 50 ms
-                // of settlements the killed gateway had gathered and not yet written.
-                let answered = Int64(seenBefore.filter { $0 == 200 }.count + seenAfter.count)
-                #expect(answered <= charged && answered - settled <= 16, "answered \(answered), settled \(settled), charged \(charged)")
+                #expect(charged - settled <= bound, "unsettled: \(charged - settled), bound \(bound)")
+                // Every answer a client got is charged; its token counts may be among those settlements.
+                let answered = Int64(answeredBefore + seenAfter.count)
+                #expect(
+                    answered <= charged && answered - settled <= bound,
+                    "answered \(answered), settled \(settled), charged \(charged), bound \(bound)")
                 #expect(try await CapGateRunner.verify(url: cluster.url, logger: TestCluster.logger).isEmpty)
             }
         }
