@@ -35,8 +35,8 @@ extension UsageStore {
     public func models(company: UUID, period choice: PeriodChoice, at: Date = Date()) async throws -> PeriodModels? {
         if let read = try await modelsRead(company: company, period: choice, at: at) { return read }
         guard choice == .current else { return nil }
-        let change = try await database.run { client in
-            try await client.query("SELECT capgate_roll_company(\(company), \(at))", logger: logger).decode(String.self).collect().first
+        let change = try await database.write { connection in
+            try await connection.query("SELECT capgate_roll_company(\(company), \(at))", logger: logger).decode(String.self).collect().first
         }
         guard let change, change != "none" else { return nil }
         return try await modelsRead(company: company, period: choice, at: at)

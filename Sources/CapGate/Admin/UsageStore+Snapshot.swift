@@ -31,8 +31,8 @@ extension UsageStore {
     func current(company: UUID, user: UUID?, at: Date) async throws -> CurrentRead {
         let read = try await snapshotRead(company: company, user: user, at: at)
         guard read.company != nil, read.state.periodStart == nil else { return read }
-        let change = try await database.run { client in
-            try await client.query("SELECT capgate_roll_company(\(company), \(at))", logger: logger).decode(String.self).collect().first
+        let change = try await database.write { connection in
+            try await connection.query("SELECT capgate_roll_company(\(company), \(at))", logger: logger).decode(String.self).collect().first
         }
         // 'none': nothing was due (no period ever, or one starting later); the read stands.
         guard change != "none" else { return read }

@@ -37,8 +37,8 @@ public final class KeyUsage: Sendable {
         guard !ids.isEmpty else { return 0 }
         let database = self.database
         do {
-            return try await database.run { client in
-                try await client.query(
+            return try await database.write { connection in
+                try await connection.query(
                     """
                     UPDATE api_keys SET last_used_at = now()
                      WHERE id = ANY (\(ids)) AND (last_used_at IS NULL OR last_used_at <= now() - interval '1 minute')

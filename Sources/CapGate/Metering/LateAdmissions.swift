@@ -46,8 +46,9 @@ struct LateAdmissions: Sendable {
     }
 
     /// Called with the admission statement's error: when the statement may have run (the
-    /// connection broke, or the call was cancelled), the ledger is searched for its charges.
-    func interrupted(by error: any Error) {
+    /// connection broke, the call was cancelled, or its rows came and its commit was not
+    /// acknowledged), the ledger is searched for its charges.
+    @Sendable func interrupted(by error: any Error) {
         guard Self.outcomeUnknown(error) else { return }
         database.logger.warning(
             "an admission ended without a known outcome (connection broken, or abandoned at database.timeout); looking for its charges to give them back",
@@ -76,7 +77,7 @@ struct LateAdmissions: Sendable {
     /// waiting sent nothing, and the search finds nothing). An error the server sent rolled the
     /// transaction back; a lease that failed (the database down) sent nothing.
     static func outcomeUnknown(_ error: any Error) -> Bool {
-        if error is CancellationError { return true }
+        if error is CancellationError || error is CommitUnacknowledged { return true }
         guard let psql = error as? PSQLError, psql.serverInfo == nil else { return false }
         switch psql.code {
         case .serverClosedConnection, .connectionError, .uncleanShutdown, .queryCancelled: return true

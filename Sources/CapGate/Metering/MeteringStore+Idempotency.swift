@@ -22,8 +22,8 @@ extension MeteringStore {
         database: Database
     ) async throws -> Bool {
         let status32 = Int32(clamping: status)
-        return try await database.run { client in
-            let rows = try await client.query(
+        return try await database.write { connection in
+            let rows = try await connection.query(
                 """
                 SELECT capgate_idempotency_answer(\(companyID), \(userID), \(key), \(requestID), \(status32), \(contentType), \(body))
                 """,
@@ -42,8 +42,8 @@ extension MeteringStore {
         var total = 0
         while true {
             let limit = Int32(clamping: slice)
-            let deleted = try await database.run { client in
-                let rows = try await client.query("SELECT capgate_idempotency_purge(\(at), \(limit))", logger: database.logger)
+            let deleted = try await database.write { connection in
+                let rows = try await connection.query("SELECT capgate_idempotency_purge(\(at), \(limit))", logger: database.logger)
                 for try await count in rows.decode(Int32.self) { return Int(count) }
                 return 0
             }

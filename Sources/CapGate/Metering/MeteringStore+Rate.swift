@@ -30,16 +30,16 @@ extension MeteringStore {
     /// Removes the rows of calls a dead gateway never ended, once their lease is over (they no
     /// longer count; an hourly job of every gateway).
     public func purgeRateCalls() async throws {
-        try await database.run { client in
-            _ = try await client.query("DELETE FROM rate_calls WHERE lease_until < now()", logger: database.logger).collect()
+        try await database.write { connection in
+            _ = try await connection.query("DELETE FROM rate_calls WHERE lease_until < now()", logger: database.logger).collect()
         }
     }
 
     /// Writes `rate.leaseSeconds` where the admission functions read it (config_versions).
     public func setSlotLease(seconds: Int) async throws {
         let value = Int32(clamping: seconds)
-        try await database.run { client in
-            _ = try await client.query(
+        try await database.write { connection in
+            _ = try await connection.query(
                 "UPDATE config_versions SET slot_lease_seconds = \(value) WHERE singleton AND slot_lease_seconds <> \(value)",
                 logger: database.logger
             ).collect()

@@ -107,8 +107,8 @@ public struct MeteringStore: Sendable {
         // Its own transaction: slots of calls that ended before it are written first.
         await slotEnds.flush()
         let relaxed = self.relaxed
-        let rows = try await Self.runAdmission([item], database: database, spool: spool) { client in
-            try await client.execute(
+        let rows = try await Self.runAdmission([item], database: database, spool: spool) { connection in
+            try await connection.execute(
                 AdmitIdempotentStatement(keyHash: item.keyHash, request: item.request, relaxed: relaxed), logger: database.logger
             ).collect()
         }
@@ -157,27 +157,24 @@ public struct MeteringStore: Sendable {
         if items.count == 1 {
             return try await runAdmitOne(items[0], database: database, relaxed: relaxed, spool: spool, ended: ended)
         }
-        return try await runAdmission(items, database: database, spool: spool) { client in
-            try await client.execute(AdmitBatchStatement(items: items, relaxed: relaxed, ended: ended), logger: database.logger)
+        return try await runAdmission(items, database: database, spool: spool) { connection in
+            try await connection.execute(AdmitBatchStatement(items: items, relaxed: relaxed, ended: ended), logger: database.logger)
                 .collect()
         }
     }
 
-    /// Runs an admission statement for `items`; a commit after the deadline, or a connection
-    /// that broke with the outcome unknown, has its charges given back (``LateAdmissions``).
+    /// Runs an admission statement for `items`. Its rows are the decision, but a call is forwarded
+    /// only once PostgreSQL has acknowledged the commit (``Database/write(lateResult:_:)``): a
+    /// primary stopped while the commit waits for the synchronous standby answers the rows and
+    /// then withholds the acknowledgement, and the charge may be lost with it. A commit after the
+    /// deadline, or one not acknowledged (the outcome unknown), has its charges given back
+    /// (``LateAdmissions``).
     static func runAdmission(
         _ items: [AdmissionItem], database: Database, spool: Spool?,
-        _ body: @escaping @Sendable (PostgresClient) async throws -> [AdmissionRow]
+        _ body: @escaping @Sendable (PostgresConnection) async throws -> [AdmissionRow]
     ) async throws -> [AdmissionRow] {
         let late = LateAdmissions(items: items, database: database, spool: spool)
-        return try await database.run(lateResult: late.committedLate) { client in
-            do {
-                return try await body(client)
-            } catch {
-                late.interrupted(by: error)
-                throw error
-            }
-        }
+        return try await database.write(lateResult: late.committedLate, failed: late.interrupted(by:), body)
     }
 
     /// A batch of one runs the single-call function (`capgate_admit`, over `capgate_charge`):
@@ -187,8 +184,8 @@ public struct MeteringStore: Sendable {
     static func runAdmitOne(
         _ item: AdmissionItem, database: Database, relaxed: Bool, spool: Spool?, ended: [Int64] = []
     ) async throws -> [AdmissionRow] {
-        let rows = try await runAdmission([item], database: database, spool: spool) { client -> [AdmissionRow] in
-            try await client.execute(AdmitStatement(item: item, relaxed: relaxed, ended: ended), logger: database.logger).collect()
+        let rows = try await runAdmission([item], database: database, spool: spool) { connection -> [AdmissionRow] in
+            try await connection.execute(AdmitStatement(item: item, relaxed: relaxed, ended: ended), logger: database.logger).collect()
         }
         guard rows.count == 1 else { throw DatabaseError.other("the admission returned \(rows.count) rows") }
         return rows
@@ -229,8 +226,8 @@ public struct MeteringStore: Sendable {
 
     static func refund(companyID: UUID, ledgerID: Int64, requestID: String, upstreamStatus: Int?, database: Database) async throws -> Bool {
         let status = upstreamStatus.map(Int32.init)
-        return try await database.run { client in
-            let rows = try await client.query(
+        return try await database.write { connection in
+            let rows = try await connection.query(
                 "SELECT capgate_refund(\(companyID), \(ledgerID), \(status), \(requestID))",
                 logger: database.logger
             )
@@ -282,8 +279,8 @@ public struct MeteringStore: Sendable {
 
     static func settleBatch(_ items: [Settlement], database: Database, spool: Spool? = nil) async -> [Result<Void, any Error>] {
         do {
-            let over = try await database.run { client in
-                try await client.execute(SettleBatchStatement(items: items), logger: database.logger).collect()
+            let over = try await database.write { connection in
+                try await connection.execute(SettleBatchStatement(items: items), logger: database.logger).collect()
             }
             report(over, logger: database.logger)
             return items.map { _ in .success(()) }
@@ -313,8 +310,8 @@ public struct MeteringStore: Sendable {
         if let row = try await stateRow(companyID: companyID, userID: userID, at: at) {
             return try await state(row, userID: userID)
         }
-        try await database.run { client in
-            _ = try await client.query("SELECT capgate_roll_company(\(companyID), \(at))", logger: database.logger).collect()
+        try await database.write { connection in
+            _ = try await connection.query("SELECT capgate_roll_company(\(companyID), \(at))", logger: database.logger).collect()
         }
         guard let row = try await stateRow(companyID: companyID, userID: userID, at: at) else {
             var state = UsageState(

@@ -131,8 +131,8 @@ final class SlotEnds: Sendable {
     /// `capgate_rate_end`; whether it committed.
     static func write(_ ends: [RateEnd], database: Database) async -> Bool {
         do {
-            try await database.run { client in
-                _ = try await client.execute(RateEndStatement(items: ends), logger: database.logger).collect()
+            try await database.write { connection in
+                _ = try await connection.execute(RateEndStatement(items: ends), logger: database.logger).collect()
             }
             return true
         } catch {
@@ -191,8 +191,8 @@ extension SlotEnds {
         let ledgers = calls.map(\.ledgerID)
         let seconds = Int32(clamping: seconds)
         do {
-            try await database.run { client in
-                _ = try await client.query(
+            try await database.write { connection in
+                _ = try await connection.query(
                     """
                     UPDATE rate_calls r SET lease_until = greatest(r.lease_until, clock_timestamp() + make_interval(secs => \(seconds)))
                       FROM unnest(\(companies)::uuid[], \(ledgers)::int8[]) AS s(c, l)

@@ -320,8 +320,8 @@ extension NotificationDeliverer {
     /// Writes `notifications.thresholds` where every admission reads them (one list per database).
     static func publishThresholds(_ thresholds: [Int], database: Database) async throws {
         let values = thresholds.map(Int32.init)
-        try await database.run { client in
-            _ = try await client.query(
+        try await database.write { connection in
+            _ = try await connection.query(
                 "UPDATE config_versions SET thresholds = \(values) WHERE singleton AND thresholds IS DISTINCT FROM \(values)",
                 logger: database.logger
             ).collect()

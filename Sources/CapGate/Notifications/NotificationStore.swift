@@ -122,8 +122,8 @@ struct NotificationStore: Sendable {
     /// returns how many. Pending rows are kept whatever their age.
     @discardableResult
     func purge(olderThanDays days: Int) async throws -> Int {
-        try await database.run { client in
-            let rows = try await client.query(
+        try await database.write { connection in
+            let rows = try await connection.query(
                 """
                 WITH gone AS (
                     DELETE FROM notifications

@@ -89,7 +89,7 @@ public struct Database: Sendable {
             let mapped = DatabaseError.map(error.closureError ?? error.commitError ?? error.beginError ?? error, logger: logger)
             if case .unavailable = mapped { source.callFailed() }
             throw mapped
-        } catch is DeadlineExceeded, is CancellationError, is ChannelError, is IOError {
+        } catch is DeadlineExceeded, is CancellationError, is ChannelError, is IOError, is CommitUnacknowledged {
             GatewayMetrics.databaseUnavailableOnce()
             source.callFailed()
             throw DatabaseError.unavailable
@@ -101,6 +101,33 @@ public struct Database: Sendable {
             }
             // Domain errors thrown by the body pass through unchanged.
             throw error
+        }
+    }
+
+    /// Runs `body` on one pooled connection, as ``run(lateResult:_:)`` does, and returns only once
+    /// PostgreSQL has acknowledged the commit of what it ran (``CommitWitness``): every write
+    /// CapGate acts on goes through here (or ``transaction(_:)``), so nothing is acted on that a
+    /// primary stopped during its synchronous wait may lose. A write answered but not
+    /// acknowledged fails as ``DatabaseError/unavailable``; `failed` receives the error as the
+    /// connection gave it (``CommitUnacknowledged`` when the outcome is unknown) before it is
+    /// mapped, for a caller that must give back what the write may have done.
+    ///
+    /// Reads use ``run(lateResult:_:)``: a read acted on before its transaction ends reads what
+    /// was committed, and costs no extra round trip.
+    @discardableResult
+    public func write<T: Sendable>(
+        lateResult: (@Sendable (Result<T, any Error>) -> Void)? = nil,
+        failed: (@Sendable (any Error) -> Void)? = nil,
+        _ body: @escaping @Sendable (PostgresConnection) async throws -> T
+    ) async throws -> T {
+        let logger = self.logger
+        return try await run(lateResult: lateResult) { client in
+            do {
+                return try await client.withConnection { connection in try await connection.committed(logger: logger, body) }
+            } catch {
+                failed?(error)
+                throw error
+            }
         }
     }
 
@@ -124,7 +151,9 @@ public struct Database: Sendable {
         }
     }
 
-    /// Runs `body` in one transaction.
+    /// Runs `body` in one transaction. Its COMMIT's answer is the acknowledgement: PostgreSQL
+    /// withholds it when the synchronous wait is cut short (the primary stopping), and PostgresNIO
+    /// ends `withTransaction` only when it came.
     public func transaction<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         try await run { client in
             do {
@@ -172,7 +201,7 @@ public enum DatabaseError: Error, Sendable {
         }
         if error is CancellationError { return .unavailable }
         if error is DeadlineExceeded { return .unavailable }
-        if error is ChannelError || error is IOError { return .unavailable }
+        if error is ChannelError || error is IOError || error is CommitUnacknowledged { return .unavailable }
         logger.error("database error", metadata: ["error": "\(String(reflecting: error))"])
         return .unavailable
     }

@@ -1,0 +1,149 @@
+import Logging
+import NIOCore
+import PostgresNIO
+
+/// What CapGate knows of one write's transaction, from what its connection said in order.
+///
+/// A statement in PostgreSQL's implicit transaction is committed at the Sync that follows it,
+/// after its rows and CommandComplete went out; PostgresNIO ends a statement's row stream at its
+/// CommandComplete. With synchronous replication the commit then waits for the standby, and a
+/// primary stopped during that wait (a fast shutdown, `pg_terminate_backend`, a failover engine
+/// demoting it) warns "the transaction has already committed locally, but might not have been
+/// replicated to the standby" and closes the connection without a ReadyForQuery: PostgreSQL
+/// withholds the acknowledgement on purpose, and the commit may then be lost with the old
+/// primary. So a statement's answer is not its commit. The commit is acknowledged by the
+/// ReadyForQuery after the Sync (or an explicit COMMIT's CommandComplete, which PostgreSQL also
+/// withholds then); PostgresNIO does not show ReadyForQuery, but sends the next statement queued
+/// on the connection only once it has arrived, so a statement that runs after the write on the
+/// same connection is the proof (``PostgresConnection/acknowledgeCommit(logger:)``).
+///
+/// The states and what each allows:
+/// - `sent`: nothing answered yet;
+/// - `answered`: the statements answered; committed or not is unknown until acknowledged;
+/// - `committed`: acknowledged: act on it (forward the call, drop the spooled write);
+/// - `rolledBack`: the server refused a statement before it answered (an error it sent): the
+///   implicit transaction rolled back, nothing to give back;
+/// - `unknown`: the connection broke (or the wait was abandoned) after the statement was sent:
+///   it may have committed on this primary and may be lost with it; never act on it as a
+///   commit, and give back whatever it may have charged.
+struct CommitWitness: Sendable, Equatable {
+    enum State: Sendable, Equatable {
+        case sent
+        case answered
+        case committed
+        case rolledBack
+        case unknown
+    }
+
+    enum Event: Sendable, Equatable {
+        /// The write's statements returned their results.
+        case answered
+        /// A statement queued after them on the same connection ran: ReadyForQuery came.
+        case acknowledged
+        /// A statement failed with an error the server sent (a SQLSTATE).
+        case serverError
+        /// The connection closed or broke, or the caller stopped waiting (a deadline, a cancel).
+        case lost
+    }
+
+    private(set) var state = State.sent
+
+    /// Whether the write may be acted on as committed.
+    var isCommitted: Bool { state == .committed }
+
+    mutating func receive(_ event: Event) {
+        switch (state, event) {
+        case (.sent, .answered): state = .answered
+        case (.sent, .serverError): state = .rolledBack
+        case (.sent, .lost): state = .unknown
+        // An acknowledgement without an answer is not one (a misuse): never taken as a commit.
+        case (.sent, .acknowledged): state = .unknown
+        case (.answered, .acknowledged): state = .committed
+        // After the answer, any failure leaves the commit unknown: an error the server sends at
+        // the commit (a deferred check) or a FATAL during the synchronous wait looks the same
+        // from here as the proof statement failing.
+        case (.answered, .serverError), (.answered, .lost), (.answered, .answered): state = .unknown
+        // Final states stay.
+        case (.committed, _), (.rolledBack, _), (.unknown, _): break
+        }
+    }
+
+    /// The state after `events`, in order.
+    static func after(_ events: [Event]) -> State {
+        var witness = CommitWitness()
+        for event in events { witness.receive(event) }
+        return witness.state
+    }
+
+    /// The event a failure of PostgresNIO's is: an error the server sent (a SQLSTATE), or a lost
+    /// connection; nil for any other error (the caller's own, thrown by its code: passed on).
+    static func event(for error: any Error) -> Event? {
+        if let psql = error as? PSQLError { return event(sqlState: psql.serverInfo?[.sqlState]) }
+        if error is CancellationError || error is ChannelError || error is IOError { return .lost }
+        return nil
+    }
+
+    /// A PostgresNIO error's event by the SQLSTATE the server sent with it (nil: none, the
+    /// connection closed or broke). Connection-class (08) and operator-intervention shutdown
+    /// (57P) states mean the server is going away: it may have committed before saying so.
+    static func event(sqlState: String?) -> Event {
+        guard let state = sqlState else { return .lost }
+        return state.hasPrefix("08") || state.hasPrefix("57P") ? .lost : .serverError
+    }
+}
+
+/// A write whose statements were answered, or may have run, but whose commit PostgreSQL did not
+/// acknowledge: it may or may not stand on the primary that takes writes next.
+public struct CommitUnacknowledged: Error, CustomStringConvertible {
+    /// Why it was not acknowledged (the connection's error).
+    public let reason: any Error
+
+    public var description: String { "the commit was not acknowledged (\(String(describing: type(of: reason))))" }
+}
+
+/// Answers one row with no work: the proof statement after a write.
+struct CommitAcknowledgementStatement: PostgresPreparedStatement {
+    static let sql = "SELECT true"
+    typealias Row = Bool
+
+    func makeBindings() throws -> PostgresBindings { PostgresBindings() }
+    func decodeRow(_ row: PostgresRow) throws -> Bool { try row.decode(Bool.self) }
+}
+
+extension PostgresConnection {
+    /// Returns once the transaction of everything run before on this connection is acknowledged:
+    /// a statement sent after them runs only once their ReadyForQuery came (PostgresNIO sends a
+    /// connection's next statement then), which PostgreSQL sends only after the commit, and after
+    /// the synchronous standby has it. One round trip, with no work on the server.
+    func acknowledgeCommit(logger: Logger) async throws {
+        _ = try await execute(CommitAcknowledgementStatement(), logger: logger).collect()
+    }
+
+    /// Runs `body` (statements in implicit transactions, or a whole explicit one) and returns its
+    /// result once PostgreSQL has acknowledged their commit; throws ``CommitUnacknowledged`` when
+    /// they answered (or may have run) and the acknowledgement did not come, and the statement's
+    /// own error when the server refused it (rolled back).
+    func committed<T>(logger: Logger, _ body: (PostgresConnection) async throws -> T) async throws -> T {
+        var witness = CommitWitness()
+        let value: T
+        do {
+            value = try await body(self)
+        } catch {
+            // The caller's own error, or one the server sent (rolled back): passed on as it is.
+            guard let event = CommitWitness.event(for: error) else { throw error }
+            witness.receive(event)
+            if witness.state == .rolledBack { throw error }
+            throw CommitUnacknowledged(reason: error)
+        }
+        witness.receive(.answered)
+        do {
+            try await acknowledgeCommit(logger: logger)
+            witness.receive(.acknowledged)
+        } catch {
+            witness.receive(CommitWitness.event(for: error) ?? .lost)
+            throw CommitUnacknowledged(reason: error)
+        }
+        guard witness.isCommitted else { throw CommitUnacknowledged(reason: CancellationError()) }
+        return value
+    }
+}

@@ -1,0 +1,68 @@
+import NIOCore
+import Testing
+
+@testable import CapGate
+
+/// What decides that a write committed (``CommitWitness``), without a socket: only an answer
+/// followed by the acknowledgement is a commit; a failure before the answer with an error the
+/// server sent is a rollback; everything else is unknown.
+@Suite("Commit witness")
+struct CommitWitnessTests {
+    typealias Event = CommitWitness.Event
+
+    @Test("answered, then acknowledged: committed; the answer alone is not")
+    func committedOnlyWhenAcknowledged() {
+        #expect(CommitWitness.after([.answered, .acknowledged]) == .committed)
+        #expect(CommitWitness.after([.answered]) == .answered)
+        #expect(CommitWitness().isCommitted == false)
+        var witness = CommitWitness()
+        witness.receive(.answered)
+        #expect(!witness.isCommitted)
+        witness.receive(.acknowledged)
+        #expect(witness.isCommitted)
+    }
+
+    @Test("answered, then the connection lost or an error at the commit: unknown (the synchronous wait cut short)")
+    func answeredThenLost() {
+        #expect(CommitWitness.after([.answered, .lost]) == .unknown)
+        #expect(CommitWitness.after([.answered, .serverError]) == .unknown)
+        // A second answer without an acknowledgement between is not a commit either.
+        #expect(CommitWitness.after([.answered, .answered, .acknowledged]) == .unknown)
+    }
+
+    @Test("before any answer: an error the server sent rolled back, a lost connection is unknown")
+    func beforeTheAnswer() {
+        #expect(CommitWitness.after([.serverError]) == .rolledBack)
+        #expect(CommitWitness.after([.lost]) == .unknown)
+        // An acknowledgement with nothing answered is never taken as a commit.
+        #expect(CommitWitness.after([.acknowledged]) == .unknown)
+        #expect(CommitWitness.after([]) == .sent)
+    }
+
+    @Test("final states stay whatever comes after")
+    func finalStatesStay() {
+        let events: [Event] = [.answered, .acknowledged, .serverError, .lost]
+        for tail in events {
+            #expect(CommitWitness.after([.answered, .acknowledged, tail]) == .committed)
+            #expect(CommitWitness.after([.serverError, tail]) == .rolledBack)
+            #expect(CommitWitness.after([.lost, tail]) == .unknown)
+        }
+    }
+
+    @Test("errors as events: SQLSTATEs of a server going away are a lost connection, others the server's refusal")
+    func errorsAsEvents() {
+        #expect(CommitWitness.event(sqlState: nil) == .lost)
+        // admin_shutdown (the fast stop's FATAL), crash_shutdown, cannot_connect_now
+        for state in ["57P01", "57P02", "57P03", "08006", "08003"] {
+            #expect(CommitWitness.event(sqlState: state) == .lost, "\(state)")
+        }
+        // unique_violation, check_violation, query_canceled, serialization_failure, raise_exception
+        for state in ["23505", "23514", "57014", "40001", "P0001"] {
+            #expect(CommitWitness.event(sqlState: state) == .serverError, "\(state)")
+        }
+        #expect(CommitWitness.event(for: CancellationError()) == .lost)
+        #expect(CommitWitness.event(for: ChannelError.ioOnClosedChannel) == .lost)
+        // The caller's own errors are not the connection's: passed on as they are.
+        #expect(CommitWitness.event(for: DatabaseError.other("x")) == nil)
+    }
+}
