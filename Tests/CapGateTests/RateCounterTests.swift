@@ -49,7 +49,7 @@ struct RateCounterTests {
     }
 
     @Test(
-        "user_tpm: the settlement trades the hold for the real count in the user's row and the ledger; a refund then gives back that count")
+        "user_tpm: the settlement trades the hold for the real count in the user's row and the ledger; a refund then gives back that count, and the call only if the provider never answered it")
     func refundAfterSettlement() async throws {
         try await Harness.with { h in
             try await h.createPlan("p", company: nil, user: nil)
@@ -67,15 +67,23 @@ struct RateCounterTests {
             #expect(try await h.scalar("SELECT rate_tokens FROM user_usage") == real)
             #expect(try await h.scalar("SELECT rate_tokens FROM company_usage") == real)
 
-            // One call given back (as the gateway's refund does): its real count and its call leave both windows.
+            // One call the provider answered with an error given back (as the gateway's refund
+            // does): its real count leaves both windows, the call stays (the provider saw it).
             let ledger = try await h.scalar("SELECT min(id) FROM usage_ledger")
             let first = try await h.scalar("SELECT rate_tokens FROM usage_ledger WHERE id = \(ledger)")
             try await h.exec("SELECT capgate_refund('\(company.text)', \(ledger), 500)")
             #expect(try await h.scalar("SELECT rate_tokens FROM user_usage") == real - first)
-            #expect(try await h.scalar("SELECT rate_calls FROM user_usage") == 1)
+            #expect(try await h.scalar("SELECT rate_calls FROM user_usage") == 2)
             #expect(try await h.scalar("SELECT rate_tokens FROM company_usage") == real - first)
-            #expect(try await h.scalar("SELECT rate_calls FROM company_usage") == 1)
+            #expect(try await h.scalar("SELECT rate_calls FROM company_usage") == 2)
             #expect(try await h.scalar("SELECT count(*) FROM rate_calls") == 0)
+            // One the provider never answered (no status: a give-back) leaves the call windows too.
+            let second = try await h.scalar("SELECT max(id) FROM usage_ledger")
+            try await h.exec("SELECT capgate_refund('\(company.text)', \(second), NULL)")
+            #expect(try await h.scalar("SELECT rate_tokens FROM user_usage") == 0)
+            #expect(try await h.scalar("SELECT rate_calls FROM user_usage") == 1)
+            #expect(try await h.scalar("SELECT rate_tokens FROM company_usage") == 0)
+            #expect(try await h.scalar("SELECT rate_calls FROM company_usage") == 1)
         }
     }
 

@@ -75,6 +75,29 @@ struct RateWindowTests {
         }
     }
 
+    @Test(
+        "user_rpm 3 and a provider answering 529 (an SDK retrying): the three calls it answered are given back but stay in the minute, the fourth is 429 and never reaches the provider"
+    )
+    func answeredCallsStayCounted() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: nil, user: nil)
+            try await Self.setLimits(h, plan: "p", .obj(["user_rpm": 3]))
+            let (_, users) = try await h.createCompany(plan: "p", users: 1)
+            try await Self.roomInMinute(15)
+            var statuses: [Int] = []
+            for _ in 0..<6 {
+                statuses.append(try await h.message(key: users[0].key, headers: [("x-mock-status", "529")]).status)
+            }
+            #expect(statuses == [529, 529, 529, 429, 429, 429])
+            // The provider saw three calls, not six; none is charged.
+            #expect(h.mock.counter.count == 3)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'refunded'") == 3)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'") == 0)
+            #expect(try await h.scalar("SELECT used FROM user_usage") == 0)
+            #expect(try await h.scalar("SELECT rate_calls FROM user_usage") == 3)
+        }
+    }
+
     @Test("company_rpm counts every user of the company; a 402 at the cap is not counted in the window")
     func companyWindow() async throws {
         try await Harness.with { h in

@@ -8,10 +8,13 @@
 -- units_grant_part, cost_grant_part, never were on the company counter, so they are given back to
 -- them instead: capgate_grant_give_back; the company gets back the rest), the call's rate_calls
 -- row, the feature's rate windows (SPEC §14; grants before windows, as capgate_charge takes them).
--- The call leaves the rate windows it was counted in (rate_scopes), if their minute is still
--- rate_minute: the plan's in the company and user counters, with the units, a feature's in its
--- rate_windows rows; with its tokens as the ledger row has them (the hold, or the real count once
--- settled).
+-- The call's tokens leave the rate windows it was counted in (rate_scopes), if their minute is
+-- still rate_minute: the plan's in the company and user counters, a feature's in its rate_windows
+-- rows, as the ledger row has them (the hold, or the real count once settled). The call itself
+-- leaves the call windows only when the provider never answered it (p_upstream_status NULL: no
+-- connection, its share refused, an admission given back): a call the provider answered, with an
+-- error, was seen by it and stays counted (SPEC §14), or an SDK retrying 429s and 529s would
+-- send the provider as many calls a minute as it likes.
 -- A settled cost is divided as capgate_settle_batch divided it: the company's share is at most its
 -- part of the hold, the grant's the rest. A part NULL with its grant set (before 0020) is the whole.
 -- A charge replayed under 0009's rules (ledger rows written before 0010) stands until every
@@ -72,6 +75,7 @@ BEGIN
                cost_held = cost_held - (v_held - v_g_held),
                cost_used = cost_used - (v_cost - v_g_cost),
                rate_calls = CASE WHEN (l.rate_scopes & 1) <> 0 AND rate_minute = l.rate_minute
+                                      AND p_upstream_status IS NULL
                                  THEN greatest(rate_calls - 1, 0) ELSE rate_calls END,
                rate_tokens = CASE WHEN (l.rate_scopes & 1) <> 0 AND rate_minute = l.rate_minute
                                   THEN rate_tokens - coalesce(l.rate_tokens, 0) ELSE rate_tokens END
@@ -79,6 +83,7 @@ BEGIN
         UPDATE user_usage
            SET used = used - l.units, cost_held = cost_held - v_held, cost_used = cost_used - v_cost,
                rate_calls = CASE WHEN (l.rate_scopes & 2) <> 0 AND rate_minute = l.rate_minute
+                                      AND p_upstream_status IS NULL
                                  THEN greatest(rate_calls - 1, 0) ELSE rate_calls END,
                rate_tokens = CASE WHEN (l.rate_scopes & 2) <> 0 AND rate_minute = l.rate_minute
                                   THEN rate_tokens - coalesce(l.rate_tokens, 0) ELSE rate_tokens END
@@ -102,11 +107,14 @@ BEGIN
     IF l.units_grant_id IS NOT NULL OR l.cost_grant_id IS NOT NULL THEN
         PERFORM capgate_grant_give_back(p_company, l.units_grant_id, v_g_units, l.cost_grant_id, v_g_held, v_g_cost);
     END IF;
-    -- The rate windows (SPEC §14): the call leaves rate_calls (its concurrency slot freed), then
-    -- it and its tokens leave its feature's minute windows (if the minute is still the row's).
+    -- The rate windows (SPEC §14): the call leaves rate_calls (its concurrency slot freed: it
+    -- ended at the provider, or never reached it), then its tokens, and the call unless the
+    -- provider answered it, leave its feature's minute windows (if the minute is still the row's).
     IF l.rate_scopes IS NOT NULL THEN
         DELETE FROM rate_calls WHERE company_id = p_company AND ledger_id = p_ledger_id;
-        UPDATE rate_windows w SET calls = greatest(w.calls - 1, 0), tokens = w.tokens - coalesce(l.rate_tokens, 0)
+        UPDATE rate_windows w
+           SET calls = CASE WHEN p_upstream_status IS NULL THEN greatest(w.calls - 1, 0) ELSE w.calls END,
+               tokens = w.tokens - coalesce(l.rate_tokens, 0)
           FROM (VALUES (8, '00000000-0000-0000-0000-000000000000'::uuid), (16, l.user_id)) AS o(bit, owner)
          WHERE (l.rate_scopes & o.bit) <> 0 AND w.company_id = p_company AND w.user_id = o.owner
            AND w.feature_id = l.feature AND w.minute = l.rate_minute;

@@ -81,11 +81,12 @@ public struct RateState: Sendable, Equatable {
             }
         }
 
-        /// The counts without one call of `tokens` (a refund).
+        /// The counts after a refund of a call the provider answered with an error: its `tokens`
+        /// and its slot leave, the call stays in the call windows (the provider saw it).
         func without(tokens: Int64) -> Counts {
             Counts(
-                companyCalls: companyCalls.map { max(0, $0 - 1) }, companyTokens: companyTokens.map { max(0, $0 - tokens) },
-                userCalls: userCalls.map { max(0, $0 - 1) }, userTokens: userTokens.map { max(0, $0 - tokens) },
+                companyCalls: companyCalls, companyTokens: companyTokens.map { max(0, $0 - tokens) },
+                userCalls: userCalls, userTokens: userTokens.map { max(0, $0 - tokens) },
                 userInFlight: userInFlight.map { max(0, $0 - 1) })
         }
     }
@@ -164,7 +165,8 @@ public struct RateState: Sendable, Equatable {
         return window == .companyRPM || window == .userRPM ? used + 1 > limit : used >= limit
     }
 
-    /// The state after the call was given back: it leaves its windows and frees its slot.
+    /// The state after a call the provider answered with an error was given back: its tokens
+    /// leave its windows and its slot is freed; the call stays counted (SPEC §14).
     func refunded() -> RateState {
         var s = self
         s.counts = counts.without(tokens: tokens ?? 0)

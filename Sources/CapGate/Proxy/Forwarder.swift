@@ -5,8 +5,10 @@ import NIOHTTP1
 
 /// Step 3 of a metered call: sends it to the provider with the provider's key, the client's
 /// credentials and hop-by-hop fields removed (``ForwardedFields``), within the company's share
-/// of the provider connections. A call the provider never answered (unreachable, 502; timed out,
-/// 504; no connection free within `upstream.timeout`, 503) is given back before the caller hears.
+/// of the provider connections. A call the provider never answered (unreachable, 502; timed out
+/// before it was wholly sent, 504; no connection free within `upstream.timeout`, 503) is given
+/// back before the caller hears; one wholly sent and not answered within `upstream.timeout` (504)
+/// stays charged at its hold, since the provider may have run it.
 struct Forwarder: Sendable {
     let upstream: UpstreamClient
     /// `proxy.companyShare` of the provider's connections (calls forwarded at once), per company.
@@ -41,6 +43,21 @@ struct Forwarder: Sendable {
                 $0.upstreamMillis = (ContinuousClock.now - started).milliseconds
             }
             return Answer(response: response, ticket: ticket)
+        } catch UpstreamError.unanswered {
+            // The whole request reached the provider, which may have run it and may bill it: the
+            // call stays charged, its cost settled at its hold (SPEC §11, §14); only an answer
+            // saying it failed gives a charge back.
+            ticket.release()
+            admitted.charge?.settle(status: 504, usage: UsageCapture(contentType: nil))
+            GatewayMetrics.upstream(ContinuousClock.now - started, status: 504)
+            record.update {
+                $0.upstreamMillis = (ContinuousClock.now - started).milliseconds
+                $0.upstreamStatus = 504
+            }
+            logger.warning("upstream failed", metadata: ["error": "\(UpstreamError.unanswered)"])
+            throw GatewayError.upstreamTimeout(
+                "The AI provider did not answer in time after receiving the whole request. It may still have run it, so the call stays counted; try again."
+            )
         } catch {
             ticket.release()
             let timedOut = (error as? UpstreamError)?.isTimeout ?? false

@@ -297,8 +297,11 @@ public final class UpstreamClient: Sendable {
 enum UpstreamError: Error, Sendable, Equatable, CustomStringConvertible {
     /// No connection within `upstream.connectTimeout`.
     case connectTimeout
-    /// No response head within `upstream.timeout`.
+    /// No response head within `upstream.timeout`, the request not yet wholly sent.
     case headTimeout
+    /// No response head within `upstream.timeout` after the whole request was sent: the provider
+    /// may have run the call (and may still bill it).
+    case unanswered
     /// The body went silent for longer than `upstream.idleTimeout`.
     case idleTimeout
     /// The connection could not be made.
@@ -315,7 +318,7 @@ enum UpstreamError: Error, Sendable, Equatable, CustomStringConvertible {
     var isTimeout: Bool {
         switch self {
         // No connection in time is "unreachable" (502); 504 is for a provider that was reached.
-        case .headTimeout, .idleTimeout, .queueTimeout: true
+        case .headTimeout, .unanswered, .idleTimeout, .queueTimeout: true
         case .connectTimeout, .unreachable, .closed, .notFramable, .tls: false
         }
     }
@@ -324,6 +327,7 @@ enum UpstreamError: Error, Sendable, Equatable, CustomStringConvertible {
         switch self {
         case .connectTimeout: "no connection to the provider in time"
         case .headTimeout: "the provider did not answer in time"
+        case .unanswered: "the provider did not answer in time after the whole request was sent"
         case .idleTimeout: "the provider's answer stalled"
         case .unreachable(let reason): "the provider could not be reached: \(reason)"
         case .closed: "the provider closed the connection before the answer was complete"

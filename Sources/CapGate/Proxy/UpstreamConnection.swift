@@ -346,7 +346,9 @@ final class UpstreamConnection: ChannelDuplexHandler {
         timer = nil
         switch state {
         case .waitingForHead:
-            fail(.headTimeout)
+            // Once the whole request is out the provider may be running it: a different outcome
+            // for the charge (kept, at its hold) than a request cut off while being sent.
+            fail(requestSent ? .unanswered : .headTimeout)
             context?.close(promise: nil)
         case .gathering, .streaming:
             // A consumer that is slow to take the body is not a silent provider.
