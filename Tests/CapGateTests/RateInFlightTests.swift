@@ -33,10 +33,12 @@ struct RateInFlightTests {
         return connection
     }
 
-    @Test("user_concurrency 3: a fourth call waits for 429 (Retry-After 1); a call that ends, fails or loses its client frees its slot")
+    @Test(
+        "user_concurrency 3: a fourth call waits for 429 (Retry-After 1); a call that ends or fails frees its slot, one that loses its client once the provider's stream is drained or cut"
+    )
     func concurrency() async throws {
-        // A stream whose client left is read on for 3 s at most (its usage), then its row goes.
-        try await Harness.with(settings: ["costs.drainSeconds": "3"]) { h in
+        // A stream whose client left is read on for 10 s at most (its usage), then its row goes.
+        try await Harness.with(settings: ["costs.drainSeconds": "10"]) { h in
             try await h.createPlan("p", company: nil, user: nil)
             try await RateWindowTests.setLimits(h, plan: "p", .obj(["user_concurrency": 3]))
             let (_, users) = try await h.createCompany(plan: "p", users: 2)
@@ -62,9 +64,18 @@ struct RateInFlightTests {
             let other = try await h.request(.GET, "/v1/usage/check", headers: [("x-api-key", users[1].key)]).json
             #expect(other["allowed"]?.boolValue == true && other["reason"] == .null)
 
-            // A client that leaves frees its slot at once (the stream is still read for its usage).
+            // A client that leaves does not free its slot while the provider's stream is read on
+            // for its usage (up to costs.drainSeconds, 10 s, from when the gateway finds the client
+            // gone, at its next event, within 3 s): the provider still runs the call. Once the
+            // stream is drained or cut it is.
             slow.removeFirst().close()
-            #expect(try await h.eventually(slots, equals: 2, within: .seconds(20)) == 2)
+            let closed = ContinuousClock.now
+            #expect(try await h.message(key: key).status == 429)
+            #expect(try await h.eventually(slots, equals: 2, within: .seconds(40)) == 2)
+            // Never before the drain's 10 s (the client's close is found at an event, 0–6 s on,
+            // and the drain counts from then): a slot freed when the client left would be earlier.
+            let held = ContinuousClock.now - closed
+            #expect(held >= .milliseconds(9_500), "the slot was freed \(held) after the client left")
             // A call the provider fails is refunded and frees its slot before its answer.
             #expect(try await h.message(key: key, headers: [("x-mock-status", "500")]).status == 500)
             #expect(try await h.scalar(slots) == 2)
@@ -82,7 +93,7 @@ struct RateInFlightTests {
             #expect(try await h.eventually(slots, equals: 2) == 2)
 
             for connection in slow { connection.close() }
-            #expect(try await h.eventually(slots, equals: 0, within: .seconds(20)) == 0)
+            #expect(try await h.eventually(slots, equals: 0, within: .seconds(40)) == 0)
             #expect(try await h.eventually("SELECT count(*) FROM rate_calls", equals: 0) == 0)
         }
     }
@@ -108,6 +119,38 @@ struct RateInFlightTests {
             // The stream outlived its first lease: this test says nothing if it ended too soon.
             #expect(ContinuousClock.now - started > .seconds(4))
             #expect(try await h.message(key: key).status == 200)
+        }
+    }
+
+    @Test(
+        "each slot keeps the lease of the gateway that holds it: a gateway started later with rate.leaseSeconds 2 does not cut a 600 s gateway's running stream's slot"
+    )
+    func leasePerGateway() async throws {
+        try await Harness.with { a in
+            try await a.createPlan("p", company: nil, user: nil)
+            try await RateWindowTests.setLimits(a, plan: "p", .obj(["user_concurrency": 1]))
+            let (_, users) = try await a.createCompany(plan: "p", users: 1)
+            let key = users[0].key
+            try await Harness.with(database: a.databaseURL, settings: ["rate.leaseSeconds": "2"]) { b in
+                // The later gateway's lease is now the database's default.
+                #expect(try await a.eventually("SELECT slot_lease_seconds FROM config_versions", equals: 2) == 2)
+                // A's stream, events 1 s apart (about 7 s), holds A's lease (600 s), not 2 s.
+                let stream = try await Self.slowStream(a, key: key, delay: 1000)
+                #expect(stream.status == .ok)
+                #expect(
+                    try await a.scalar("SELECT count(*) FROM rate_calls WHERE lease_until > now() + interval '300 seconds'") == 1)
+                try await Task.sleep(for: .seconds(4))
+                let refused = try await b.message(key: key)
+                #expect(refused.status == 429, "\(refused.body)")
+                #expect(refused.json["usage"]?["rate"]?["window"]?.stringValue == "user-concurrency")
+                try await Self.drain(stream)
+                #expect(try await a.eventually("SELECT count(*) FROM rate_calls", equals: 0) == 0)
+                // B's own slots take B's lease.
+                let own = try await Self.slowStream(b, key: key, delay: 1000)
+                #expect(own.status == .ok)
+                #expect(try await b.scalar("SELECT count(*) FROM rate_calls WHERE lease_until < now() + interval '10 seconds'") == 1)
+                try await Self.drain(own)
+            }
         }
     }
 

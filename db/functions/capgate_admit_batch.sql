@@ -118,6 +118,9 @@ BEGIN
     SELECT routes, thresholds, (SELECT min(t) FROM unnest(thresholds) t), slot_lease_seconds
       INTO v_routes, v_thresholds, v_low, v_lease
       FROM config_versions WHERE singleton;
+    -- A slot keeps the lease of the gateway that takes it (SPEC §14): its sessions carry its
+    -- rate.leaseSeconds; config_versions' is the default for any other session.
+    v_lease := coalesce(nullif(current_setting('capgate.slot_lease_seconds', true), '')::integer, v_lease);
 
     -- 1. The calls as the database knows them. Each model is priced once, at its latest call: a
     --    row in force since its earliest call is every call's price (an earlier call sees a subset

@@ -63,7 +63,7 @@ DECLARE
     v_hold bigint := 0;    -- the hold as the counters take it (0: nothing held)
     v_c_short boolean := false;  -- the company budget cannot take the hold (decided after the caps and features)
     v_u_short boolean := false;
-    v_lease integer;       -- config_versions.slot_lease_seconds
+    v_lease integer;       -- the session's capgate.slot_lease_seconds, else config_versions'
     v_rated boolean;       -- a rate window or a concurrency limit applies (8)
     v_rate capgate_rate;
     v_g_units boolean := false;  -- the company cap cannot hold the call, a top-up grant can (7)
@@ -80,6 +80,9 @@ BEGIN
     SELECT routes, thresholds, (SELECT min(t) FROM unnest(thresholds) t), slot_lease_seconds
       INTO v_routes, v_thresholds, v_low, v_lease
       FROM config_versions WHERE singleton;
+    -- A slot keeps the lease of the gateway that takes it (SPEC §14): its sessions carry its
+    -- rate.leaseSeconds; config_versions' is the default for any other session.
+    v_lease := coalesce(nullif(current_setting('capgate.slot_lease_seconds', true), '')::integer, v_lease);
     IF p_routes_version IS NOT NULL AND p_routes_version <> v_routes THEN
         r.decision := 'stale_routes';
         RETURN r;

@@ -44,7 +44,8 @@ struct GatewayParts {
         // One PostgresClient for a single-host URL; for a multi-host one, a follower that runs
         // the writable host's client and moves to another host after a failover.
         let (database, client) = await Database.connect(
-            url: databaseURL, maxConnections: configuration.databaseMaxConnections, timeout: timeout, logger: dbLogger)
+            url: databaseURL, maxConnections: configuration.databaseMaxConnections, timeout: timeout,
+            slotLeaseSeconds: configuration.rateLeaseSeconds, logger: dbLogger)
         let upstream = try UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
         let keyUsage = KeyUsage(database: database)
         let authenticator = try await Authenticator(database: database, configuration: configuration, keyUsage: keyUsage)

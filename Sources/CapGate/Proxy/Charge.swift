@@ -29,13 +29,6 @@ struct Charge: Sendable {
         }
     }
 
-    /// The client left while the answer streams on (read for its usage): the call's concurrency
-    /// slot is freed now (SPEC §14); its token hold is settled when the stream ends.
-    func clientLeft() {
-        guard windows.slot else { return }
-        metering.freeSlot(companyID: companyID, ledgerID: ledgerID)
-    }
-
     /// Reports this attempt's failure before the caller is answered: the charge is given back
     /// unless another attempt at it (the same Idempotency-Key) is in flight or succeeded. Returns
     /// whether it was given back now. If the database is unavailable the caller is answered

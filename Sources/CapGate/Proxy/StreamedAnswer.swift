@@ -44,8 +44,11 @@ struct StreamedAnswer: Sendable {
                         try await writer.write(chunk)
                     } catch {
                         failure = error
+                        // The call's slot stays taken while the provider's stream is read on:
+                        // it is freed by the settlement below, once the stream is drained or
+                        // cut (SPEC §14), so a user who opens and drops streams never has more
+                        // calls running at the provider than its limit.
                         drainUntil = ContinuousClock.now + drain
-                        charge?.clientLeft()
                         if !readsOn() { break }
                     }
                 }

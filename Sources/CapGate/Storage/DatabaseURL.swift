@@ -125,7 +125,13 @@ public struct DatabaseURL: Sendable {
     /// - Parameter statementTimeout: sent as the connections' `statement_timeout`, so that a
     ///   statement the gateway stopped waiting for (``Database/run(lateResult:_:)``) also ends on
     ///   the server.
-    public func clientConfiguration(maxConnections: Int, statementTimeout: Duration? = nil) -> PostgresClient.Configuration {
+    /// - Parameter slotLeaseSeconds: this gateway's `rate.leaseSeconds`, carried by each of its
+    ///   sessions as `capgate.slot_lease_seconds`: the lease its admissions give the concurrency
+    ///   slots they take (SPEC §14: each slot keeps the lease of the gateway that holds it; the
+    ///   shared `config_versions.slot_lease_seconds` is only the default for other sessions).
+    public func clientConfiguration(
+        maxConnections: Int, statementTimeout: Duration? = nil, slotLeaseSeconds: Int? = nil
+    ) -> PostgresClient.Configuration {
         let tls: PostgresClient.Configuration.TLS
         switch tlsChoice(for: host) {
         case .disable: tls = .disable
@@ -147,7 +153,10 @@ public struct DatabaseURL: Sendable {
         config.options.keepAliveBehavior = nil
         config.options.connectTimeout = .seconds(3)
         if let statementTimeout {
-            config.options.additionalStartupParameters = [("statement_timeout", "\(Self.milliseconds(statementTimeout))")]
+            config.options.additionalStartupParameters.append(("statement_timeout", "\(Self.milliseconds(statementTimeout))"))
+        }
+        if let slotLeaseSeconds {
+            config.options.additionalStartupParameters.append(("capgate.slot_lease_seconds", "\(slotLeaseSeconds)"))
         }
         return config
     }

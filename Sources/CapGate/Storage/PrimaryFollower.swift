@@ -27,6 +27,7 @@ public final class PrimaryFollower: Service, Sendable {
     public let url: DatabaseURL
     let maxConnections: Int
     let statementTimeout: Duration?
+    let slotLeaseSeconds: Int?
     let probeInterval: Duration
     let logger: Logger
     private let current: Mutex<Current>
@@ -39,17 +40,19 @@ public final class PrimaryFollower: Service, Sendable {
     ///     follower starts on the first host and probes at once).
     ///   - probeInterval: the least time between two probes.
     public init(
-        url: DatabaseURL, initialHost: Int?, maxConnections: Int, statementTimeout: Duration?,
+        url: DatabaseURL, initialHost: Int?, maxConnections: Int, statementTimeout: Duration?, slotLeaseSeconds: Int? = nil,
         probeInterval: Duration = .milliseconds(500), logger: Logger
     ) {
         self.url = url
         self.maxConnections = maxConnections
         self.statementTimeout = statementTimeout
+        self.slotLeaseSeconds = slotLeaseSeconds
         self.probeInterval = probeInterval
         self.logger = logger
         let index = initialHost ?? 0
         let client = Self.makeClient(
-            url: url, index: index, maxConnections: maxConnections, statementTimeout: statementTimeout, logger: logger)
+            url: url, index: index, maxConnections: maxConnections, statementTimeout: statementTimeout,
+            slotLeaseSeconds: slotLeaseSeconds, logger: logger)
         let (retire, retireContinuation) = AsyncStream.makeStream(of: Void.self)
         self.initial = (client, retire)
         self.current = Mutex(Current(client: client, index: index, retire: retireContinuation))
@@ -113,7 +116,8 @@ public final class PrimaryFollower: Service, Sendable {
     /// false (and that client shut down) when the check fails.
     private func move(to index: Int, group: inout DiscardingTaskGroup) async -> Bool {
         let client = Self.makeClient(
-            url: url, index: index, maxConnections: maxConnections, statementTimeout: statementTimeout, logger: logger)
+            url: url, index: index, maxConnections: maxConnections, statementTimeout: statementTimeout,
+            slotLeaseSeconds: slotLeaseSeconds, logger: logger)
         let (retire, retireContinuation) = AsyncStream.makeStream(of: Void.self)
         group.addTask { await Self.run(client, until: retire) }
         let logger = self.logger
@@ -163,11 +167,11 @@ public final class PrimaryFollower: Service, Sendable {
     }
 
     private static func makeClient(
-        url: DatabaseURL, index: Int, maxConnections: Int, statementTimeout: Duration?, logger: Logger
+        url: DatabaseURL, index: Int, maxConnections: Int, statementTimeout: Duration?, slotLeaseSeconds: Int?, logger: Logger
     ) -> PostgresClient {
         PostgresClient(
             configuration: url.only(url.hosts[index]).clientConfiguration(
-                maxConnections: maxConnections, statementTimeout: statementTimeout),
+                maxConnections: maxConnections, statementTimeout: statementTimeout, slotLeaseSeconds: slotLeaseSeconds),
             backgroundLogger: logger)
     }
 }
@@ -177,11 +181,13 @@ extension Database {
     /// single-host URL one `PostgresClient` (as before); for a multi-host URL a
     /// ``PrimaryFollower`` started on the host that accepts writes now (probed once, bounded).
     public static func connect(
-        url: DatabaseURL, maxConnections: Int, timeout: Duration, logger: Logger
+        url: DatabaseURL, maxConnections: Int, timeout: Duration, slotLeaseSeconds: Int? = nil, logger: Logger
     ) async -> (database: Database, service: any Service) {
         guard url.isMultiHost else {
             let client = PostgresClient(
-                configuration: url.clientConfiguration(maxConnections: maxConnections, statementTimeout: timeout), backgroundLogger: logger)
+                configuration: url.clientConfiguration(
+                    maxConnections: maxConnections, statementTimeout: timeout, slotLeaseSeconds: slotLeaseSeconds),
+                backgroundLogger: logger)
             return (Database(client: client, timeout: timeout, logger: logger), client)
         }
         let initial = await PrimaryLocator(url: url, logger: logger).locate()
@@ -189,7 +195,8 @@ extension Database {
             logger.error("no host of database.url accepts writes at start; calls are refused (503) until one does")
         }
         let follower = PrimaryFollower(
-            url: url, initialHost: initial, maxConnections: maxConnections, statementTimeout: timeout, logger: logger)
+            url: url, initialHost: initial, maxConnections: maxConnections, statementTimeout: timeout,
+            slotLeaseSeconds: slotLeaseSeconds, logger: logger)
         return (Database(follower: follower, timeout: timeout, logger: logger), follower)
     }
 }
