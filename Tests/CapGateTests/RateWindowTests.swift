@@ -98,6 +98,34 @@ struct RateWindowTests {
         }
     }
 
+    @Test(
+        "a call whose own token hold is over user_tpm or company_tpm can never fit: 400 naming max_tokens and the limit (not a 429 the SDKs retry for ever), nothing charged or forwarded"
+    )
+    func holdOverTokenWindow() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: nil, user: nil)
+            // A call holds its body's bytes plus costs.promptOverheadTokens (1,000) plus max_tokens (16).
+            try await Self.setLimits(h, plan: "p", .obj(["user_tpm": 1_000]))
+            let (_, users) = try await h.createCompany(plan: "p", users: 1)
+            try await Self.roomInMinute(10)
+            let refused = try await h.message(key: users[0].key)
+            #expect(refused.status == 400, "\(refused.body)")
+            #expect(refused.json["error"]?["type"]?.stringValue == "invalid_request_error")
+            let message = refused.json["error"]?["message"]?.stringValue ?? ""
+            #expect(message.contains("max_tokens") && message.contains("1000") && message.contains("user-tpm"), "\(message)")
+            #expect(refused.headers.first(name: "retry-after") == nil)
+            try await Self.setLimits(h, plan: "p", .obj(["user_tpm": .null, "company_tpm": 1_000]))
+            let company = try await h.message(key: users[0].key)
+            #expect(company.status == 400)
+            #expect(company.json["error"]?["message"]?.stringValue?.contains("company-tpm") == true)
+            #expect(h.mock.counter.count == 0)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0)
+            // A limit the hold fits: admitted.
+            try await Self.setLimits(h, plan: "p", .obj(["company_tpm": 2_000]))
+            #expect(try await h.message(key: users[0].key).status == 200)
+        }
+    }
+
     @Test("company_rpm counts every user of the company; a 402 at the cap is not counted in the window")
     func companyWindow() async throws {
         try await Harness.with { h in

@@ -57,6 +57,9 @@ struct UsageCheck {
             rate.refused = window
             rate.refusedFeature = isFeature
             state.rate = rate
+            if let limit = rate.holdOverRefusingLimit, let hold = rate.tokens {
+                return Outcome(refusal: .holdOverRateLimit(window, limit: limit, hold: hold), state: state)
+            }
             return Outcome(refusal: .rate(window), state: state)
         }
         return Outcome(refusal: nil, state: state)

@@ -110,6 +110,16 @@ public struct RateState: Sendable, Equatable {
     /// What the call holds in the token windows (its prompt bound plus `max_tokens`).
     public var tokens: Int64?
 
+    /// The limit of the refusing token window when the call's own hold is over it: such a call
+    /// can never be admitted, whatever else runs (SPEC §14: 400, not a 429 the SDKs retry for
+    /// ever). Nil for any other refusal.
+    public var holdOverRefusingLimit: Int64? {
+        guard let refused, refused == .companyTPM || refused == .userTPM, let tokens else { return nil }
+        let limits = refusedFeature ? (feature?.limits ?? Limits()) : limits
+        guard let limit = limits[refused], tokens > limit else { return nil }
+        return limit
+    }
+
     /// When the window has room again: the minute's end, or a second from `now` for the calls in
     /// flight (a slot frees when a call ends, which cannot be foreseen).
     public func resetAt(_ window: Window, now: Date) -> Date {

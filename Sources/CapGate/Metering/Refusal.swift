@@ -38,6 +38,9 @@ public enum Refusal: Sendable, Equatable {
     /// A rate window is full, or the user has as many calls in flight as allowed (429
     /// `rate_limit_error`; SPEC §14).
     case rate(RateState.Window)
+    /// The call's own token hold is over a token window's limit (`limit`): it can never be
+    /// admitted (400 naming `max_tokens` and the limit; SPEC §14).
+    case holdOverRateLimit(RateState.Window, limit: Int64, hold: Int64)
 
     /// The SPEC's `error.type` of the answer (`/v1/usage/check`'s `reason`).
     public var errorType: String {
@@ -51,7 +54,7 @@ public enum Refusal: Sendable, Equatable {
         case .unknownUser: "authentication_error"
         case .idempotency(let decision, _): decision == .idempotencyMismatch ? "idempotency_key_reused" : "idempotency_conflict"
         case .budget: "budget_exceeded"
-        case .unpricedModel, .maxTokensRequired, .unboundedCall: "invalid_request_error"
+        case .unpricedModel, .maxTokensRequired, .unboundedCall, .holdOverRateLimit: "invalid_request_error"
         case .rate: "rate_limit_error"
         }
     }

@@ -87,7 +87,7 @@ struct Admitter: Sendable {
         }
         if let refusal = Self.refusal(
             admission.decision, cost: cost, credential: user.credential, maxKeptBytes: idempotencyMaxBytes,
-            scope: admission.budgetScope, model: request.model, window: admission.state.rate?.refused)
+            scope: admission.budgetScope, model: request.model, rate: admission.state.rate)
         {
             return .refused(refusal, admission.state)
         }
@@ -104,7 +104,7 @@ struct Admitter: Sendable {
     /// The refusal an admission decided, nil for a charge (or a replay).
     static func refusal(
         _ decision: Admission.Decision, cost: CallCost, credential: UserIdentity.Credential, maxKeptBytes: Int,
-        scope: String? = nil, model: String? = nil, window: RateState.Window? = nil
+        scope: String? = nil, model: String? = nil, rate: RateState? = nil
     ) -> Refusal? {
         let feature = cost.feature ?? "this feature"
         switch decision {
@@ -123,7 +123,12 @@ struct Admitter: Sendable {
         case .unpricedModel: return .unpricedModel(model)
         case .maxTokensRequired: return .maxTokensRequired
         case .unboundedCall: return .unboundedCall
-        case .rateLimited: return .rate(window ?? .userRPM)
+        case .rateLimited:
+            let window = rate?.refused ?? .userRPM
+            if let limit = rate?.holdOverRefusingLimit, let hold = rate?.tokens {
+                return .holdOverRateLimit(window, limit: limit, hold: hold)
+            }
+            return .rate(window)
         }
     }
 

@@ -64,6 +64,12 @@ extension Responder {
             return GatewayError(
                 .init(code: 429), refusal.errorType, rateMessage(window, state: state), usage: usage(for: refusal, state: state, now: now),
                 headers: headers)
+        case .holdOverRateLimit(let window, let limit, let hold):
+            let whose = window == .companyTPM ? "your company's" : "your"
+            return GatewayError.invalidRequest(
+                "This call holds \(hold) tokens (its prompt bound plus max_tokens), more than \(whose) \(limit) tokens a minute "
+                    + "(\(window.rawValue)), so it can never be admitted. Lower max_tokens (or the prompt) so that the call fits "
+                    + "in \(limit) tokens. Nothing was charged.")
         case .unpricedModel(let model):
             let which = model.map { "The model \"\($0)\" has no price" } ?? "The call names no model, so it has no price"
             return GatewayError.invalidRequest(
