@@ -123,12 +123,35 @@ public struct Database: Sendable {
         let logger = self.logger
         return try await run(lateResult: lateResult) { client in
             do {
-                return try await client.withConnection { connection in try await connection.committed(logger: logger, body) }
+                return try await client.withConnection { connection in
+                    do {
+                        return try await connection.committed(logger: logger, body)
+                    } catch {
+                        if Self.spoilsPreparedStatements(error) {
+                            logger.warning(
+                                "a statement could not be prepared or planned; its connection is closed so that a new one prepares it again",
+                                metadata: ["sqlstate": "\((error as? PSQLError)?.serverInfo?[.sqlState] ?? "")"])
+                            try? await connection.close()
+                        }
+                        throw error
+                    }
+                }
             } catch {
                 failed?(error)
                 throw error
             }
         }
+    }
+
+    /// An error after which a connection's prepared statements cannot be trusted: PostgresNIO
+    /// keeps a statement whose preparation failed as failed for the connection's life (a function
+    /// missing for a moment during a deploy would fail every later call on it), and PostgreSQL
+    /// refuses a prepared statement whose result type changed (`0A000` "cached plan must not
+    /// change result type"). Class 42 (an undefined function, table or column, a privilege), 0A
+    /// (not supported), 26 (invalid statement name), 3F (invalid schema).
+    static func spoilsPreparedStatements(_ error: any Error) -> Bool {
+        guard let state = (error as? PSQLError)?.serverInfo?[.sqlState] else { return false }
+        return ["42", "0A", "26", "3F"].contains(String(state.prefix(2)))
     }
 
     /// How often, and for how long, ``untilAvailable(_:)`` tries.
