@@ -155,10 +155,12 @@ struct CostBudgetTests {
             let tools = #""tools":[{"type":"web_search_20250305","name":"web_search"}],"#
             let cases = [
                 (Self.body(maxTokens: nil), "max_tokens"), (Self.body(model: "gpt-unknown"), "gpt-unknown"),
-                (Self.body(extra: tools), "server tools"),
+                (Self.body(extra: tools), "web_search_20250305"),
                 (#"{"requests":[{"custom_id":"a","params":{"model":"claude-test","max_tokens":5}}]}"#, "batch"),
                 // Billed by the provider at a multiple of the model's rates, which the price book does not hold.
                 (Self.body(extra: #""speed":"fast","#), "speed"), (Self.body(extra: #""inference_ge\u006f":"us","#), "inference_geo"),
+                // A provider-defined tool whose added tokens costs.toolOverheadTokens does not list.
+                (Self.body(extra: #""tools":[{"type":"bash_20990101","name":"bash"}],"#), "bash_20990101"),
             ]
             for (body, words) in cases {
                 let reply = try await call(h, key: key, body)
@@ -169,15 +171,16 @@ struct CostBudgetTests {
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0)
             #expect(try await h.scalar("SELECT coalesce(sum(used + cost_held), 0) FROM company_usage") == 0)
             #expect(h.mock.counter.count == 0, "a refused call reached the provider")
-            // The standard rate's values are held as any call.
+            // The standard rate's values are held as any call; so are the tools whose tokens are listed.
             #expect(try await call(h, key: key, Self.body(extra: #""speed":"standard","inference_geo":"global","#)).status == 200)
+            #expect(try await call(h, key: key, Self.body(extra: #""tools":[{"type":"bash_20250124","name":"bash"}],"#)).status == 200)
 
             // No budget: they pass as before (tokens recorded; cost where priced).
             try await h.exec("UPDATE plans SET monthly_company_budget = NULL")
             for (body, words) in cases.prefix(3) {
                 #expect(try await call(h, key: key, body).status == 200, "\(words)")
             }
-            #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE settled_at IS NOT NULL", equals: 4) == 4)
+            #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE settled_at IS NOT NULL", equals: 5) == 5)
             // Without max_tokens, or with server tools, nothing was held, but the usage is priced.
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE hold_micros IS NULL AND cost_source = 'usage'") == 2)
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE model = 'gpt-unknown' AND cost_micros IS NULL") == 1)

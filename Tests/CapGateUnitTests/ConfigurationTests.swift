@@ -53,6 +53,17 @@ struct ConfigurationTests {
         #expect(ConfigurationError.environmentName(of: "upstream.apiKey") == "UPSTREAM_API_KEY")
         #expect(ConfigurationError.environmentName(of: "proxy.maxBodyBytes") == "PROXY_MAX_BODY_BYTES")
         #expect(ConfigurationError.environmentName(of: "billing.rolloverInterval") == "BILLING_ROLLOVER_INTERVAL")
+        // costs.toolOverheadTokens: a JSON object merged over the published figures, or a start refused naming it.
+        let tools = try await CapGateConfiguration.load(
+            environment: ["COSTS_TOOL_OVERHEAD_TOKENS": #"{"bash_20990101": 250}"#], file: "/nonexistent.json")
+        #expect(tools.costs.toolOverheadTokens["bash_20990101"] == 250 && tools.costs.toolOverheadTokens["tool_choice"] == 346)
+        #expect(configuration.costs.toolOverheadTokens == CostSettings.publishedToolOverhead)
+        do {
+            _ = try await CapGateConfiguration.load(environment: ["COSTS_TOOL_OVERHEAD_TOKENS": #"{"bash": -1}"#], file: "/nonexistent.json")
+            Issue.record("expected an error")
+        } catch let error as ConfigurationError {
+            #expect(error.description.contains("costs.toolOverheadTokens (COSTS_TOOL_OVERHEAD_TOKENS)"))
+        }
     }
 
     static func date(_ text: String) -> Date { Timestamp.parse(text)! }

@@ -72,12 +72,51 @@ struct PromptBoundTests {
         #expect(cached.cache == .oneHour && cached.maxTokens == CostBound.absent && cached.window == 1_000_000)
     }
 
-    @Test("server tools: any top-level tool of a type the client does not run, and mcp_servers; a batch's requests")
+    /// The bound of `body` with the default `costs.*` (1,000 overhead, the published tool figures).
+    static func bound(_ body: String) throws -> CostBound {
+        CostBound(
+            bodyBytes: body.utf8.count, shape: try shape(body), maxTokens: 64, overheadTokens: 1_000, imageTokens: 5_000,
+            largeWindow: false)
+    }
+
+    @Test(
+        "tools the provider defines: each adds its published tokens and the tool-use system prompt once; a type not listed (a server tool, an unknown version) cannot be bounded and is named"
+    )
+    func providerTools() throws {
+        // Custom tools: only their bytes, plus the tool-use system prompt (346).
+        let custom = #"{"tools":[{"name":"f","input_schema":{}},{"type":"custom","name":"g"}]}"#
+        #expect(try Self.bound(custom).promptTokens == Int64(custom.utf8.count + 1_000 + 346))
+        #expect(try Self.shape(custom).toolTypes.isEmpty && (try Self.shape(custom)).tools == 2)
+        // bash (245) and the text editor (700), and computer use (735 + 499), escaped as the provider reads them.
+        let client = #"{"tools":[{"type":"bash_20250124","name":"bash"},{"typ\u0065":"text_editor_20250728"},{"type":"computer_20250124"}]}"#
+        #expect(try Self.bound(client).promptTokens == Int64(client.utf8.count + 1_000 + 346 + 245 + 700 + 1_234))
+        #expect(try Self.bound(client).unknownTool == nil)
+        // No tools: no tool-use system prompt.
+        #expect(try Self.bound(#"{"model":"m"}"#).promptTokens == Int64(13 + 1_000))
+        for (body, type) in [
+            (#"{"tools":[{"type":"web_search_20250305","name":"web_search"}]}"#, "web_search_20250305"),
+            (#"{"tools":[{"typ\u0065":"code_execution_20250825"}]}"#, "code_execution_20250825"),
+            (#"{"tools":[{"type":"bash_20250124"},{"type":"bash_20990101"}]}"#, "bash_20990101"),
+            (#"{"tools":[{"type":"memory_20250818"}]}"#, "memory_20250818"),
+        ] {
+            let bound = try Self.bound(body)
+            #expect(bound.promptTokens == CostBound.cannotBound && bound.unknownTool == type, "\(body)")
+        }
+        // An operator's list: a new version added, a figure raised.
+        let settings = try #require(CostSettings.toolOverhead(parsing: #"{"bash_20990101": 300, "tool_choice": 400}"#))
+        let newer = #"{"tools":[{"type":"bash_20990101"}]}"#
+        let held = CostBound(
+            bodyBytes: newer.utf8.count, shape: try Self.shape(newer), maxTokens: 64, overheadTokens: 1_000, imageTokens: 5_000,
+            largeWindow: false, toolOverhead: settings)
+        #expect(held.promptTokens == Int64(newer.utf8.count + 1_000 + 400 + 300) && held.unknownTool == nil)
+        #expect(settings["text_editor_20250728"] == 700)
+        for bad in [#"[]"#, #"{"bash": -1}"#, #"{"bash": 1.5}"#, #"{"bash": "245"}"#, #"{"": 1}"#, #"{"a":1,"a":2}"#, "nope"] {
+            #expect(CostSettings.toolOverhead(parsing: bad) == nil, "\(bad)")
+        }
+    }
+
+    @Test("server tools: mcp_servers; a batch's requests")
     func serverTools() throws {
-        #expect(try Self.shape(#"{"tools":[{"name":"f","input_schema":{}},{"type":"custom","name":"g"}]}"#).bounded)
-        #expect(try Self.shape(#"{"tools":[{"type":"bash_20250124","name":"bash"},{"type":"text_editor_20250728"}]}"#).bounded)
-        #expect(!(try Self.shape(#"{"tools":[{"type":"web_search_20250305","name":"web_search"}]}"#)).bounded)
-        #expect(!(try Self.shape(#"{"tools":[{"typ\u0065":"code_execution_20250825"}]}"#)).bounded)
         #expect(!(try Self.shape(#"{"mcp_servers":[]}"#)).bounded)
         #expect(!(try Self.shape(#"{"requests":[{"custom_id":"a","params":{}}]}"#)).bounded)
         // Only the top-level tools list names tools: a tool_use block in a message is content.

@@ -146,7 +146,7 @@ public struct CapGateConfiguration: Sendable {
             "spool.directory", "log.level", "notifications.webhookUrl", "notifications.webhookSecret", "notifications.thresholds",
             "notifications.timeout", "notifications.retryFor", "notifications.retryDelay", "notifications.maxRetryDelay",
             "notifications.pollInterval", "notifications.maxPerSecond", "notifications.caFile",
-            "costs.promptOverheadTokens", "costs.imageTokens", "costs.drainSeconds", "rate.leaseSeconds",
+            "costs.promptOverheadTokens", "costs.imageTokens", "costs.drainSeconds", "costs.toolOverheadTokens", "rate.leaseSeconds",
         ] + AppleSettings.keys
     static let secretKeys: Set<String> = [
         "database.url", "upstream.apiKey", "operator.token", "operator.tokens", "jwt.secret", "notifications.webhookSecret",
@@ -229,7 +229,15 @@ public struct CapGateConfiguration: Sendable {
         costs = CostSettings(
             promptOverheadTokens: try Self.int(reader, "costs.promptOverheadTokens", default: 1_000, range: 0...1_000_000),
             imageTokens: try Self.int(reader, "costs.imageTokens", default: 5_000, range: 0...1_000_000),
-            drainSeconds: try Self.int(reader, "costs.drainSeconds", default: 60, range: 0...3600))
+            drainSeconds: try Self.int(reader, "costs.drainSeconds", default: 60, range: 0...3600),
+            toolOverheadTokens: try Self.nonEmpty(reader.string(forKey: "costs.toolOverheadTokens")).map { text in
+                guard let map = CostSettings.toolOverhead(parsing: text) else {
+                    throw ConfigurationError(
+                        key: "costs.toolOverheadTokens",
+                        problem: #"must be a JSON object of tool types (or "tool_choice") to whole numbers of tokens from 0 to 1000000"#)
+                }
+                return map
+            } ?? CostSettings.publishedToolOverhead)
         apple = try AppleSettings(reader: reader)
         rateLeaseSeconds = try Self.int(reader, "rate.leaseSeconds", default: 600, range: 1...(86400 * 7))
         logLevel = reader.string(forKey: "log.level", default: "info")

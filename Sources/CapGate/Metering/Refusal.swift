@@ -33,8 +33,9 @@ public enum Refusal: Sendable, Equatable {
     case unpricedModel(String?)
     /// A budget applies and the call has no `max_tokens` (400).
     case maxTokensRequired
-    /// A budget applies and the price book cannot bound the call's body (400).
-    case unboundedCall
+    /// A budget applies and the price book cannot bound the call's body (400); `unknownTool`: the
+    /// provider-defined tool type that makes it so, when that is the reason.
+    case unboundedCall(unknownTool: String?)
     /// A rate window is full, or the user has as many calls in flight as allowed (429
     /// `rate_limit_error`; SPEC §14).
     case rate(RateState.Window)

@@ -87,7 +87,7 @@ struct Admitter: Sendable {
         }
         if let refusal = Self.refusal(
             admission.decision, cost: cost, credential: user.credential, maxKeptBytes: idempotencyMaxBytes,
-            scope: admission.budgetScope, model: request.model, rate: admission.state.rate)
+            scope: admission.budgetScope, model: request.model, rate: admission.state.rate, unknownTool: request.bound.unknownTool)
         {
             return .refused(refusal, admission.state)
         }
@@ -104,7 +104,7 @@ struct Admitter: Sendable {
     /// The refusal an admission decided, nil for a charge (or a replay).
     static func refusal(
         _ decision: Admission.Decision, cost: CallCost, credential: UserIdentity.Credential, maxKeptBytes: Int,
-        scope: String? = nil, model: String? = nil, rate: RateState? = nil
+        scope: String? = nil, model: String? = nil, rate: RateState? = nil, unknownTool: String? = nil
     ) -> Refusal? {
         let feature = cost.feature ?? "this feature"
         switch decision {
@@ -122,7 +122,7 @@ struct Admitter: Sendable {
         case .budgetExceeded: return .budget(scope == "user" ? .user : .company)
         case .unpricedModel: return .unpricedModel(model)
         case .maxTokensRequired: return .maxTokensRequired
-        case .unboundedCall: return .unboundedCall
+        case .unboundedCall: return .unboundedCall(unknownTool: unknownTool)
         case .rateLimited:
             let window = rate?.refused ?? .userRPM
             if let limit = rate?.holdOverRefusingLimit, let hold = rate?.tokens {
@@ -150,7 +150,8 @@ struct Admitter: Sendable {
         let large = CostBound.enablesLargeWindow(call.headers[values: .anthropicBeta])
         return CostBound(
             bodyBytes: call.body.readableBytes, shape: try call.reading.promptShape(), maxTokens: call.reading.maxTokens,
-            overheadTokens: costs.promptOverheadTokens, imageTokens: costs.imageTokens, largeWindow: large)
+            overheadTokens: costs.promptOverheadTokens, imageTokens: costs.imageTokens, largeWindow: large,
+            toolOverhead: costs.toolOverheadTokens)
     }
 
     /// The route table again, for a call matched with an older one (at most 3 attempts, then 503).

@@ -106,6 +106,9 @@ public struct CostBound: Sendable, Equatable {
     /// The larger context window the request enables (``largeWindow`` with the provider's 1M
     /// context beta), else 0: the price book's.
     public var window: Int64
+    /// The first provider-defined tool type of the body that `costs.toolOverheadTokens` does not
+    /// list (the call then cannot be bounded); named in the 400 where a budget applies.
+    public var unknownTool: String? = nil
 
     public static let wholeWindow: Int64 = -1
     public static let cannotBound: Int64 = -2
@@ -124,20 +127,30 @@ public struct CostBound: Sendable, Equatable {
     }
 
     /// The bound of a body of `bodyBytes` bytes and `shape`: a text token is at least one byte,
-    /// plus what the provider adds for tools and system text (`costs.promptOverheadTokens`),
-    /// plus `costs.imageTokens` for each image block; any document block makes it the whole
-    /// window; a body with server tools or a batch cannot be bounded.
-    init(bodyBytes: Int, shape: PromptShape, maxTokens: Int64?, overheadTokens: Int, imageTokens: Int, largeWindow: Bool) {
+    /// plus what the provider adds for system text (`costs.promptOverheadTokens`), plus what it
+    /// adds for the tools it defines (`toolOverhead`: each provider-defined tool's type, and the
+    /// tool-use system prompt, `tool_choice`, once when there are tools), plus `costs.imageTokens`
+    /// for each image block; any document block makes it the whole window; a body with MCP
+    /// servers, a batch, or a provider-defined tool type `toolOverhead` does not list
+    /// (``unknownTool``: a server tool, or a version not yet listed) cannot be bounded.
+    init(
+        bodyBytes: Int, shape: PromptShape, maxTokens: Int64?, overheadTokens: Int, imageTokens: Int, largeWindow: Bool,
+        toolOverhead: [String: Int] = CostSettings.publishedToolOverhead
+    ) {
         self.maxTokens = maxTokens ?? Self.absent
         cache = shape.cachedLong ? .oneHour : shape.cached ? .fiveMinutes : .none
         window = largeWindow ? Self.largeWindow : 0
-        if !shape.bounded {
+        var tools = shape.tools > 0 ? toolOverhead["tool_choice"] ?? 0 : 0
+        for type in shape.toolTypes {
+            if let tokens = toolOverhead[type] { tools += tokens } else if unknownTool == nil { unknownTool = type }
+        }
+        if !shape.bounded || unknownTool != nil {
             promptTokens = Self.cannotBound
         } else if shape.documents > 0 {
             promptTokens = Self.wholeWindow
         } else {
             let (images, overflowA) = Int64(imageTokens).multipliedReportingOverflow(by: Int64(shape.images))
-            let (sum, overflowB) = Int64(bodyBytes + overheadTokens).addingReportingOverflow(images)
+            let (sum, overflowB) = Int64(bodyBytes + overheadTokens + tools).addingReportingOverflow(images)
             promptTokens = overflowA || overflowB ? Self.wholeWindow : sum
         }
     }

@@ -79,7 +79,12 @@ extension Responder {
             return GatewayError.invalidRequest(
                 "A cost budget or a token rate limit applies to this call: max_tokens (a whole number) is required to bound it. "
                     + "Nothing was charged.")
-        case .unboundedCall:
+        case .unboundedCall(let tool?):
+            return GatewayError.invalidRequest(
+                "This call uses the tool type \"\(tool)\", whose tokens the provider adds to the prompt and this gateway does not "
+                    + "know (costs.toolOverheadTokens lists the tool types it can hold), and a cost budget or a token rate limit "
+                    + "applies to it, so it cannot be held. Nothing was charged. Ask your administrator to add the tool type.")
+        case .unboundedCall(nil):
             return GatewayError.invalidRequest(
                 "A cost budget or a token rate limit applies to this call, and its body lets the provider bill tokens that cannot be bounded "
                     + "(server tools such as web search or code execution, MCP servers, a message batch, a premium-priced mode "

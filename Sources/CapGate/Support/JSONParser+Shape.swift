@@ -12,10 +12,15 @@ struct PromptShape: Sendable, Equatable {
     var cached = false
     /// Some `cache_control` asks for longer than five minutes (`"ttl"` other than `"5m"`).
     var cachedLong = false
-    /// The call lets the provider add tokens CapGate cannot see: a top-level `tools` element of a
-    /// server tool's type (web search or fetch, code execution: anything but a client tool's
-    /// ``clientToolTypes``), or top-level `mcp_servers`.
+    /// The call lets the provider add tokens CapGate cannot see: top-level `mcp_servers`. (A
+    /// top-level tool of a type the provider defines is judged by its type, ``toolTypes``, against
+    /// `costs.toolOverheadTokens`: a server tool such as web search is in no such list.)
     var serverTools = false
+    /// Elements of the top-level `tools` array.
+    var tools = 0
+    /// The `type` of each top-level tool that names one other than `"custom"` (a tool the provider
+    /// defines: its definition and any system prompt it adds are not in the body), unescaped.
+    var toolTypes: [String] = []
     /// A top-level `requests` member: a Message Batches call, whose cost the price book cannot bound.
     var batch = false
     /// The body asks for a mode the provider bills at a multiple of the model's rates, which the
@@ -29,15 +34,6 @@ struct PromptShape: Sendable, Equatable {
     /// The top-level members whose every value but one (the standard rate's) asks for a premium.
     static let standardModes: [(name: StaticString, standard: String)] = [("speed", "standard"), ("inference_geo", "global")]
 
-    /// The `type` prefixes of tools the client runs (their definitions cost only prompt tokens);
-    /// a tool without a `type`, or `"custom"`, is one too.
-    static let clientToolTypes = ["custom", "bash_", "text_editor_", "computer_", "memory_"]
-
-    static func isClientTool(type: [UInt8]?) -> Bool {
-        guard let type else { return true }
-        let text = String(decoding: type, as: UTF8.self)
-        return text == "custom" || clientToolTypes.dropFirst().contains { text.hasPrefix($0) }
-    }
 }
 
 extension JSONParser {
@@ -95,7 +91,10 @@ extension JSONParser {
             }
             if type == Array("image".utf8) { shape.images += 1 }
             if type == Array("document".utf8) { shape.documents += 1 }
-            if place == .tool, !PromptShape.isClientTool(type: type) { shape.serverTools = true }
+            if place == .tool {
+                shape.tools += 1
+                if let type, type != Array("custom".utf8) { shape.toolTypes.append(String(decoding: type, as: UTF8.self)) }
+            }
         case UInt8(ascii: "["):
             _ = try elements(depth: depth + 1) { (parser: inout JSONParser) throws(Failure) in
                 try parser.shapeValue(depth: depth + 1, into: &shape, place: place == .tools ? .tool : .nested)
