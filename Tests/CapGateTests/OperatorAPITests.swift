@@ -88,6 +88,42 @@ struct OperatorAPITests {
         }
     }
 
+    @Test(
+        "a user id is unique within its company: the same id in two companies is two users (no answer tells one company of the other's), a repeat within one is 409"
+    )
+    func userIDsPerCompany() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (a, _) = try await h.createCompany(plan: "low", users: 0)
+            let (b, _) = try await h.createCompany(plan: "low", users: 0)
+            let person = UUID().text
+            // B adds the person first; A can still add the same identity-provider id.
+            for (company, email) in [(b, "p@b.test"), (a, "p@a.test")] {
+                let created = try await h.op(
+                    .POST, "/admin/v1/companies/\(company.text)/users", .obj(["id": .string(person), "email": .string(email)]))
+                #expect(created.status == 201, "\(created.body)")
+                #expect(created.json["company_id"]?.stringValue == company.text)
+            }
+            let again = try await h.op(.POST, "/admin/v1/companies/\(a.text)/users", .obj(["id": .string(person)]))
+            #expect(again.status == 409)
+            // Each company sees its own user, and its calls are charged to it alone.
+            for (company, email) in [(a, "p@a.test"), (b, "p@b.test")] {
+                let users = try await h.op(.GET, "/admin/v1/companies/\(company.text)/users")
+                let listed = users.json["data"]?.arrayValue ?? users.json.arrayValue ?? []
+                #expect(listed.filter { $0["id"]?.stringValue == person }.map { $0["email"]?.stringValue } == [email], "\(users.body)")
+                let key = try await h.op(.POST, "/admin/v1/companies/\(company.text)/api-keys", .obj(["user_id": .string(person)]))
+                #expect(key.status == 201)
+                #expect(try await h.message(key: key.json["key"]?.stringValue ?? "").status == 200)
+            }
+            #expect(try await h.scalar("SELECT count(*) FROM users WHERE id = '\(person)'") == 2)
+            for company in [a, b] {
+                #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
+                #expect(try await h.scalar("SELECT used FROM user_usage WHERE company_id = '\(company.text)' AND user_id = '\(person)'") == 1)
+            }
+            #expect(try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger).isEmpty)
+        }
+    }
+
     @Test("companies, users, keys and plan assignment")
     func companiesUsersKeys() async throws {
         try await Harness.with { h in
