@@ -88,6 +88,15 @@ struct AppStoreCrossCheckTests {
             "Sandbox notification, Production transaction", false,
             try f.notification("SUBSCRIBED", transaction: try f.transaction("x4", company: company), environment: "Sandbox", appID: nil))
         notification("an environment not accepted", false, try f.notification("TEST", environment: "Xcode"))
+        // bundleId: required in a transaction and a notification's data (Apple's INVALID_APP_IDENTIFIER);
+        // renewal info has none in Apple's payloads (the valid case above carries one without it).
+        notification("notification without bundleId", false, try f.notification("TEST", bundle: nil))
+        notification(
+            "nested transaction without bundleId", false,
+            try f.notification("DID_RENEW", transaction: try f.transaction("x12", company: company, bundle: nil)))
+        transaction("transaction without bundleId", false, try f.transaction("x13", company: company, bundle: nil))
+        transaction(
+            "revoked transaction (a refund: it verifies)", true, try f.transaction("x14", company: company, revoked: f.now - 60))
         transaction("transaction", true, try f.transaction("x5", company: company))
         transaction("transaction, Sandbox", true, try f.transaction("x6", company: company, environment: "Sandbox"))
         transaction("transaction, tampered", false, try f.tampered(try f.transaction("x7", company: company), forgedTx))

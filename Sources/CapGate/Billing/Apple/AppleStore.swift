@@ -71,32 +71,34 @@ struct AppleStore: Sendable {
 
     /// Applies a transaction the app posted for `company` at once (purchase, or renewal when the
     /// company already runs the product's plan); the notification for it later finds it applied.
-    /// A one-time purchase (a top-up, SPEC §12) grants its pack, once; one Apple has revoked
-    /// (refunded) records its grant refunded instead, so it never grants.
+    /// A one-time purchase (a top-up, SPEC §12) grants its pack, once. One Apple has revoked
+    /// (`revocationDate`) is a refund, never a purchase. One signed before the last change applied
+    /// to its subscription (a refund, say) is stored as `stale`, not applied: a refunded purchase
+    /// posted late never restores a plan.
     func post(_ transaction: AppleTransaction, company: UUID, now: Date = Date()) async throws -> String {
-        let kind: BillingStore.StoreEvent.Kind =
-            transaction.isOneTime
-            ? (transaction.revocationDateMillis == nil ? .purchase : .refund)
-            : (transaction.transactionId == transaction.originalTransactionId ? .purchase : .renewal)
+        let kind = Self.postedKind(transaction)
         let event = BillingStore.StoreEvent(
             kind: kind, companyID: company, productID: transaction.productId,
-            transactionID: AppleAction.eventKey(kind == .refund ? .refund : .purchase, transaction: transaction, notification: nil),
+            transactionID: AppleAction.eventKey(kind, transaction: transaction, notification: nil),
             originalTransactionID: transaction.originalTransactionId, purchaseDate: transaction.purchaseDate,
             expirationDate: transaction.expiresDate, payload: Self.jsonValue(["transaction": transaction]),
             topUpOnly: transaction.isOneTime)
         do {
             return try await database.transaction { connection in
                 try await lockSubscription(connection, transaction.originalTransactionId)
-                if let linked = try await link(connection, transaction.originalTransactionId), linked.company != company {
+                let link = try await link(connection, transaction.originalTransactionId)
+                if let link, link.company != company {
                     throw GatewayError.permission("This App Store subscription belongs to another company.")
                 }
-                try await connection.query(
-                    """
-                    INSERT INTO apple_transactions (original_transaction_id, company_id) VALUES (\(transaction.originalTransactionId), \(company))
-                    ON CONFLICT (original_transaction_id) DO NOTHING
-                    """,
-                    logger: logger)
-                return try await billing.apply(event, on: connection, now: now)
+                // The same transaction posted again, or already applied by its notification: its answer.
+                if let answer = try await billing.recordedAnswer(connection, event) { return answer }
+                if let last = link?.lastApplied, transaction.signedDate < last {
+                    let reason = "signed before the last change applied to its subscription (\(Timestamp.format(last)))"
+                    return try await notApplied(connection, transaction, company: company, outcome: .stale, reason: reason)
+                }
+                let answer = try await billing.apply(event, on: connection, now: now)
+                try await noteApplied(connection, transaction.originalTransactionId, company: company, signed: transaction.signedDate)
+                return answer
             }
         } catch let error as GatewayError {
             throw error
@@ -107,13 +109,63 @@ struct AppleStore: Sendable {
         }
     }
 
+    /// What a posted transaction is: revoked, a refund; a one-time purchase, a purchase (of its
+    /// pack); a subscription's first transaction, a purchase; a later one, a renewal.
+    static func postedKind(_ transaction: AppleTransaction) -> BillingStore.StoreEvent.Kind {
+        if transaction.isRevoked { return .refund }
+        if transaction.isOneTime { return .purchase }
+        return transaction.transactionId == transaction.originalTransactionId ? .purchase : .renewal
+    }
+
+    /// Records that a change signed at `signed` was applied to subscription `original` of
+    /// `company` (linking it on its first): later deliveries signed before it are not applied.
+    func noteApplied(_ connection: PostgresConnection, _ original: String, company: UUID, signed: Date) async throws {
+        try await connection.query(
+            """
+            INSERT INTO apple_transactions (original_transaction_id, company_id, last_applied_at)
+            VALUES (\(original), \(company), \(signed))
+            ON CONFLICT (original_transaction_id) DO UPDATE
+               SET last_applied_at = GREATEST(apple_transactions.last_applied_at, EXCLUDED.last_applied_at)
+            """,
+            logger: logger)
+    }
+
+    /// Stores a posted transaction that is not applied, for the operator (once per signed copy),
+    /// and answers what became of it.
+    func notApplied(
+        _ connection: PostgresConnection, _ transaction: AppleTransaction, company: UUID, outcome: Outcome, reason: String
+    ) async throws -> String {
+        let key = "transaction:\(transaction.transactionId.prefix(60)):\(Int64(transaction.signedDateMillis))"
+        let payload = Self.json(["transaction": transaction])
+        try await connection.query(
+            """
+            INSERT INTO apple_notifications (notification_uuid, company_id, notification_type, environment, signed_at,
+                original_transaction_id, transaction_id, product_id, outcome, detail, payload)
+            VALUES (\(key), \(company), \(Self.postedType), \(transaction.environment ?? ""), \(transaction.signedDate),
+                \(transaction.originalTransactionId), \(transaction.transactionId), \(transaction.productId), \(outcome.rawValue),
+                \(reason), \(payload)::jsonb)
+            ON CONFLICT (notification_uuid) DO NOTHING
+            """,
+            logger: logger)
+        logger.info(
+            "App Store transaction not applied",
+            metadata: ["transaction_id": "\(transaction.transactionId)", "outcome": "\(outcome.rawValue)", "reason": "\(reason)"])
+        return JSON.obj([
+            "transaction_id": .string(transaction.transactionId), "applied": .bool(false), "outcome": .string(outcome.rawValue),
+            "reason": .string(reason),
+        ]).serialized()
+    }
+
+    /// `notification_type` of a transaction the app posted, stored beside Apple's notifications.
+    static let postedType = "TRANSACTION"
+
     /// The store event of an applied action (nil: nothing to apply).
     func event(
         _ action: AppleAction, notification: AppleNotification, transaction: AppleTransaction, company: UUID
     )
         -> BillingStore.StoreEvent?
     {
-        let kind: BillingStore.StoreEvent.Kind
+        var kind: BillingStore.StoreEvent.Kind
         var expiration = transaction.expiresDate
         switch action {
         case .event(let chosen): kind = chosen
@@ -122,6 +174,8 @@ struct AppleStore: Sendable {
             expiration = notification.renewal?.gracePeriodExpiresDate ?? transaction.expiresDate
         case .store: return nil
         }
+        // What Apple revoked is refunded, whatever the notification's type says (SPEC §12).
+        if transaction.isRevoked { kind = .refund }
         return BillingStore.StoreEvent(
             kind: kind, companyID: company, productID: transaction.productId,
             transactionID: AppleAction.eventKey(
