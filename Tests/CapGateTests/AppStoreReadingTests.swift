@@ -15,7 +15,7 @@ struct AppStoreReadingTests {
             let (a, users) = try await h.createCompany(plan: "free", users: 1)
             let token = try await h.appAccountToken(a)
             // The app posts a subscription Apple has already refunded (free → pro, before #47).
-            let revoked = try f.transaction("rv1", product: "app.high.monthly", company: token, revoked: f.now - 10)
+            let revoked = try f.transaction("rv1", product: "app.high.monthly", token: token, revoked: f.now - 10)
             let posted = try await h.appleTransaction(revoked, key: users[0].key)
             #expect(posted.status == 200, "\(posted.body)")
             #expect(posted.json["type"]?.stringValue != "purchase", "\(posted.body)")
@@ -23,7 +23,7 @@ struct AppStoreReadingTests {
             // A notification whose type says purchase, carrying a revoked transaction.
             let nested = try f.notification(
                 "SUBSCRIBED", "INITIAL_BUY", signed: f.now - 5,
-                transaction: try f.transaction("rv2", product: "app.high.monthly", company: token, revoked: f.now - 10))
+                transaction: try f.transaction("rv2", product: "app.high.monthly", token: token, revoked: f.now - 10))
             let reply = try await h.appleNotification(nested)
             #expect(reply.status == 200, "\(reply.body)")
             #expect(try await h.currentPeriod(a).plan == "free")
@@ -42,11 +42,11 @@ struct AppStoreReadingTests {
             // The purchase never reached CapGate before Apple's REFUND did.
             let (a, aUsers) = try await h.createCompany(plan: "free", users: 1)
             let aToken = try await h.appAccountToken(a)
-            let purchase = try f.transaction("late1", product: "app.high.monthly", company: aToken, expires: month, signed: f.now - 300)
+            let purchase = try f.transaction("late1", product: "app.high.monthly", token: aToken, expires: month, signed: f.now - 300)
             let refund = try f.notification(
                 "REFUND", signed: f.now - 100,
                 transaction: try f.transaction(
-                    "late1", product: "app.high.monthly", company: aToken, expires: month, signed: f.now - 100, revoked: f.now - 120))
+                    "late1", product: "app.high.monthly", token: aToken, expires: month, signed: f.now - 100, revoked: f.now - 120))
             #expect(try await h.appleNotification(refund).status == 200)
             let posted = try await h.appleTransaction(purchase, key: aUsers[0].key)
             #expect(posted.status == 200, "\(posted.body)")
@@ -62,7 +62,7 @@ struct AppStoreReadingTests {
             #expect(try await h.scalar("SELECT count(*) FROM apple_notifications WHERE transaction_id = 'late1'") == 2)
             // A renewal of it signed before the refund: stale as well.
             let renewal = try f.transaction(
-                "late2", original: "late1", product: "app.high.monthly", company: aToken, expires: month, signed: f.now - 200)
+                "late2", original: "late1", product: "app.high.monthly", token: aToken, expires: month, signed: f.now - 200)
             #expect(try await h.appleTransaction(renewal, key: aUsers[0].key).json["outcome"]?.stringValue == "stale")
             #expect(try await h.currentPeriod(a).plan == "free")
 
@@ -70,12 +70,12 @@ struct AppStoreReadingTests {
             // this): its first answer, and the plan stays the default.
             let (b, bUsers) = try await h.createCompany(plan: "free", users: 1)
             let bToken = try await h.appAccountToken(b)
-            let bought = try f.transaction("late3", product: "app.high.monthly", company: bToken, expires: month, signed: f.now - 300)
+            let bought = try f.transaction("late3", product: "app.high.monthly", token: bToken, expires: month, signed: f.now - 300)
             #expect(try await h.appleTransaction(bought, key: bUsers[0].key).json["company"]?["plan"]?.stringValue == "high")
             let refunded = try f.notification(
                 "REFUND", signed: f.now - 100,
                 transaction: try f.transaction(
-                    "late3", product: "app.high.monthly", company: bToken, expires: month, signed: f.now - 100, revoked: f.now - 120))
+                    "late3", product: "app.high.monthly", token: bToken, expires: month, signed: f.now - 100, revoked: f.now - 120))
             #expect(try await h.appleNotification(refunded).json["outcome"]?.stringValue == "applied")
             #expect(try await h.currentPeriod(b).plan == "free")
             #expect(try await h.appleTransaction(bought, key: bUsers[0].key).status == 200)
@@ -90,7 +90,7 @@ struct AppStoreReadingTests {
             let f = AppleFixture()
             let (a, users) = try await h.createCompany(plan: "free", users: 1)
             let token = try await h.appAccountToken(a)
-            let bare = try f.transaction("nb1", company: token, bundle: nil)
+            let bare = try f.transaction("nb1", token: token, bundle: nil)
             let posted = try await h.appleTransaction(bare, key: users[0].key)
             #expect(posted.status == 400, "\(posted.body)")
             #expect(posted.json["error"]?["message"]?.stringValue?.contains("bundleId") == true, "\(posted.body)")
@@ -100,7 +100,7 @@ struct AppStoreReadingTests {
             #expect(try await h.currentPeriod(a).plan == "free")
             // Renewal info as Apple signs it (no bundleId) is accepted.
             let withRenewal = try f.notification(
-                "SUBSCRIBED", "INITIAL_BUY", transaction: try f.transaction("nb2", company: token),
+                "SUBSCRIBED", "INITIAL_BUY", transaction: try f.transaction("nb2", token: token),
                 renewal: try f.renewal(original: "nb2"))
             #expect(try await h.appleNotification(withRenewal).status == 200)
             #expect(try await h.currentPeriod(a).plan == "low")

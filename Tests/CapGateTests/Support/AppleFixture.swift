@@ -19,7 +19,7 @@ struct AppleFixture: Sendable {
     }
 
     func transactionFields(
-        _ id: String, original: String? = nil, product: String = "app.low.monthly", company: UUID?, purchase: Date? = nil,
+        _ id: String, original: String? = nil, product: String = "app.low.monthly", token: UUID?, purchase: Date? = nil,
         expires: Date? = nil, environment: String = "Production", type: String = "Auto-Renewable Subscription", signed: Date? = nil,
         bundle: String? = bundle, revoked: Date? = nil
     ) -> [String: Any] {
@@ -29,7 +29,7 @@ struct AppleFixture: Sendable {
             "signedDate": AppleTestSigner.millis(signed ?? now - 30), "quantity": 1, "inAppOwnershipType": "PURCHASED",
         ]
         if type == "Auto-Renewable Subscription" { fields["expiresDate"] = AppleTestSigner.millis(expires ?? now + 86400 * 30) }
-        if let company { fields["appAccountToken"] = company.uuidString.lowercased() }
+        if let token { fields["appAccountToken"] = token.uuidString.lowercased() }
         if let bundle { fields["bundleId"] = bundle }
         if let revoked {
             fields["revocationDate"] = AppleTestSigner.millis(revoked)
@@ -39,13 +39,13 @@ struct AppleFixture: Sendable {
     }
 
     func transaction(
-        _ id: String, original: String? = nil, product: String = "app.low.monthly", company: UUID?, purchase: Date? = nil,
+        _ id: String, original: String? = nil, product: String = "app.low.monthly", token: UUID?, purchase: Date? = nil,
         expires: Date? = nil, environment: String = "Production", type: String = "Auto-Renewable Subscription", signed: Date? = nil,
         bundle: String? = bundle, revoked: Date? = nil, chain: AppleTestSigner.Chain? = nil
     ) throws -> String {
         try signer.sign(
             transactionFields(
-                id, original: original, product: product, company: company, purchase: purchase, expires: expires,
+                id, original: original, product: product, token: token, purchase: purchase, expires: expires,
                 environment: environment, type: type, signed: signed, bundle: bundle, revoked: revoked),
             chain: chain)
     }
@@ -100,8 +100,10 @@ struct AppleFixture: Sendable {
 }
 
 extension Harness {
-    /// What the app sets as `appAccountToken` on a purchase for `company`.
-    func appAccountToken(_ company: UUID) async throws -> UUID { company }
+    /// What the app sets as `appAccountToken` on a purchase for `company`: its purchase token (SPEC §12).
+    func appAccountToken(_ company: UUID) async throws -> UUID {
+        UUID(uuidString: try await text("SELECT app_account_token FROM companies WHERE id = '\(company.text)'") ?? "")!
+    }
 
     /// `POST /billing/apple/notifications` with `{"signedPayload": jws}`.
     func appleNotification(_ jws: String) async throws -> Reply {
