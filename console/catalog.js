@@ -154,10 +154,12 @@ async function openApple() {
   let list;
   try { list = await api("/admin/v1/billing/apple/unmatched"); } catch (e) { return failed(e); }
   const columns = [["Received", (n) => minute(n.received_at)], ["Type", (n) => n.notification_type + (n.subtype ? " / " + n.subtype : "")],
-    ["Environment", (n) => n.environment], ["Product", (n) => n.product_id], ["Original transaction", (n) => n.original_transaction_id]];
-  $("catalog-title").textContent = "App Store notifications of no known company";
+    ["Environment", (n) => n.environment], ["Product", (n) => n.product_id], ["Original transaction", (n) => n.original_transaction_id],
+    ["Company", (n) => n.company_id || ""], ["Why", (n) => n.outcome === "refused" ? n.reason || "refused" : "no company"]];
+  $("catalog-title").textContent = "App Store purchases not applied";
   $("catalog-body").replaceChildren(el("p", { class: "hint", text: "Signed notifications whose transaction names no company here (no " +
-    "appAccountToken, or one that is no company's id). They are kept; nothing was applied." }),
+    "appAccountToken, or one that is no company's current purchase token), and store purchases kept off a company's plan " +
+    "(a plan the operator assigned, a subscription of another company). They are kept; nothing was applied." }),
   table("Unmatched App Store notifications", columns, list.data, (n) => ({ "data-id": n.notification_uuid }), "None: every notification matched a company."));
   show("catalog");
   setStatus(plural(list.data.length, "unmatched notification") + ".");

@@ -27,7 +27,8 @@ struct AppStoreTests {
             let f = AppleFixture()
             let signer = f.signer
             let (company, _) = try await h.createCompany(plan: "free", users: 1)
-            let tx = try f.transaction("v1", company: company)
+            let token = try await h.appAccountToken(company)
+            let tx = try f.transaction("v1", token: token)
             let fields = f.notificationFields("SUBSCRIBED", "INITIAL_BUY", uuid: "n-valid", transaction: tx)
 
             var refused: [(String, String)] = []
@@ -37,7 +38,7 @@ struct AppStoreTests {
             forged["notificationUUID"] = "n-forged"
             refused.append(("tampered payload", try f.tampered(real, forged)))
             // A nested transaction for another company under the transaction's real signature.
-            var forgedTx = f.transactionFields("v1", company: UUID())
+            var forgedTx = f.transactionFields("v1", token: UUID())
             forgedTx["productId"] = "app.high.monthly"
             var nested = fields
             nested["notificationUUID"] = "n-nested"
@@ -51,19 +52,19 @@ struct AppStoreTests {
             refused.append(
                 (
                     "nested transaction signed by a wrong root",
-                    try f.notification("SUBSCRIBED", transaction: try f.transaction("v2", company: company, chain: signer.otherRoot))
+                    try f.notification("SUBSCRIBED", transaction: try f.transaction("v2", token: token, chain: signer.otherRoot))
                 ))
             refused.append(("wrong bundle id", try f.notification("SUBSCRIBED", transaction: tx, bundle: "com.example.other")))
             refused.append(
                 (
                     "nested transaction of another bundle",
-                    try f.notification("SUBSCRIBED", transaction: try f.transaction("v3", company: company, bundle: "com.example.other"))
+                    try f.notification("SUBSCRIBED", transaction: try f.transaction("v3", token: token, bundle: "com.example.other"))
                 ))
             refused.append(
                 (
                     "sandbox where only Production is accepted",
                     try f.notification(
-                        "SUBSCRIBED", transaction: try f.transaction("v4", company: company, environment: "Sandbox"), environment: "Sandbox"
+                        "SUBSCRIBED", transaction: try f.transaction("v4", token: token, environment: "Sandbox"), environment: "Sandbox"
                     )
                 ))
             refused.append(("wrong appAppleId in Production", try f.notification("SUBSCRIBED", transaction: tx, appID: 42)))
@@ -98,10 +99,10 @@ struct AppStoreTests {
             #expect(try await h.currentPeriod(company).plan == "low")
             // A transaction posted by the app is verified the same way.
             let users = try await h.createUser(company: company)
-            forgedTx["appAccountToken"] = company.text
+            forgedTx["appAccountToken"] = token.text
             #expect(try await h.appleTransaction(try f.tampered(tx, forgedTx), key: users.key).status == 400)
             for chain in [signer.otherRoot, signer.expiredLeaf, signer.leafWithoutOID, signer.intermediateWithoutOID] {
-                let reply = try await h.appleTransaction(try f.transaction("p1", company: company, chain: chain), key: users.key)
+                let reply = try await h.appleTransaction(try f.transaction("p1", token: token, chain: chain), key: users.key)
                 #expect(reply.status == 400, "\(reply.body)")
                 let message = reply.json["error"]?["message"]?.stringValue ?? ""
                 #expect(message.contains("does not verify to apple.rootCertificates") && message.count < 300, "\(message)")
@@ -115,15 +116,16 @@ struct AppStoreTests {
             try await Self.products(h)
             let f = AppleFixture()
             let (company, _) = try await h.createCompany(plan: "free", users: 1)
+            let token = try await h.appAccountToken(company)
             let sandbox = try f.notification(
-                "SUBSCRIBED", transaction: try f.transaction("s1", company: company, environment: "Sandbox"), environment: "Sandbox",
+                "SUBSCRIBED", transaction: try f.transaction("s1", token: token, environment: "Sandbox"), environment: "Sandbox",
                 appID: nil)
             let reply = try await h.appleNotification(sandbox)
             #expect(reply.status == 200, "\(reply.body)")
             #expect(try await h.currentPeriod(company).plan == "low")
             // A Sandbox notification may not carry a Production transaction.
             let mixed = try f.notification(
-                "SUBSCRIBED", transaction: try f.transaction("s2", company: company), environment: "Sandbox", appID: nil)
+                "SUBSCRIBED", transaction: try f.transaction("s2", token: token), environment: "Sandbox", appID: nil)
             #expect(try await h.appleNotification(mixed).status == 400)
             #expect(try await h.appleNotification(try f.notification("TEST", appID: nil)).status == 400)
             #expect(try await h.appleNotification(try f.notification("TEST")).status == 200)
@@ -152,19 +154,20 @@ struct AppStoreTests {
 
             // SUBSCRIBED → purchase; renewal status off and on; DID_RENEW → renewal.
             let (a, _) = try await h.createCompany(plan: "free", users: 1)
-            #expect(try await send("SUBSCRIBED", "INITIAL_BUY", try f.transaction("a1", company: a, expires: month)) == "applied")
+            let aToken = try await h.appAccountToken(a)
+            #expect(try await send("SUBSCRIBED", "INITIAL_BUY", try f.transaction("a1", token: aToken, expires: month)) == "applied")
             #expect(try await h.currentPeriod(a) == ("low", seconds(month), true))
             #expect(
-                try await send("DID_CHANGE_RENEWAL_STATUS", "AUTO_RENEW_DISABLED", try f.transaction("a1", company: a, expires: month))
+                try await send("DID_CHANGE_RENEWAL_STATUS", "AUTO_RENEW_DISABLED", try f.transaction("a1", token: aToken, expires: month))
                     == "applied")
             #expect(try await h.currentPeriod(a) == ("low", seconds(month), false))
             #expect(
-                try await send("DID_CHANGE_RENEWAL_STATUS", "AUTO_RENEW_ENABLED", try f.transaction("a1", company: a, expires: month))
+                try await send("DID_CHANGE_RENEWAL_STATUS", "AUTO_RENEW_ENABLED", try f.transaction("a1", token: aToken, expires: month))
                     == "applied")
             #expect(try await h.currentPeriod(a) == ("low", seconds(month), true))
             // Later notifications carry no appAppleToken: the subscription's link finds the company.
             #expect(
-                try await send("DID_RENEW", nil, try f.transaction("a2", original: "a1", company: nil, purchase: month, expires: twoMonths))
+                try await send("DID_RENEW", nil, try f.transaction("a2", original: "a1", token: nil, purchase: month, expires: twoMonths))
                     == "applied")
             #expect(try await h.currentPeriod(a) == ("low", seconds(twoMonths), true))
             // UPGRADE: the new product at once. DOWNGRADE: kept; the renewal that follows carries it.
@@ -173,21 +176,21 @@ struct AppStoreTests {
                 try await send(
                     "DID_CHANGE_RENEWAL_PREF", "UPGRADE",
                     try f.transaction(
-                        "a3", original: "a1", product: "app.high.monthly", company: a, purchase: f.now - 5, expires: upgradeEnd))
+                        "a3", original: "a1", product: "app.high.monthly", token: aToken, purchase: f.now - 5, expires: upgradeEnd))
                     == "applied")
             #expect(try await h.currentPeriod(a) == ("high", seconds(upgradeEnd), true))
             #expect(
                 try await send(
                     "DID_CHANGE_RENEWAL_PREF", "DOWNGRADE",
                     try f.transaction(
-                        "a3", original: "a1", product: "app.high.monthly", company: a, purchase: f.now - 5, expires: upgradeEnd),
+                        "a3", original: "a1", product: "app.high.monthly", token: aToken, purchase: f.now - 5, expires: upgradeEnd),
                     renewal: try f.renewal(original: "a1", product: "app.high.monthly", next: "app.low.monthly")) == "kept")
             #expect(try await h.currentPeriod(a) == ("high", seconds(upgradeEnd), true))
             let afterDowngrade = upgradeEnd + 86400 * 30
             #expect(
                 try await send(
                     "DID_RENEW", nil,
-                    try f.transaction("a4", original: "a1", company: a, purchase: upgradeEnd, expires: afterDowngrade)) == "applied")
+                    try f.transaction("a4", original: "a1", token: aToken, purchase: upgradeEnd, expires: afterDowngrade)) == "applied")
             #expect(try await h.currentPeriod(a) == ("high", seconds(upgradeEnd), true))
             #expect(
                 try await h.scalar(
@@ -196,15 +199,16 @@ struct AppStoreTests {
 
             // Grace period: the period runs to gracePeriodExpiresDate; then it expires.
             let (b, _) = try await h.createCompany(plan: "free", users: 1)
+            let bToken = try await h.appAccountToken(b)
             let soon = f.now + 3600
             let grace = f.now + 86400 * 16
-            #expect(try await send("SUBSCRIBED", "RESUBSCRIBE", try f.transaction("b1", company: b, expires: soon)) == "applied")
+            #expect(try await send("SUBSCRIBED", "RESUBSCRIBE", try f.transaction("b1", token: bToken, expires: soon)) == "applied")
             #expect(
                 try await send(
-                    "DID_FAIL_TO_RENEW", "GRACE_PERIOD", try f.transaction("b1", company: b, expires: soon),
+                    "DID_FAIL_TO_RENEW", "GRACE_PERIOD", try f.transaction("b1", token: bToken, expires: soon),
                     renewal: try f.renewal(original: "b1", grace: grace)) == "applied")
             #expect(try await h.currentPeriod(b) == ("low", seconds(grace), true))
-            #expect(try await send("GRACE_PERIOD_EXPIRED", nil, try f.transaction("b1", company: b, expires: soon)) == "applied")
+            #expect(try await send("GRACE_PERIOD_EXPIRED", nil, try f.transaction("b1", token: bToken, expires: soon)) == "applied")
             #expect(try await h.currentPeriod(b).plan == "free")
 
             // EXPIRED, DID_FAIL_TO_RENEW without grace → expire; REFUND, REVOKE → refund; REFUND_REVERSED → restore.
@@ -212,7 +216,8 @@ struct AppStoreTests {
                 ("EXPIRED", "VOLUNTARY"), ("EXPIRED", "BILLING_RETRY"), ("DID_FAIL_TO_RENEW", nil), ("REFUND", nil), ("REVOKE", nil),
             ].enumerated() {
                 let (c, _) = try await h.createCompany(plan: "free", users: 1)
-                let tx = try f.transaction("c\(index)", company: c, expires: month)
+                let cToken = try await h.appAccountToken(c)
+                let tx = try f.transaction("c\(index)", token: cToken, expires: month)
                 #expect(try await send("SUBSCRIBED", "INITIAL_BUY", tx) == "applied")
                 #expect(try await h.currentPeriod(c).plan == "low")
                 #expect(try await send(type, subtype, tx) == "applied")
@@ -225,25 +230,28 @@ struct AppStoreTests {
 
             // OFFER_REDEEMED: as the purchase it is.
             let (d, _) = try await h.createCompany(plan: "free", users: 1)
-            #expect(try await send("OFFER_REDEEMED", "INITIAL_BUY", try f.transaction("d1", company: d, expires: month)) == "applied")
+            let dToken = try await h.appAccountToken(d)
+            #expect(try await send("OFFER_REDEEMED", "INITIAL_BUY", try f.transaction("d1", token: dToken, expires: month)) == "applied")
             #expect(try await h.currentPeriod(d).plan == "low")
 
             // TEST and a type CapGate does not apply: stored, nothing applied. A one-time charge and its
             // refund apply to a top-up product (TopUpTests); this one's product is not mapped: failed.
             let (e, _) = try await h.createCompany(plan: "free", users: 1)
+            let eToken = try await h.appAccountToken(e)
             #expect(try await send("TEST", nil, nil) == "stored")
             #expect(
-                try await send("ONE_TIME_CHARGE", nil, try f.transaction("e1", product: "app.pack.1000", company: e, type: "Consumable"))
+                try await send("ONE_TIME_CHARGE", nil, try f.transaction("e1", product: "app.pack.1000", token: eToken, type: "Consumable"))
                     == "failed")
             #expect(
-                try await send("REFUND", nil, try f.transaction("e1", product: "app.pack.1000", company: e, type: "Consumable")) == "failed"
+                try await send("REFUND", nil, try f.transaction("e1", product: "app.pack.1000", token: eToken, type: "Consumable"))
+                    == "failed"
             )
-            #expect(try await send("PRICE_INCREASE", "PENDING", try f.transaction("e2", company: e)) == "stored")
+            #expect(try await send("PRICE_INCREASE", "PENDING", try f.transaction("e2", token: eToken)) == "stored")
             #expect(try await h.currentPeriod(e).plan == "free")
             #expect(
                 try await h.scalar("SELECT count(*) FROM apple_notifications WHERE company_id = '\(e.text)' AND outcome = 'stored'") == 1)
             // A product no plan maps: stored as failed, with the reason, and answered 200 (Apple would retry).
-            #expect(try await send("SUBSCRIBED", "INITIAL_BUY", try f.transaction("e3", product: "app.nope", company: e)) == "failed")
+            #expect(try await send("SUBSCRIBED", "INITIAL_BUY", try f.transaction("e3", product: "app.nope", token: eToken)) == "failed")
             #expect(try await h.text("SELECT detail FROM apple_notifications WHERE transaction_id = 'e3'")?.contains("app.nope") == true)
         }
     }
@@ -254,11 +262,12 @@ struct AppStoreTests {
             try await Self.products(h)
             let f = AppleFixture()
             let (company, _) = try await h.createCompany(plan: "free", users: 1)
+            let token = try await h.appAccountToken(company)
             let month = f.now + 86400 * 30
             let before = try await h.scalar("SELECT count(*) FROM billing_events WHERE company_id = '\(company.text)'")
             let subscribed = try f.notification(
                 "SUBSCRIBED", "INITIAL_BUY", uuid: "dup-1", signed: f.now - 300,
-                transaction: try f.transaction("o1", company: company, expires: month))
+                transaction: try f.transaction("o1", token: token, expires: month))
             #expect(try await h.appleNotification(subscribed).json["outcome"]?.stringValue == "applied")
             let again = try await h.appleNotification(subscribed)
             #expect(again.status == 200)
@@ -269,7 +278,7 @@ struct AppStoreTests {
             // Concurrent deliveries of one notification: one applies, the others are duplicates.
             let renew = try f.notification(
                 "DID_RENEW", uuid: "dup-2", signed: f.now - 200,
-                transaction: try f.transaction("o2", original: "o1", company: company, purchase: month, expires: month + 86400 * 30))
+                transaction: try f.transaction("o2", original: "o1", token: token, purchase: month, expires: month + 86400 * 30))
             let outcomes = try await withThrowingTaskGroup(of: String?.self) { group in
                 for _ in 0..<6 { group.addTask { try await h.appleNotification(renew).json["outcome"]?.stringValue } }
                 return try await group.reduce(into: [String?]()) { $0.append($1) }
@@ -279,20 +288,20 @@ struct AppStoreTests {
 
             // EXPIRED signed at -100 applied; a renewal signed at -150 arriving after it is stale.
             let expired = try f.notification(
-                "EXPIRED", "VOLUNTARY", signed: f.now - 100, transaction: try f.transaction("o2", original: "o1", company: company))
+                "EXPIRED", "VOLUNTARY", signed: f.now - 100, transaction: try f.transaction("o2", original: "o1", token: token))
             #expect(try await h.appleNotification(expired).json["outcome"]?.stringValue == "applied")
             #expect(try await h.currentPeriod(company).plan == "free")
             let late = try f.notification(
                 "DID_RENEW", signed: f.now - 150,
-                transaction: try f.transaction("o3", original: "o1", company: company, expires: month + 86400 * 60))
+                transaction: try f.transaction("o3", original: "o1", token: token, expires: month + 86400 * 60))
             #expect(try await h.appleNotification(late).json["outcome"]?.stringValue == "stale")
             #expect(try await h.currentPeriod(company).plan == "free")
             #expect(try await h.scalar("SELECT count(*) FROM apple_notifications WHERE outcome = 'stale'") == 1)
 
             // No company: an unknown appAccountToken, or none on an unlinked subscription.
             let stranger = try f.notification(
-                "SUBSCRIBED", "INITIAL_BUY", uuid: "lost-1", transaction: try f.transaction("u1", company: UUID()))
-            let nobody = try f.notification("SUBSCRIBED", "INITIAL_BUY", uuid: "lost-2", transaction: try f.transaction("u2", company: nil))
+                "SUBSCRIBED", "INITIAL_BUY", uuid: "lost-1", transaction: try f.transaction("u1", token: UUID()))
+            let nobody = try f.notification("SUBSCRIBED", "INITIAL_BUY", uuid: "lost-2", transaction: try f.transaction("u2", token: nil))
             for jws in [stranger, nobody] {
                 let reply = try await h.appleNotification(jws)
                 #expect(reply.status == 200)
@@ -314,13 +323,16 @@ struct AppStoreTests {
             try await Self.products(h)
             let f = AppleFixture()
             let (a, aUsers) = try await h.createCompany(plan: "free", users: 1)
+            let aToken = try await h.appAccountToken(a)
             let (b, bUsers) = try await h.createCompany(plan: "free", users: 1, role: "admin")
-            // The app learns the company id for appAccountToken from GET /v1/usage.
+            let bToken = try await h.appAccountToken(b)
+            // The app learns the company's purchase token for appAccountToken from GET /v1/usage.
             let usage = try await h.request(.GET, "/v1/usage", headers: [("x-api-key", aUsers[0].key)])
             #expect(usage.json["company_id"]?.stringValue == a.text)
             #expect(usage.json["user_id"]?.stringValue == aUsers[0].id.text)
+            #expect(usage.json["app_account_token"]?.stringValue == aToken.text)
             let month = f.now + 86400 * 30
-            let tx = try f.transaction("t1", company: a, expires: month)
+            let tx = try f.transaction("t1", token: aToken, expires: month)
             let posted = try await h.appleTransaction(tx, key: aUsers[0].key)
             #expect(posted.status == 200, "\(posted.body)")
             #expect(posted.json["company"]?["plan"]?.stringValue == "low")
@@ -335,12 +347,12 @@ struct AppStoreTests {
             #expect(try await h.scalar("SELECT count(*) FROM plan_periods WHERE company_id = '\(a.text)'") == periods)
 
             // Company B's admin posting A's transaction: 403, nothing applied to anyone.
-            let other = try await h.appleTransaction(try f.transaction("t2", company: a), key: bUsers[0].key)
+            let other = try await h.appleTransaction(try f.transaction("t2", token: aToken), key: bUsers[0].key)
             #expect(other.status == 403, "\(other.body)")
             #expect(other.json["error"]?["type"]?.stringValue == "permission_error")
             // No appAccountToken, or A's subscription claimed with B's token: 403 too.
-            #expect(try await h.appleTransaction(try f.transaction("t3", company: nil), key: bUsers[0].key).status == 403)
-            #expect(try await h.appleTransaction(try f.transaction("t4", original: "t1", company: b), key: bUsers[0].key).status == 403)
+            #expect(try await h.appleTransaction(try f.transaction("t3", token: nil), key: bUsers[0].key).status == 403)
+            #expect(try await h.appleTransaction(try f.transaction("t4", original: "t1", token: bToken), key: bUsers[0].key).status == 403)
             #expect(try await h.currentPeriod(b).plan == "free")
             // The operator is no company's member.
             #expect(

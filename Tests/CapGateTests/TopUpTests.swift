@@ -70,8 +70,9 @@ struct TopUpTests {
             try await h.createTopUp("app.pack.10", units: 10)
             let f = AppleFixture()
             let (company, users) = try await h.createCompany(plan: "free", users: 1)
+            let token = try await h.appAccountToken(company)
             let period = try await h.text("SELECT id::text FROM plan_periods WHERE company_id = '\(company.text)'")
-            let t1 = try f.transaction("c-1", product: "app.pack.10", company: company, purchase: f.now - 60, type: "Consumable")
+            let t1 = try f.transaction("c-1", product: "app.pack.10", token: token, purchase: f.now - 60, type: "Consumable")
             let charge = try f.notification("ONE_TIME_CHARGE", uuid: "n-c1", transaction: t1)
             let first = try await h.appleNotification(charge)
             #expect(first.status == 200 && first.json["outcome"]?.stringValue == "applied", "\(first.body)")
@@ -83,7 +84,7 @@ struct TopUpTests {
             #expect(posted.status == 200, "\(posted.body)")
             #expect(try await h.scalar("SELECT count(*) FROM topup_grants") == 1)
             // A new purchase posted by the app first, its notification after: one more grant.
-            let t2 = try f.transaction("c-2", product: "app.pack.10", company: company, type: "Consumable")
+            let t2 = try f.transaction("c-2", product: "app.pack.10", token: token, type: "Consumable")
             let second = try await h.appleTransaction(t2, key: users[0].key)
             #expect(second.status == 200 && second.json["grant"]?["granted"]?["units"]?.intValue == 10, "\(second.body)")
             #expect(try await h.appleNotification(try f.notification("ONE_TIME_CHARGE", transaction: t2)).status == 200)
@@ -105,7 +106,7 @@ struct TopUpTests {
             let admin = try await h.op(.GET, "/admin/v1/companies/\(company.text)/usage")
             #expect(admin.json["grants"]?.arrayValue?.count == 2 && admin.json["usage"]?["grants"]?.arrayValue?.count == 2)
             // A one-time purchase of a subscription product changes no plan: stored as failed, with the reason.
-            let odd = try f.transaction("c-3", product: "app.low.monthly", company: company, type: "Consumable")
+            let odd = try f.transaction("c-3", product: "app.low.monthly", token: token, type: "Consumable")
             let failed = try await h.appleNotification(try f.notification("ONE_TIME_CHARGE", uuid: "n-odd", transaction: odd))
             #expect(failed.json["outcome"]?.stringValue == "failed", "\(failed.body)")
             #expect(try await h.currentPeriod(company).plan == "free")
@@ -121,8 +122,9 @@ struct TopUpTests {
             try await h.createTopUp("app.pack.5", units: 5)
             let f = AppleFixture()
             let (company, users) = try await h.createCompany(plan: "free", users: 1)
+            let token = try await h.appAccountToken(company)
             let key = users[0].key
-            let tx = try f.transaction("r-1", product: "app.pack.5", company: company, type: "Consumable")
+            let tx = try f.transaction("r-1", product: "app.pack.5", token: token, type: "Consumable")
             #expect(try await h.appleNotification(try f.notification("ONE_TIME_CHARGE", signed: f.now - 20, transaction: tx)).status == 200)
             for _ in 0..<4 { #expect(try await h.message(key: key).status == 200) }
             #expect(try await h.grant("r-1").units == 2)
@@ -140,12 +142,12 @@ struct TopUpTests {
             #expect(try await h.message(key: key).status == 402)
 
             // Refunded before CapGate heard of the purchase: the app's later post grants nothing.
-            let early = try f.transaction("r-2", product: "app.pack.5", company: company, type: "Consumable")
+            let early = try f.transaction("r-2", product: "app.pack.5", token: token, type: "Consumable")
             #expect(try await h.appleNotification(try f.notification("REFUND", transaction: early)).status == 200)
             #expect(try await h.appleTransaction(early, key: key).status == 200)
             #expect(try await h.message(key: key).status == 402)
             // A transaction Apple revoked, posted by the app, grants nothing either.
-            var revoked = f.transactionFields("r-3", product: "app.pack.5", company: company, type: "Consumable")
+            var revoked = f.transactionFields("r-3", product: "app.pack.5", token: token, type: "Consumable")
             revoked["revocationDate"] = AppleTestSigner.millis(f.now - 5)
             #expect(try await h.appleTransaction(try f.signer.sign(revoked), key: key).status == 200)
             #expect(try await h.message(key: key).status == 402)
@@ -162,13 +164,15 @@ struct TopUpTests {
             try await h.createTopUp("app.pack.5", units: 5)
             let f = AppleFixture()
             let (a, aUsers) = try await h.createCompany(plan: "free", users: 1)
+            let aToken = try await h.appAccountToken(a)
             let (b, bUsers) = try await h.createCompany(plan: "free", users: 1)
-            let mine = try f.transaction("i-1", product: "app.pack.5", company: a, type: "Consumable")
+            let bToken = try await h.appAccountToken(b)
+            let mine = try f.transaction("i-1", product: "app.pack.5", token: aToken, type: "Consumable")
             // B posts A's signed transaction: its appAccountToken is A's.
             #expect(try await h.appleTransaction(mine, key: bUsers[0].key).status == 403)
             #expect(try await h.appleTransaction(mine, key: aUsers[0].key).status == 200)
             // B signs nothing; a transaction of the same id naming B (as a replay of A's purchase would) is refused.
-            let replay = try f.transaction("i-1", product: "app.pack.5", company: b, type: "Consumable")
+            let replay = try f.transaction("i-1", product: "app.pack.5", token: bToken, type: "Consumable")
             #expect(try await h.appleTransaction(replay, key: bUsers[0].key).status == 403)
             // The operator's store event for B naming A's purchase: 409, nothing granted.
             let event = try await h.storeEvent("purchase", company: b, product: "app.pack.5", transaction: "op-1", original: "i-1")

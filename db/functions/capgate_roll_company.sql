@@ -61,8 +61,13 @@ BEGIN
     -- A period that ended off the anchor's grid (a store expiration date) is not overlapped.
     v_start := greatest(v_start, v_latest.ends_at);
 
-    INSERT INTO plan_periods (company_id, plan_id, started_at, ends_at, anchor, interval, auto_renew, source)
-    VALUES (p_company, v_plan, v_start, v_end, v_latest.anchor, v_interval, true, 'rollover')
+    -- A renewed period keeps where its plan came from (SPEC §12: the operator's plan stays the
+    -- operator's; a store plan stays its subscription's); the default plan is nobody's.
+    INSERT INTO plan_periods (company_id, plan_id, started_at, ends_at, anchor, interval, auto_renew, source,
+                              plan_origin, store_subscription)
+    VALUES (p_company, v_plan, v_start, v_end, v_latest.anchor, v_interval, true, 'rollover',
+            CASE WHEN v_renew THEN v_latest.plan_origin ELSE 'store' END,
+            CASE WHEN v_renew THEN v_latest.store_subscription END)
     RETURNING id INTO v_period;
     INSERT INTO company_usage (company_id, period_id, used) VALUES (p_company, v_period, 0);
     INSERT INTO billing_events (company_id, type, plan_id, payload)

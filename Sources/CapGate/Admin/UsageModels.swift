@@ -87,9 +87,12 @@ extension UserUsage: Encodable {
 /// `GET /v1/usage` (SPEC §4): the caller's `usage` object (scope `user`) with the plan's
 /// features, read from one snapshot (``UsageStore/callerUsage(company:user:at:)``).
 public struct CallerUsage: Sendable {
-    /// The caller's company: what an iOS app sets as a purchase's `appAccountToken` (SPEC §12).
+    /// The caller's company.
     public var company: UUID
     public var user: UUID
+    /// The company's purchase token: what an iOS app sets as a purchase's `appAccountToken`
+    /// (SPEC §12; random, never the company id, rotated by the operator).
+    public var appAccountToken: UUID?
     public var state: UsageState
     public var features: [FeatureUsage]
     /// The company's and the caller's cost budgets (SPEC §11).
@@ -101,7 +104,7 @@ public struct CallerUsage: Sendable {
 }
 
 extension CallerUsage: Encodable {
-    /// `company_id` and `user_id`, then the SPEC §3 `usage` object, as the 402 body writes it (``UsageState/json(scope:includeUser:featureRefusal:features:)``),
+    /// `company_id`, `user_id` and `app_account_token`, then the SPEC §3 `usage` object, as the 402 body writes it (``UsageState/json(scope:includeUser:featureRefusal:features:)``),
     /// with the read's `cost` (`company` and `user`).
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.singleValueContainer()
@@ -110,8 +113,11 @@ extension CallerUsage: Encodable {
         guard case .object(var fields) = usage else { return try c.encode(usage) }
         // The rate windows (SPEC §14): an empty list when the plan sets none.
         fields.append(.init("rate", state.rate?.usageJSON(now: at) ?? .array([])))
-        // The caller's ids at the top (SPEC §12: the app's `appAccountToken` is `company_id`).
-        try c.encode(JSON.object([.init("company_id", JSON(company)), .init("user_id", JSON(user))] + fields))
+        // The caller's ids at the top, and the purchase token the app sets as `appAccountToken` (SPEC §12).
+        let top: [JSON.Field] = [
+            .init("company_id", JSON(company)), .init("user_id", JSON(user)), .init("app_account_token", JSON(appAccountToken)),
+        ]
+        try c.encode(JSON.object(top + fields))
     }
 }
 

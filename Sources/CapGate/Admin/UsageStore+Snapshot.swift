@@ -21,8 +21,13 @@ extension UsageStore {
         let read = try await current(company: company, user: user, at: at)
         var state = read.state
         state.rate = try await rateWindows(company: company, user: user, at: at)
+        let token = try await database.run { client in
+            try await client.query("SELECT app_account_token FROM companies WHERE id = \(company)", logger: logger)
+                .decode(UUID.self).collect().first
+        }
         return CallerUsage(
-            company: company, user: user, state: state, features: read.features, cost: read.cost, grants: read.grants, at: at)
+            company: company, user: user, appAccountToken: token, state: state, features: read.features, cost: read.cost,
+            grants: read.grants, at: at)
     }
 
     /// One read of the period containing `at`. When none does, the company is first moved into

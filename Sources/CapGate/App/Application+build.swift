@@ -82,7 +82,7 @@ struct GatewayParts {
                 proxyPrefix: configuration.proxyPrefix, proxy: proxy, authenticator: authenticator, database: database,
                 migrator: Migrator(), metering: metering, tenants: TenantStore(database: database),
                 periods: PeriodStore(database: database), usage: UsageStore(database: database), billing: billing,
-                prices: PriceStore(database: database), apple: try AppleSignedData(settings: configuration.apple),
+                prices: PriceStore(database: database), apple: try AppleSignedData(settings: configuration.apple, logger: logger),
                 metricsAccess: MetricsAccess(configuration: configuration)))
         // Shut down in reverse: the server drains first, then queued settlements are written,
         // then the upstream client closes, the spool is replayed a last time, and the pool closes.

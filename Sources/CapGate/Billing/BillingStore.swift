@@ -158,7 +158,8 @@ public struct BillingStore: Sendable {
             guard end > start else { throw BillingError.badDates }
             try await PeriodStore.startPeriod(
                 connection, logger: logger, company: event.companyID, plan: planID, start: start, end: end,
-                interval: interval, autoRenew: true, source: event.kind.rawValue, now: now
+                interval: interval, autoRenew: true, source: event.kind.rawValue, origin: .store,
+                subscription: event.originalTransactionID, now: now
             )
         case .renewal:
             guard let planID else { throw BillingError.productRequired }
@@ -179,7 +180,8 @@ public struct BillingStore: Sendable {
                 guard end > start else { throw BillingError.badDates }
                 try await PeriodStore.startPeriod(
                     connection, logger: logger, company: event.companyID, plan: planID, start: start, end: end,
-                    interval: interval, autoRenew: true, source: "renewal", now: now
+                    interval: interval, autoRenew: true, source: "renewal", origin: .store, subscription: event.originalTransactionID,
+                    now: now
                 )
             }
         case .cancel:
@@ -275,7 +277,8 @@ public struct BillingStore: Sendable {
         )
         if let plan = try await defaultPlan(connection, logger: logger) {
             try await PeriodStore.startPeriod(
-                connection, logger: logger, company: company, plan: plan, start: at, autoRenew: true, source: source, now: at)
+                connection, logger: logger, company: company, plan: plan, start: at, autoRenew: true, source: source, origin: .store,
+                now: at)
         }
     }
 

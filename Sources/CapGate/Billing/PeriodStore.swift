@@ -12,6 +12,14 @@ public struct PeriodStore: Sendable {
         self.database = database
     }
 
+    /// Where a period's plan came from (`plan_periods.plan_origin`, SPEC §12).
+    public enum PlanOrigin: String, Sendable {
+        /// The operator assigned it (a company's creation, `PUT …/plan`): no store purchase replaces it.
+        case assigned = "operator"
+        /// A store event set it (or moved the company to the default plan).
+        case store
+    }
+
     public enum PeriodError: Error {
         case unknownCompany
         case unknownPlan
@@ -28,10 +36,14 @@ public struct PeriodStore: Sendable {
     /// now instead, still anchored at `start` (so it ends where it would have), and the calls
     /// counted since `start` stay in the period that admitted them. Periods after `start` without
     /// calls are replaced.
+    ///
+    /// `origin` and `subscription` record where the plan came from (SPEC §12): the operator's
+    /// assignment, or a store event and the store subscription (original transaction id) it is of.
     @discardableResult
     public static func startPeriod(
         _ connection: PostgresConnection, logger: Logger, company: UUID, plan: String, start: Date, end: Date? = nil,
-        interval: PeriodMath.Interval = .month, autoRenew: Bool, source: String, now: Date = Date()
+        interval: PeriodMath.Interval = .month, autoRenew: Bool, source: String, origin: PlanOrigin = .assigned,
+        subscription: String? = nil, now: Date = Date()
     ) async throws -> Int64 {
         try await lockCompany(connection, logger: logger, company: company)
         guard try await connection.query("SELECT 1 FROM plans WHERE id = \(plan)", logger: logger).collect().count == 1 else {
@@ -71,8 +83,10 @@ public struct PeriodStore: Sendable {
         }
         let rows = try await connection.query(
             """
-            INSERT INTO plan_periods (company_id, plan_id, started_at, ends_at, anchor, interval, auto_renew, source)
-            VALUES (\(company), \(plan), \(begins), \(ends), \(start), \(interval.rawValue), \(autoRenew), \(source))
+            INSERT INTO plan_periods (company_id, plan_id, started_at, ends_at, anchor, interval, auto_renew, source,
+                                      plan_origin, store_subscription)
+            VALUES (\(company), \(plan), \(begins), \(ends), \(start), \(interval.rawValue), \(autoRenew), \(source),
+                    \(origin.rawValue), \(subscription))
             RETURNING id
             """,
             logger: logger
@@ -105,7 +119,7 @@ public struct PeriodStore: Sendable {
                 }
                 let after = try await AuditLog.snapshot(
                     """
-                    SELECT (to_jsonb(c) || jsonb_build_object('period', (
+                    SELECT ((to_jsonb(c) - 'app_account_token') || jsonb_build_object('period', (
                                SELECT to_jsonb(pp) FROM plan_periods pp WHERE pp.company_id = c.id
                                 ORDER BY pp.started_at DESC LIMIT 1)))::text
                       FROM companies c WHERE c.id = \(id)

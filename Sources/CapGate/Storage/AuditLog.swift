@@ -53,7 +53,10 @@ enum AuditLog {
 
     static func plan(_ id: String) -> PostgresQuery { "SELECT to_jsonb(p)::text FROM plans p WHERE p.id = \(id)" }
     static func product(_ id: String) -> PostgresQuery { "SELECT to_jsonb(p)::text FROM products p WHERE p.product_id = \(id)" }
-    static func company(_ id: UUID) -> PostgresQuery { "SELECT to_jsonb(c)::text FROM companies c WHERE c.id = \(id)" }
+    /// The purchase token (SPEC §12) is left out: it is what binds an App Store purchase to the company.
+    static func company(_ id: UUID) -> PostgresQuery {
+        "SELECT (to_jsonb(c) - 'app_account_token')::text FROM companies c WHERE c.id = \(id)"
+    }
     static func user(_ company: UUID, _ id: UUID) -> PostgresQuery {
         "SELECT to_jsonb(u)::text FROM users u WHERE u.company_id = \(company) AND u.id = \(id)"
     }

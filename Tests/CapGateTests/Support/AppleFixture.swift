@@ -19,29 +19,34 @@ struct AppleFixture: Sendable {
     }
 
     func transactionFields(
-        _ id: String, original: String? = nil, product: String = "app.low.monthly", company: UUID?, purchase: Date? = nil,
+        _ id: String, original: String? = nil, product: String = "app.low.monthly", token: UUID?, purchase: Date? = nil,
         expires: Date? = nil, environment: String = "Production", type: String = "Auto-Renewable Subscription", signed: Date? = nil,
-        bundle: String = bundle
+        bundle: String? = bundle, revoked: Date? = nil
     ) -> [String: Any] {
         var fields: [String: Any] = [
-            "transactionId": id, "originalTransactionId": original ?? id, "bundleId": bundle, "productId": product,
+            "transactionId": id, "originalTransactionId": original ?? id, "productId": product,
             "purchaseDate": AppleTestSigner.millis(purchase ?? now - 60), "environment": environment, "type": type,
             "signedDate": AppleTestSigner.millis(signed ?? now - 30), "quantity": 1, "inAppOwnershipType": "PURCHASED",
         ]
         if type == "Auto-Renewable Subscription" { fields["expiresDate"] = AppleTestSigner.millis(expires ?? now + 86400 * 30) }
-        if let company { fields["appAccountToken"] = company.uuidString.lowercased() }
+        if let token { fields["appAccountToken"] = token.uuidString.lowercased() }
+        if let bundle { fields["bundleId"] = bundle }
+        if let revoked {
+            fields["revocationDate"] = AppleTestSigner.millis(revoked)
+            fields["revocationReason"] = 0
+        }
         return fields
     }
 
     func transaction(
-        _ id: String, original: String? = nil, product: String = "app.low.monthly", company: UUID?, purchase: Date? = nil,
+        _ id: String, original: String? = nil, product: String = "app.low.monthly", token: UUID?, purchase: Date? = nil,
         expires: Date? = nil, environment: String = "Production", type: String = "Auto-Renewable Subscription", signed: Date? = nil,
-        bundle: String = bundle, chain: AppleTestSigner.Chain? = nil
+        bundle: String? = bundle, revoked: Date? = nil, chain: AppleTestSigner.Chain? = nil
     ) throws -> String {
         try signer.sign(
             transactionFields(
-                id, original: original, product: product, company: company, purchase: purchase, expires: expires,
-                environment: environment, type: type, signed: signed, bundle: bundle),
+                id, original: original, product: product, token: token, purchase: purchase, expires: expires,
+                environment: environment, type: type, signed: signed, bundle: bundle, revoked: revoked),
             chain: chain)
     }
 
@@ -59,9 +64,10 @@ struct AppleFixture: Sendable {
 
     func notificationFields(
         _ type: String, _ subtype: String? = nil, uuid: String = UUID().uuidString, signed: Date? = nil, transaction: String? = nil,
-        renewal: String? = nil, environment: String = "Production", bundle: String = bundle, appID: Int64? = appID
+        renewal: String? = nil, environment: String = "Production", bundle: String? = bundle, appID: Int64? = appID
     ) -> [String: Any] {
-        var data: [String: Any] = ["bundleId": bundle, "environment": environment, "bundleVersion": "1"]
+        var data: [String: Any] = ["environment": environment, "bundleVersion": "1"]
+        if let bundle { data["bundleId"] = bundle }
         if let appID { data["appAppleId"] = appID }
         if let transaction { data["signedTransactionInfo"] = transaction }
         if let renewal { data["signedRenewalInfo"] = renewal }
@@ -75,7 +81,7 @@ struct AppleFixture: Sendable {
 
     func notification(
         _ type: String, _ subtype: String? = nil, uuid: String = UUID().uuidString, signed: Date? = nil, transaction: String? = nil,
-        renewal: String? = nil, environment: String = "Production", bundle: String = bundle, appID: Int64? = appID,
+        renewal: String? = nil, environment: String = "Production", bundle: String? = bundle, appID: Int64? = appID,
         chain: AppleTestSigner.Chain? = nil
     ) throws -> String {
         try signer.sign(
@@ -94,6 +100,11 @@ struct AppleFixture: Sendable {
 }
 
 extension Harness {
+    /// What the app sets as `appAccountToken` on a purchase for `company`: its purchase token (SPEC §12).
+    func appAccountToken(_ company: UUID) async throws -> UUID {
+        UUID(uuidString: try await text("SELECT app_account_token FROM companies WHERE id = '\(company.text)'") ?? "")!
+    }
+
     /// `POST /billing/apple/notifications` with `{"signedPayload": jws}`.
     func appleNotification(_ jws: String) async throws -> Reply {
         try await request(.POST, "/billing/apple/notifications", json: .obj(["signedPayload": .string(jws)]))

@@ -40,7 +40,7 @@ struct AppStoreCrossCheckTests {
         var accepted: Bool
     }
 
-    static func cases(_ f: AppleFixture, company: UUID) throws -> [Case] {
+    static func cases(_ f: AppleFixture, token: UUID) throws -> [Case] {
         let signer = f.signer
         var cases: [Case] = []
         func notification(_ name: String, _ accepted: Bool, _ jws: String) {
@@ -49,7 +49,7 @@ struct AppStoreCrossCheckTests {
         func transaction(_ name: String, _ accepted: Bool, _ jws: String) {
             cases.append(Case(name: name, kind: "transaction", jws: jws, accepted: accepted))
         }
-        let tx = try f.transaction("x1", company: company)
+        let tx = try f.transaction("x1", token: token)
         let renewal = try f.renewal(original: "x1")
         let fields = f.notificationFields("DID_RENEW", transaction: tx, renewal: renewal)
         let real = try signer.sign(fields)
@@ -57,7 +57,7 @@ struct AppStoreCrossCheckTests {
         var forged = fields
         forged["notificationType"] = "REFUND"
         notification("tampered payload", false, try f.tampered(real, forged))
-        var forgedTx = f.transactionFields("x1", company: company)
+        var forgedTx = f.transactionFields("x1", token: token)
         forgedTx["expiresDate"] = AppleTestSigner.millis(f.now + 86400 * 3650)
         var nested = fields
         nested["data"] = (fields["data"] as! [String: Any]).merging(["signedTransactionInfo": try f.tampered(tx, forgedTx)]) { $1 }
@@ -77,24 +77,33 @@ struct AppStoreCrossCheckTests {
         notification("wrong bundle id", false, try f.notification("TEST", bundle: "com.example.other"))
         notification(
             "nested transaction of another bundle", false,
-            try f.notification("DID_RENEW", transaction: try f.transaction("x2", company: company, bundle: "com.example.other")))
+            try f.notification("DID_RENEW", transaction: try f.transaction("x2", token: token, bundle: "com.example.other")))
         notification("wrong appAppleId in Production", false, try f.notification("TEST", appID: 42))
         notification(
             "Sandbox", true,
             try f.notification(
-                "SUBSCRIBED", transaction: try f.transaction("x3", company: company, environment: "Sandbox"), environment: "Sandbox",
+                "SUBSCRIBED", transaction: try f.transaction("x3", token: token, environment: "Sandbox"), environment: "Sandbox",
                 appID: nil))
         notification(
             "Sandbox notification, Production transaction", false,
-            try f.notification("SUBSCRIBED", transaction: try f.transaction("x4", company: company), environment: "Sandbox", appID: nil))
+            try f.notification("SUBSCRIBED", transaction: try f.transaction("x4", token: token), environment: "Sandbox", appID: nil))
         notification("an environment not accepted", false, try f.notification("TEST", environment: "Xcode"))
-        transaction("transaction", true, try f.transaction("x5", company: company))
-        transaction("transaction, Sandbox", true, try f.transaction("x6", company: company, environment: "Sandbox"))
-        transaction("transaction, tampered", false, try f.tampered(try f.transaction("x7", company: company), forgedTx))
-        transaction("transaction, wrong root", false, try f.transaction("x8", company: company, chain: signer.otherRoot))
-        transaction("transaction, expired leaf", false, try f.transaction("x9", company: company, chain: signer.expiredLeaf))
-        transaction("transaction, leaf without OID", false, try f.transaction("x10", company: company, chain: signer.leafWithoutOID))
-        transaction("transaction, another bundle", false, try f.transaction("x11", company: company, bundle: "com.example.other"))
+        // bundleId: required in a transaction and a notification's data (Apple's INVALID_APP_IDENTIFIER);
+        // renewal info has none in Apple's payloads (the valid case above carries one without it).
+        notification("notification without bundleId", false, try f.notification("TEST", bundle: nil))
+        notification(
+            "nested transaction without bundleId", false,
+            try f.notification("DID_RENEW", transaction: try f.transaction("x12", token: token, bundle: nil)))
+        transaction("transaction without bundleId", false, try f.transaction("x13", token: token, bundle: nil))
+        transaction(
+            "revoked transaction (a refund: it verifies)", true, try f.transaction("x14", token: token, revoked: f.now - 60))
+        transaction("transaction", true, try f.transaction("x5", token: token))
+        transaction("transaction, Sandbox", true, try f.transaction("x6", token: token, environment: "Sandbox"))
+        transaction("transaction, tampered", false, try f.tampered(try f.transaction("x7", token: token), forgedTx))
+        transaction("transaction, wrong root", false, try f.transaction("x8", token: token, chain: signer.otherRoot))
+        transaction("transaction, expired leaf", false, try f.transaction("x9", token: token, chain: signer.expiredLeaf))
+        transaction("transaction, leaf without OID", false, try f.transaction("x10", token: token, chain: signer.leafWithoutOID))
+        transaction("transaction, another bundle", false, try f.transaction("x11", token: token, bundle: "com.example.other"))
         return cases
     }
 
@@ -104,7 +113,7 @@ struct AppStoreCrossCheckTests {
             try await AppStoreTests.products(h)
             let f = AppleFixture()
             let (company, users) = try await h.createCompany(plan: "free", users: 1)
-            let cases = try Self.cases(f, company: company)
+            let cases = try Self.cases(f, token: try await h.appAccountToken(company))
             var capgate: [Bool] = []
             for item in cases {
                 let reply =

@@ -65,6 +65,8 @@ struct AppleTransaction: ValidationTimePayload {
     var accountToken: UUID? { appAccountToken.flatMap { UUID(uuidString: $0) } }
     /// A consumable or non-consumable: a top-up, not a subscription.
     var isOneTime: Bool { type == "Consumable" || type == "Non-Consumable" }
+    /// Apple refunded or revoked it (`revocationDate`): a refund, never a purchase (SPEC §12).
+    var isRevoked: Bool { revocationDateMillis != nil }
 
     enum CodingKeys: String, CodingKey {
         case transactionId, originalTransactionId, bundleId, productId, appAccountToken, environment, type
@@ -78,6 +80,8 @@ struct AppleTransaction: ValidationTimePayload {
 /// Verified renewal info (`JWSRenewalInfoDecodedPayload`): the fields CapGate reads.
 struct AppleRenewalInfo: ValidationTimePayload {
     var originalTransactionId: String?
+    /// Not in Apple's renewal info; checked against `apple.bundleId` if it ever is.
+    var bundleId: String?
     var autoRenewProductId: String?
     var productId: String?
     var gracePeriodExpiresDateMillis: Double?
@@ -88,7 +92,7 @@ struct AppleRenewalInfo: ValidationTimePayload {
     var gracePeriodExpiresDate: Date? { gracePeriodExpiresDateMillis.map { Date(timeIntervalSince1970: $0 / 1000) } }
 
     enum CodingKeys: String, CodingKey {
-        case originalTransactionId, autoRenewProductId, productId, environment
+        case originalTransactionId, bundleId, autoRenewProductId, productId, environment
         case gracePeriodExpiresDateMillis = "gracePeriodExpiresDate", signedDateMillis = "signedDate"
     }
 

@@ -29,7 +29,7 @@ struct AppleRoutes {
     }
 
     /// `POST /v1/billing/apple/transactions`: a member's or admin's credential; the transaction's
-    /// `appAccountToken` must be the caller's company.
+    /// `appAccountToken` must be the caller's company's purchase token (``AppleStore/post(_:company:now:)``).
     func registerTransactions(on group: RouterGroup<AuthenticatedContext>) {
         group.post("billing/apple/transactions") { request, context in
             guard let user = context.identity.user else {
@@ -38,9 +38,6 @@ struct AppleRoutes {
             let fields = try await BodyFields.read(request, context: context)
             let jws = try fields.requiredString("signedTransaction", maxLength: Self.maxJWSLength)
             let transaction = try await verified(context.logger, "transaction") { try await signed.transaction(jws) }
-            guard transaction.accountToken == user.companyID else {
-                throw GatewayError.permission("This transaction's appAccountToken is not your company's id.")
-            }
             let answer = try await store.post(transaction, company: user.companyID)
             var headers = HTTPFields()
             headers[.contentType] = "application/json"
@@ -48,11 +45,19 @@ struct AppleRoutes {
         }
     }
 
-    /// `GET /admin/v1/billing/apple/unmatched` (operator).
+    /// `GET /admin/v1/billing/apple/unmatched` and `POST /admin/v1/companies/{id}/app-account-token` (operator).
     func registerAdmin(on group: RouterGroup<AuthenticatedContext>) {
         group.get("billing/apple/unmatched") { _, context in
             try context.requireOperator()
             return jsonResponse(.obj(["data": .array(try await store.unmatched())]))
+        }
+        group.post("companies/{id}/app-account-token") { _, context in
+            try context.requireOperator()
+            let id = try context.parameters.uuid("id", what: "company")
+            guard let token = try await store.rotateToken(company: id, by: context.auditActor) else {
+                throw GatewayError.notFound("No company with that id.")
+            }
+            return jsonResponse(.obj(["company_id": JSON(id), "app_account_token": JSON(token)]), status: .created)
         }
     }
 

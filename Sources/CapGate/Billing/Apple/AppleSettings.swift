@@ -51,6 +51,15 @@ public struct AppleSettings: Sendable {
         }
     }
 
+    /// The start warning of `apple.environments` accepting `Sandbox` beside `Production` (nil
+    /// otherwise): Sandbox purchases cost testers nothing, so a production gateway that accepts
+    /// them can be re-planned for free.
+    var sandboxWarning: String? {
+        guard environments.contains("Production"), environments.contains("Sandbox") else { return nil }
+        return "apple.environments accepts Sandbox beside Production: Sandbox purchases are free to testers, "
+            + "so accept Sandbox only on a staging gateway"
+    }
+
     /// Apple Root CA - G3 as built into CapGate.
     public static func shippedRoot() throws -> Certificate {
         guard let pem = EmbeddedFiles.text(shippedRootPath) else {

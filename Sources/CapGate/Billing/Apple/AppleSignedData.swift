@@ -1,5 +1,6 @@
 import Foundation
 import JWTKit
+import Logging
 import SwiftASN1
 import X509
 
@@ -12,9 +13,12 @@ struct AppleSignedData: Sendable {
     let settings: AppleSettings
     let verifier: X5CVerifier
 
-    init(settings: AppleSettings) throws {
+    /// With a `logger`, what the settings risk is told once, at start: `Sandbox` accepted beside
+    /// `Production` (Sandbox purchases are free to testers) is a warning.
+    init(settings: AppleSettings, logger: Logger? = nil) throws {
         self.settings = settings
         self.verifier = try X5CVerifier(rootCertificates: settings.rootCertificates)
+        if let warning = settings.sandboxWarning { logger?.warning("\(warning)") }
     }
 
     /// Why signed data was refused: the reason is logged, never the payload; the caller gets
@@ -36,7 +40,7 @@ struct AppleSignedData: Sendable {
         guard let scope = payload.data ?? payload.summary else {
             throw Refusal("the notification has neither data nor summary")
         }
-        try check(bundleID: scope.bundleId, environment: scope.environment, appAppleID: scope.appAppleId, what: "notification")
+        try check(bundleID: scope.bundleId, environment: scope.environment, appAppleID: scope.appAppleId, what: .notification)
         var transaction: AppleTransaction?
         if let signed = scope.signedTransactionInfo {
             transaction = try await self.transaction(signed, what: "signedTransactionInfo")
@@ -47,7 +51,7 @@ struct AppleSignedData: Sendable {
         var renewal: AppleRenewalInfo?
         if let signed = scope.signedRenewalInfo {
             let info = try await verify(signed, as: AppleRenewalInfo.self, what: "signedRenewalInfo")
-            try check(bundleID: nil, environment: info.environment, appAppleID: nil, what: "signedRenewalInfo")
+            try check(bundleID: info.bundleId, environment: info.environment, appAppleID: nil, what: .renewalInfo)
             guard info.environment == scope.environment else {
                 throw Refusal("signedRenewalInfo is of another environment than the notification")
             }
@@ -59,21 +63,40 @@ struct AppleSignedData: Sendable {
     /// A transaction (StoreKit 2's `jwsRepresentation`, or a notification's `signedTransactionInfo`).
     func transaction(_ jws: String, what: String = "signedTransaction") async throws -> AppleTransaction {
         let transaction = try await verify(jws, as: AppleTransaction.self, what: what)
-        try check(bundleID: transaction.bundleId, environment: transaction.environment, appAppleID: nil, what: what)
+        try check(bundleID: transaction.bundleId, environment: transaction.environment, appAppleID: nil, what: .transaction(what))
         return transaction
     }
 
-    /// `bundleID` (where the payload has one) must be `apple.bundleId`, `environment` one of
-    /// `apple.environments`, and in Production `appAppleID` (where the payload has one) `apple.appAppleId`.
-    func check(bundleID: String?, environment: String?, appAppleID: Int64?, what: String) throws {
+    /// Which signed data ``check(bundleID:environment:appAppleID:what:)`` reads.
+    enum Checked {
+        case notification, transaction(String), renewalInfo
+
+        var name: String {
+            switch self {
+            case .notification: "notification"
+            case .transaction(let what): what
+            case .renewalInfo: "signedRenewalInfo"
+            }
+        }
+    }
+
+    /// `environment` must be one of `apple.environments`; `bundleID` must be `apple.bundleId`, and
+    /// a notification's `data` and every transaction must carry it (Apple's library refuses
+    /// either without it: `INVALID_APP_IDENTIFIER`). Renewal info has no `bundleId` in Apple's
+    /// `JWSRenewalInfoDecodedPayload` and Apple's library does not read one: it is checked when
+    /// present. In Production a notification's `appAppleID` must be `apple.appAppleId`.
+    func check(bundleID: String?, environment: String?, appAppleID: Int64?, what: Checked) throws {
         guard let environment, settings.environments.contains(environment) else {
-            throw Refusal("\(what): environment \(environment ?? "(none)") is not one of apple.environments")
+            throw Refusal("\(what.name): environment \(environment ?? "(none)") is not one of apple.environments")
         }
-        if what == "notification" || bundleID != nil {
+        if case .renewalInfo = what, bundleID == nil {
+            // Nothing to compare: Apple's renewal info names no bundle.
+        } else {
             guard let configured = settings.bundleID else { throw Refusal("apple.bundleId is not configured") }
-            guard bundleID == configured else { throw Refusal("\(what): bundleId \(bundleID ?? "(none)") is not apple.bundleId") }
+            guard let bundleID else { throw Refusal("\(what.name) has no bundleId") }
+            guard bundleID == configured else { throw Refusal("\(what.name): bundleId \(bundleID.prefix(200)) is not apple.bundleId") }
         }
-        if what == "notification", environment == "Production" {
+        if case .notification = what, environment == "Production" {
             guard let configured = settings.appAppleID else { throw Refusal("apple.appAppleId is not configured (Production)") }
             guard appAppleID == configured else { throw Refusal("notification: appAppleId is not apple.appAppleId") }
         }
