@@ -118,7 +118,8 @@ struct OperatorAPITests {
             #expect(try await h.scalar("SELECT count(*) FROM users WHERE id = '\(person)'") == 2)
             for company in [a, b] {
                 #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
-                #expect(try await h.scalar("SELECT used FROM user_usage WHERE company_id = '\(company.text)' AND user_id = '\(person)'") == 1)
+                #expect(
+                    try await h.scalar("SELECT used FROM user_usage WHERE company_id = '\(company.text)' AND user_id = '\(person)'") == 1)
             }
             #expect(try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger).isEmpty)
         }

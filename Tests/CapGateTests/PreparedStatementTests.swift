@@ -40,8 +40,12 @@ struct PreparedStatementTests {
 
             var after: [Int] = []
             for _ in 0..<3 { after += try await Self.keyedCalls(h, keys: keys, callers: 32) }
-            #expect(after.allSatisfy { $0 == 200 }, "statuses after the function came back: \(Dictionary(grouping: after) { $0 }.mapValues(\.count))")
-            #expect(try await h.eventually("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'", equals: Int64(h.mock.served.count)) == Int64(h.mock.served.count))
+            #expect(
+                after.allSatisfy { $0 == 200 },
+                "statuses after the function came back: \(Dictionary(grouping: after) { $0 }.mapValues(\.count))")
+            #expect(
+                try await h.eventually("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'", equals: Int64(h.mock.served.count))
+                    == Int64(h.mock.served.count))
         }
     }
 }

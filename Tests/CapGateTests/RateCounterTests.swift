@@ -49,7 +49,8 @@ struct RateCounterTests {
     }
 
     @Test(
-        "user_tpm: the settlement trades the hold for the real count in the user's row and the ledger; a refund then gives back that count, and the call only if the provider never answered it")
+        "user_tpm: the settlement trades the hold for the real count in the user's row and the ledger; a refund then gives back that count, and the call only if the provider never answered it"
+    )
     func refundAfterSettlement() async throws {
         try await Harness.with { h in
             try await h.createPlan("p", company: nil, user: nil)

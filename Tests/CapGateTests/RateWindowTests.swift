@@ -221,6 +221,16 @@ struct RateWindowTests {
             let planCheck = try await check("?feature=chat").json
             #expect(planCheck["allowed"]?.boolValue == false && planCheck["usage"]?["rate"]?["window"]?.stringValue == "user-rpm")
             #expect(planCheck["usage"]?["rate"]?["feature"] == nil && planCheck["usage"]?["rate"]?["used"]?.intValue == 5)
+            // GET /v1/usage lists the plan's windows, then the entitlement's, which name their feature.
+            let read = try await h.request(.GET, "/v1/usage", headers: [("x-api-key", key)]).json
+            let windows = read["rate"]?.arrayValue ?? []
+            let planRPM = windows.first { $0["window"]?.stringValue == "user-rpm" && $0["feature"] == nil }
+            #expect(planRPM?["limit"]?.intValue == 5 && planRPM?["used"]?.intValue == 5, "\(windows)")
+            let featureRPM = windows.first { $0["window"]?.stringValue == "user-rpm" && $0["feature"]?.stringValue == "analysis" }
+            #expect(featureRPM?["limit"]?.intValue == 2 && featureRPM?["used"]?.intValue == 2 && featureRPM?["remaining"]?.intValue == 0)
+            let featureSlots = windows.first { $0["window"]?.stringValue == "user-concurrency" && $0["feature"]?.stringValue == "analysis" }
+            #expect(featureSlots?["limit"]?.intValue == 4 && featureSlots?["used"]?.intValue == 0, "\(windows)")
+            #expect(!windows.contains { $0["feature"]?.stringValue == "chat" })
             // The feature's window in a rate_windows row, the plan's in the user's counter row.
             #expect(try await h.scalar("SELECT count(*) FROM rate_windows") == 1)
             #expect(try await h.scalar("SELECT calls FROM rate_windows WHERE feature_id = 'analysis'") == 2)

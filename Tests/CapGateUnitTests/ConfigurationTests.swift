@@ -59,7 +59,8 @@ struct ConfigurationTests {
         #expect(tools.costs.toolOverheadTokens["bash_20990101"] == 250 && tools.costs.toolOverheadTokens["tool_choice"] == 346)
         #expect(configuration.costs.toolOverheadTokens == CostSettings.publishedToolOverhead)
         do {
-            _ = try await CapGateConfiguration.load(environment: ["COSTS_TOOL_OVERHEAD_TOKENS": #"{"bash": -1}"#], file: "/nonexistent.json")
+            _ = try await CapGateConfiguration.load(
+                environment: ["COSTS_TOOL_OVERHEAD_TOKENS": #"{"bash": -1}"#], file: "/nonexistent.json")
             Issue.record("expected an error")
         } catch let error as ConfigurationError {
             #expect(error.description.contains("costs.toolOverheadTokens (COSTS_TOOL_OVERHEAD_TOKENS)"))

@@ -88,7 +88,8 @@ struct PromptBoundTests {
         #expect(try Self.bound(custom).promptTokens == Int64(custom.utf8.count + 1_000 + 346))
         #expect(try Self.shape(custom).toolTypes.isEmpty && (try Self.shape(custom)).tools == 2)
         // bash (245) and the text editor (700), and computer use (735 + 499), escaped as the provider reads them.
-        let client = #"{"tools":[{"type":"bash_20250124","name":"bash"},{"typ\u0065":"text_editor_20250728"},{"type":"computer_20250124"}]}"#
+        let client =
+            #"{"tools":[{"type":"bash_20250124","name":"bash"},{"typ\u0065":"text_editor_20250728"},{"type":"computer_20250124"}]}"#
         #expect(try Self.bound(client).promptTokens == Int64(client.utf8.count + 1_000 + 346 + 245 + 700 + 1_234))
         #expect(try Self.bound(client).unknownTool == nil)
         // No tools: no tool-use system prompt.

@@ -101,6 +101,8 @@ public struct CallerUsage: Sendable {
     public var grants: [TopUpGrant] = []
     /// When it was read (a grant's `remaining` is 0 once expired; the rate windows' `reset_at`).
     public var at: Date = Date()
+    /// The windows the plan's entitlements set for its features, each with the minute it counts.
+    public var featureRates: [(minute: Date, windows: RateState.FeatureWindows)] = []
 }
 
 extension CallerUsage: Encodable {
@@ -112,7 +114,13 @@ extension CallerUsage: Encodable {
             .adding("grants", .array(grants.map { $0.json(at: at) }))
         guard case .object(var fields) = usage else { return try c.encode(usage) }
         // The rate windows (SPEC §14): an empty list when the plan sets none.
-        fields.append(.init("rate", state.rate?.usageJSON(now: at) ?? .array([])))
+        // The plan's, then each feature's (its entries name the feature), as a 429 would.
+        var rate = state.rate?.usageJSON(now: at).arrayValue ?? []
+        for (minute, windows) in featureRates {
+            let entries = RateState(limits: windows.limits, minute: minute, counts: windows.counts).usageJSON(now: at).arrayValue ?? []
+            rate += entries.map { $0.adding("feature", .string(windows.id)) }
+        }
+        fields.append(.init("rate", .array(rate)))
         // The caller's ids at the top, and the purchase token the app sets as `appAccountToken` (SPEC §12).
         let top: [JSON.Field] = [
             .init("company_id", JSON(company)), .init("user_id", JSON(user)), .init("app_account_token", JSON(appAccountToken)),

@@ -21,13 +21,20 @@ extension UsageStore {
         let read = try await current(company: company, user: user, at: at)
         var state = read.state
         state.rate = try await rateWindows(company: company, user: user, at: at)
+        // Each enabled feature's own windows (an entitlement's limits, SPEC §14), as its calls count them.
+        var featureRates: [(minute: Date, windows: RateState.FeatureWindows)] = []
+        for feature in read.features where feature.enabled {
+            if let windows = try await featureRateWindows(company: company, user: user, feature: feature.id, at: at) {
+                featureRates.append(windows)
+            }
+        }
         let token = try await database.run { client in
             try await client.query("SELECT app_account_token FROM companies WHERE id = \(company)", logger: logger)
                 .decode(UUID.self).collect().first
         }
         return CallerUsage(
             company: company, user: user, appAccountToken: token, state: state, features: read.features, cost: read.cost,
-            grants: read.grants, at: at)
+            grants: read.grants, at: at, featureRates: featureRates)
     }
 
     /// One read of the period containing `at`. When none does, the company is first moved into
