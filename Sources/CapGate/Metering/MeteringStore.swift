@@ -277,6 +277,11 @@ public struct MeteringStore: Sendable {
         await slotEnds.flush()
     }
 
+    /// Writes `items` in one `capgate_settle_batch` transaction, acknowledged like every write
+    /// (``Database/write(lateResult:failed:_:)``). The function commits with `synchronous_commit`
+    /// off, so its acknowledgement does not wait for the standby: acting on it early is harmless,
+    /// since a settlement lost with a primary leaves the call's hold open as its cost, never less
+    /// than the call may cost (`capgate unsettled` decides it), and nothing is forwarded on it.
     static func settleBatch(_ items: [Settlement], database: Database, spool: Spool? = nil) async -> [Result<Void, any Error>] {
         do {
             let over = try await database.write { connection in
