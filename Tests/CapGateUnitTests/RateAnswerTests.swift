@@ -70,14 +70,14 @@ struct RateAnswerTests {
     }
 
     @Test(
-        "a refund takes the call out of every count; a slot makes its end awaited, a token window its settlement count, call windows nothing"
+        "a refund after the provider's error answer takes its tokens and its slot out, the call stays counted; a slot makes its end awaited, a token window its settlement count, call windows nothing"
     )
     func refundAndEnd() {
         let rate = RateState(
             limits: Self.plan, minute: Self.minute,
             counts: .init(companyCalls: 4, companyTokens: nil, userCalls: 2, userTokens: 3_000, userInFlight: 1), tokens: 1_000)
         let back = rate.refunded()
-        #expect(back.counts == .init(companyCalls: 3, userCalls: 1, userTokens: 2_000, userInFlight: 0))
+        #expect(back.counts == .init(companyCalls: 4, userCalls: 2, userTokens: 2_000, userInFlight: 0))
         #expect(rate.end == .init(slot: true, tokens: true))
         #expect(RateState(limits: .init(companyRPM: 5, userRPM: 5), minute: Self.minute, counts: .init()).end == .none)
         #expect(RateState(limits: .init(userTPM: 5_000), minute: Self.minute, counts: .init()).end == .init(slot: false, tokens: true))

@@ -77,7 +77,7 @@ struct LateAdmissions: Sendable {
     /// waiting sent nothing, and the search finds nothing). An error the server sent rolled the
     /// transaction back; a lease that failed (the database down) sent nothing.
     static func outcomeUnknown(_ error: any Error) -> Bool {
-        if error is CancellationError || error is CommitUnacknowledged { return true }
+        if error is CancellationError || error is CommitUnacknowledged || error is DeadlineExceeded { return true }
         guard let psql = error as? PSQLError, psql.serverInfo == nil else { return false }
         switch psql.code {
         case .serverClosedConnection, .connectionError, .uncleanShutdown, .queryCancelled: return true

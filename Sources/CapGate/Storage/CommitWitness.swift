@@ -79,7 +79,7 @@ struct CommitWitness: Sendable, Equatable {
     /// connection; nil for any other error (the caller's own, thrown by its code: passed on).
     static func event(for error: any Error) -> Event? {
         if let psql = error as? PSQLError { return event(sqlState: psql.serverInfo?[.sqlState]) }
-        if error is CancellationError || error is ChannelError || error is IOError { return .lost }
+        if error is CancellationError || error is ChannelError || error is IOError || error is ConnectionLost { return .lost }
         return nil
     }
 
@@ -101,6 +101,9 @@ public struct CommitUnacknowledged: Error, CustomStringConvertible {
     public var description: String { "the commit was not acknowledged (\(String(describing: type(of: reason))))" }
 }
 
+/// The connection was closed before a statement could be sent on it.
+public struct ConnectionLost: Error {}
+
 /// Answers one row with no work: the proof statement after a write.
 struct CommitAcknowledgementStatement: PostgresPreparedStatement {
     static let sql = "SELECT true"
@@ -116,7 +119,17 @@ extension PostgresConnection {
     /// connection's next statement then), which PostgreSQL sends only after the commit, and after
     /// the synchronous standby has it. One round trip, with no work on the server.
     func acknowledgeCommit(logger: Logger) async throws {
+        try requireOpen()
         _ = try await execute(CommitAcknowledgementStatement(), logger: logger).collect()
+    }
+
+    /// Throws ``ConnectionLost`` when the connection is already closed. PostgresNIO writes a
+    /// statement to its channel without a promise: on a closed channel the write fails unseen and
+    /// the statement never answers (seen when a primary stopped between a write's answer and its
+    /// proof statement). What is left is the moment between this check and the write, which
+    /// ``Database/write(lateResult:failed:_:)``'s deadline covers.
+    func requireOpen() throws {
+        guard !isClosed else { throw ConnectionLost() }
     }
 
     /// Runs `body` (statements in implicit transactions, or a whole explicit one) and returns its
@@ -127,6 +140,7 @@ extension PostgresConnection {
         var witness = CommitWitness()
         let value: T
         do {
+            try requireOpen()
             value = try await body(self)
         } catch {
             // The caller's own error, or one the server sent (rolled back): passed on as it is.

@@ -89,7 +89,7 @@ public struct Database: Sendable {
             let mapped = DatabaseError.map(error.closureError ?? error.commitError ?? error.beginError ?? error, logger: logger)
             if case .unavailable = mapped { source.callFailed() }
             throw mapped
-        } catch is DeadlineExceeded, is CancellationError, is ChannelError, is IOError, is CommitUnacknowledged {
+        } catch is DeadlineExceeded, is CancellationError, is ChannelError, is IOError, is CommitUnacknowledged, is ConnectionLost {
             GatewayMetrics.databaseUnavailableOnce()
             source.callFailed()
             throw DatabaseError.unavailable
@@ -121,25 +121,45 @@ public struct Database: Sendable {
         _ body: @escaping @Sendable (PostgresConnection) async throws -> T
     ) async throws -> T {
         let logger = self.logger
-        return try await run(lateResult: lateResult) { client in
-            do {
-                return try await client.withConnection { connection in
-                    do {
-                        return try await connection.committed(logger: logger, body)
-                    } catch {
-                        if Self.spoilsPreparedStatements(error) {
-                            logger.warning(
-                                "a statement could not be prepared or planned; its connection is closed so that a new one prepares it again",
-                                metadata: ["sqlstate": "\((error as? PSQLError)?.serverInfo?[.sqlState] ?? "")"])
-                            try? await connection.close()
-                        }
-                        throw error
-                    }
-                }
-            } catch {
-                failed?(error)
-                throw error
+        let progress = WriteProgress()
+        do {
+            return try await run(lateResult: lateResult) { client in
+                try await Self.write(on: client, logger: logger, progress: progress, failed: failed, body)
             }
+        } catch DatabaseError.unavailable {
+            // Answered at the deadline while its statements were on a connection: they may have
+            // committed, and may go on for ever (a statement written to a connection that had
+            // just closed never answers), so `failed` hears of it now.
+            if progress.end(from: .onConnection) { failed?(DeadlineExceeded()) }
+            throw DatabaseError.unavailable
+        }
+    }
+
+    private static func write<T: Sendable>(
+        on client: PostgresClient, logger: Logger, progress: WriteProgress, failed: (@Sendable (any Error) -> Void)?,
+        _ body: @escaping @Sendable (PostgresConnection) async throws -> T
+    ) async throws -> T {
+        do {
+            let value = try await client.withConnection { connection in
+                progress.leased()
+                do {
+                    return try await connection.committed(logger: logger, body)
+                } catch {
+                    if Self.spoilsPreparedStatements(error) {
+                        logger.warning(
+                            "a statement could not be prepared or planned; its connection is closed so that a new one prepares it again",
+                            metadata: ["sqlstate": "\((error as? PSQLError)?.serverInfo?[.sqlState] ?? "")"])
+                        try? await connection.close()
+                    }
+                    throw error
+                }
+            }
+            _ = progress.end(from: .onConnection)
+            return value
+        } catch {
+            // Once: a write the deadline already reported is not reported again.
+            if progress.end(from: .onConnection) || progress.end(from: .waiting) { failed?(error) }
+            throw error
         }
     }
 
@@ -189,6 +209,20 @@ public struct Database: Sendable {
     }
 }
 
+/// Where one ``Database/write(lateResult:failed:_:)`` is, so that its `failed` hears of it once:
+/// waiting for a connection (nothing sent), on one (its statements may be running), or ended.
+final class WriteProgress: Sendable {
+    enum Stage: Int { case waiting = 0, onConnection = 1, ended = 2 }
+    private let stage = Atomic(Stage.waiting.rawValue)
+
+    func leased() { stage.store(Stage.onConnection.rawValue, ordering: .relaxed) }
+
+    /// Ends the write if it is at `from`; false when it was elsewhere (already ended).
+    func end(from: Stage) -> Bool {
+        stage.compareExchange(expected: from.rawValue, desired: Stage.ended.rawValue, ordering: .relaxed).exchanged
+    }
+}
+
 /// Database failures as the rest of CapGate sees them.
 public enum DatabaseError: Error, Sendable {
     /// The database could not be reached (or did not answer in time).
@@ -224,7 +258,7 @@ public enum DatabaseError: Error, Sendable {
         }
         if error is CancellationError { return .unavailable }
         if error is DeadlineExceeded { return .unavailable }
-        if error is ChannelError || error is IOError || error is CommitUnacknowledged { return .unavailable }
+        if error is ChannelError || error is IOError || error is CommitUnacknowledged || error is ConnectionLost { return .unavailable }
         logger.error("database error", metadata: ["error": "\(String(reflecting: error))"])
         return .unavailable
     }
