@@ -126,6 +126,30 @@ struct RateWindowTests {
         }
     }
 
+    @Test("a free call is counted in no window but carries the RateLimit policies that apply to its caller")
+    func freeCallPolicies() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: nil, user: nil)
+            try await Self.setLimits(h, plan: "p", .obj(["user_rpm": 3]))
+            try await h.exec("INSERT INTO routes (id, method, path, units, items_field) VALUES ('models', 'GET', '/v1/models*', 0, NULL)")
+            let (_, users) = try await h.createCompany(plan: "p", users: 1)
+            let key = users[0].key
+            try await Self.roomInMinute(15)
+            #expect(try await h.message(key: key).status == 200)
+            #expect(try await h.message(key: key).status == 200)
+            for _ in 0..<4 {
+                let free = try await h.request(.GET, "/v1/models", headers: [("x-api-key", key)])
+                #expect(free.status == 200)
+                #expect(free.headers.first(name: "ratelimit-policy")?.contains("\"user-rpm\";q=3;w=60") == true, "\(free.headers)")
+                #expect(free.headers.first(name: "ratelimit")?.contains("\"user-rpm\";r=1") == true, "\(free.headers)")
+            }
+            // The free calls took nothing: the third metered call still fits, the fourth does not.
+            #expect(try await h.scalar("SELECT rate_calls FROM user_usage") == 2)
+            #expect(try await h.message(key: key).status == 200)
+            #expect(try await h.message(key: key).status == 429)
+        }
+    }
+
     @Test("company_rpm counts every user of the company; a 402 at the cap is not counted in the window")
     func companyWindow() async throws {
         try await Harness.with { h in

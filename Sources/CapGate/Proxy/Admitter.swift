@@ -12,6 +12,8 @@ struct Admitter: Sendable {
     let idempotencyMaxBytes: Int
     /// `costs.*`: how a call's cost is bounded.
     let costs: CostSettings
+    /// Reads the caller's rate windows for a free call's RateLimit fields.
+    let usage: UsageStore
 
     enum Outcome: Sendable {
         /// Charged: forward it.
@@ -42,7 +44,7 @@ struct Admitter: Sendable {
             }
             let request = try admissionRequest(call, cost: cost, routesVersion: table.version)
             let user: UserIdentity
-            let admission: Admission
+            var admission: Admission
             switch call.credential {
             case .token(let identity):
                 // A token bound to features (jwt.featureClaim) is refused another one here, uncharged.
@@ -64,8 +66,26 @@ struct Admitter: Sendable {
                 table = try await rematch(after: &attempts)
                 continue
             }
+            if cost.units == 0, admission.decision == .charged, admission.state.rate == nil {
+                admission.state.rate = await freeCallWindows(user: user, feature: cost.feature, at: request.at)
+            }
             return outcome(of: admission, cost: cost, user: user, request: request, started: started, record: record)
         }
+    }
+
+    /// A free call (units 0) is counted in no rate window (SPEC §14), but its answer carries the
+    /// policies that apply to its caller, as every other answer does: the plan's windows and its
+    /// feature's, read apart (one read; free routes are few, such as a model list). A read that
+    /// fails leaves them out: the call itself was admitted.
+    func freeCallWindows(user: UserIdentity, feature: String?, at: Date) async -> RateState? {
+        var rate = try? await usage.rateWindows(company: user.companyID, user: user.userID, at: at)
+        if let feature,
+            let windows = try? await usage.featureRateWindows(company: user.companyID, user: user.userID, feature: feature, at: at)
+        {
+            if rate == nil { rate = RateState(limits: .init(), minute: windows.minute, counts: .init()) }
+            rate?.feature = windows.windows
+        }
+        return rate
     }
 
     /// The admission's decision as the call's outcome, reported to the request log and metrics.

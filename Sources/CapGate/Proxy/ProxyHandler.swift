@@ -25,7 +25,9 @@ public struct ProxyHandler: Sendable {
         reader = CallReader(
             authenticator: authenticator, knownKeys: knownKeys, maxBodyBytes: maxBodyBytes, bodyBudget: bodyBudget,
             bodyShare: CompanyShare(total: bodyBudget.limit, percent: companySharePercent), maxJSONDepth: maxJSONDepth)
-        admitter = Admitter(metering: metering, routes: routes, idempotencyMaxBytes: idempotencyMaxBytes, costs: costs)
+        admitter = Admitter(
+            metering: metering, routes: routes, idempotencyMaxBytes: idempotencyMaxBytes, costs: costs,
+            usage: UsageStore(database: metering.database))
         forwarder = Forwarder(
             upstream: upstream, share: CompanyShare(total: upstream.limiter.maxConnections, percent: companySharePercent))
         responder = Responder(
