@@ -107,11 +107,9 @@ public struct MeteringStore: Sendable {
         // Its own transaction: slots of calls that ended before it are written first.
         await slotEnds.flush()
         let relaxed = self.relaxed
-        let rows = try await Self.runAdmission([item], database: database, spool: spool) { connection in
-            try await connection.execute(
-                AdmitIdempotentStatement(keyHash: item.keyHash, request: item.request, relaxed: relaxed), logger: database.logger
-            ).collect()
-        }
+        let rows = try await Self.runAdmission(
+            [item], AdmitIdempotentStatement(keyHash: item.keyHash, request: item.request, relaxed: relaxed), database: database,
+            spool: spool)
         guard rows.count == 1 else { throw DatabaseError.other("the admission returned \(rows.count) rows") }
         return rows[0]
     }
@@ -157,10 +155,8 @@ public struct MeteringStore: Sendable {
         if items.count == 1 {
             return try await runAdmitOne(items[0], database: database, relaxed: relaxed, spool: spool, ended: ended)
         }
-        return try await runAdmission(items, database: database, spool: spool) { connection in
-            try await connection.execute(AdmitBatchStatement(items: items, relaxed: relaxed, ended: ended), logger: database.logger)
-                .collect()
-        }
+        return try await runAdmission(
+            items, AdmitBatchStatement(items: items, relaxed: relaxed, ended: ended), database: database, spool: spool)
     }
 
     /// Runs an admission statement for `items`. Its rows are the decision, but a call is forwarded
@@ -169,12 +165,11 @@ public struct MeteringStore: Sendable {
     /// then withholds the acknowledgement, and the charge may be lost with it. A commit after the
     /// deadline, or one not acknowledged (the outcome unknown), has its charges given back
     /// (``LateAdmissions``).
-    static func runAdmission(
-        _ items: [AdmissionItem], database: Database, spool: Spool?,
-        _ body: @escaping @Sendable (PostgresConnection) async throws -> [AdmissionRow]
-    ) async throws -> [AdmissionRow] {
+    static func runAdmission<Statement: PostgresPreparedStatement>(
+        _ items: [AdmissionItem], _ statement: Statement, database: Database, spool: Spool?
+    ) async throws -> [AdmissionRow] where Statement.Row == AdmissionRow {
         let late = LateAdmissions(items: items, database: database, spool: spool)
-        return try await database.write(lateResult: late.committedLate, failed: late.interrupted(by:), body)
+        return try await database.write(statement: statement, lateResult: late.committedLate, failed: late.interrupted(by:))
     }
 
     /// A batch of one runs the single-call function (`capgate_admit`, over `capgate_charge`):
@@ -184,9 +179,8 @@ public struct MeteringStore: Sendable {
     static func runAdmitOne(
         _ item: AdmissionItem, database: Database, relaxed: Bool, spool: Spool?, ended: [Int64] = []
     ) async throws -> [AdmissionRow] {
-        let rows = try await runAdmission([item], database: database, spool: spool) { connection -> [AdmissionRow] in
-            try await connection.execute(AdmitStatement(item: item, relaxed: relaxed, ended: ended), logger: database.logger).collect()
-        }
+        let rows = try await runAdmission(
+            [item], AdmitStatement(item: item, relaxed: relaxed, ended: ended), database: database, spool: spool)
         guard rows.count == 1 else { throw DatabaseError.other("the admission returned \(rows.count) rows") }
         return rows
     }
@@ -284,9 +278,7 @@ public struct MeteringStore: Sendable {
     /// than the call may cost (`capgate unsettled` decides it), and nothing is forwarded on it.
     static func settleBatch(_ items: [Settlement], database: Database, spool: Spool? = nil) async -> [Result<Void, any Error>] {
         do {
-            let over = try await database.write { connection in
-                try await connection.execute(SettleBatchStatement(items: items), logger: database.logger).collect()
-            }
+            let over = try await database.write(statement: SettleBatchStatement(items: items))
             report(over, logger: database.logger)
             return items.map { _ in .success(()) }
         } catch DatabaseError.unavailable where spool != nil {

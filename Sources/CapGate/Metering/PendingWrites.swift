@@ -45,9 +45,7 @@ struct PendingWrites: Sendable {
                 inputTokens: input, outputTokens: output, cacheWrite5m: write5m, cacheWrite1h: write1h, cacheRead: read,
                 known: known ?? (input != nil && output != nil))
             let settlement = Settlement(companyID: company, ledgerID: ledger, status: status, usage: usage)
-            let over = try await database.write { connection in
-                try await connection.execute(SettleBatchStatement(items: [settlement]), logger: database.logger).collect()
-            }
+            let over = try await database.write(statement: SettleBatchStatement(items: [settlement]))
             MeteringStore.report(over, logger: database.logger)
         case .answer(let company, let user, let key, let requestID, let status, let contentType, let body):
             try await MeteringStore.keepAnswer(

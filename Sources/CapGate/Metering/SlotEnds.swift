@@ -131,9 +131,7 @@ final class SlotEnds: Sendable {
     /// `capgate_rate_end`; whether it committed.
     static func write(_ ends: [RateEnd], database: Database) async -> Bool {
         do {
-            try await database.write { connection in
-                _ = try await connection.execute(RateEndStatement(items: ends), logger: database.logger).collect()
-            }
+            _ = try await database.write(statement: RateEndStatement(items: ends))
             return true
         } catch {
             database.logger.warning(

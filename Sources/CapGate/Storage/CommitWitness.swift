@@ -123,6 +123,49 @@ extension PostgresConnection {
         _ = try await execute(CommitAcknowledgementStatement(), logger: logger).collect()
     }
 
+    /// Runs one prepared statement and returns its rows once PostgreSQL has acknowledged its
+    /// commit, as ``committed(logger:_:)`` does, in the same round trips but sooner: the proof
+    /// statement is queued as soon as the statement answers its first message, so PostgresNIO
+    /// sends it from the event loop the moment the statement's ReadyForQuery arrives, while the
+    /// rows are still being read (the hot path: admissions, settlements, slot ends).
+    func committedRows<Statement: PostgresPreparedStatement>(
+        _ statement: Statement, logger: Logger
+    ) async throws -> [Statement.Row] where Statement.Row: Sendable {
+        var witness = CommitWitness()
+        let rows: AsyncThrowingMapSequence<PostgresRowSequence, Statement.Row>
+        do {
+            try requireOpen()
+            rows = try await execute(statement, logger: logger)
+        } catch {
+            guard let event = CommitWitness.event(for: error) else { throw error }
+            witness.receive(event)
+            if witness.state == .rolledBack { throw error }
+            throw CommitUnacknowledged(reason: error)
+        }
+        async let acknowledged: Void = acknowledgeCommit(logger: logger)
+        let collected: [Statement.Row]
+        do {
+            collected = try await rows.collect()
+        } catch {
+            // The proof statement runs or fails on its own; its outcome changes nothing here.
+            _ = try? await acknowledged
+            guard let event = CommitWitness.event(for: error) else { throw error }
+            witness.receive(event)
+            if witness.state == .rolledBack { throw error }
+            throw CommitUnacknowledged(reason: error)
+        }
+        witness.receive(.answered)
+        do {
+            try await acknowledged
+            witness.receive(.acknowledged)
+        } catch {
+            witness.receive(CommitWitness.event(for: error) ?? .lost)
+            throw CommitUnacknowledged(reason: error)
+        }
+        guard witness.isCommitted else { throw CommitUnacknowledged(reason: CancellationError()) }
+        return collected
+    }
+
     /// Throws ``ConnectionLost`` when the connection is already closed. PostgresNIO writes a
     /// statement to its channel without a promise: on a closed channel the write fails unseen and
     /// the statement never answers (seen when a primary stopped between a write's answer and its

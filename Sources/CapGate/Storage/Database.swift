@@ -121,15 +121,36 @@ public struct Database: Sendable {
         _ body: @escaping @Sendable (PostgresConnection) async throws -> T
     ) async throws -> T {
         let logger = self.logger
+        // Answered at the deadline while its statements were on a connection, a write may have
+        // committed and may go on for ever (a statement written to a connection that had just
+        // closed never answers), so `failed` hears of it then.
+        return try await write(lateResult: lateResult, failed: failed, commit: { try await $0.committed(logger: logger, body) })
+    }
+
+    /// ``write(lateResult:failed:_:)`` of one prepared statement: its rows, once its commit is
+    /// acknowledged (``PostgresConnection/committedRows(_:logger:)``, the proof statement queued
+    /// behind it).
+    public func write<Statement: PostgresPreparedStatement>(
+        statement: Statement, lateResult: (@Sendable (Result<[Statement.Row], any Error>) -> Void)? = nil,
+        failed: (@Sendable (any Error) -> Void)? = nil
+    ) async throws -> [Statement.Row] where Statement.Row: Sendable {
+        let logger = self.logger
+        return try await write(lateResult: lateResult, failed: failed, commit: { try await $0.committedRows(statement, logger: logger) })
+    }
+
+    /// ``write(lateResult:failed:_:)`` with the acknowledged commit made by `commit` (which calls
+    /// ``PostgresConnection/committed(logger:_:)`` or ``PostgresConnection/committedRows(_:logger:)``).
+    func write<T: Sendable>(
+        lateResult: (@Sendable (Result<T, any Error>) -> Void)?, failed: (@Sendable (any Error) -> Void)?,
+        commit: @escaping @Sendable (PostgresConnection) async throws -> T
+    ) async throws -> T {
+        let logger = self.logger
         let progress = WriteProgress()
         do {
             return try await run(lateResult: lateResult) { client in
-                try await Self.write(on: client, logger: logger, progress: progress, failed: failed, body)
+                try await Self.write(on: client, logger: logger, progress: progress, failed: failed, commit)
             }
         } catch DatabaseError.unavailable {
-            // Answered at the deadline while its statements were on a connection: they may have
-            // committed, and may go on for ever (a statement written to a connection that had
-            // just closed never answers), so `failed` hears of it now.
             if progress.end(from: .onConnection) { failed?(DeadlineExceeded()) }
             throw DatabaseError.unavailable
         }
@@ -137,13 +158,13 @@ public struct Database: Sendable {
 
     private static func write<T: Sendable>(
         on client: PostgresClient, logger: Logger, progress: WriteProgress, failed: (@Sendable (any Error) -> Void)?,
-        _ body: @escaping @Sendable (PostgresConnection) async throws -> T
+        _ commit: @escaping @Sendable (PostgresConnection) async throws -> T
     ) async throws -> T {
         do {
             let value = try await client.withConnection { connection in
                 progress.leased()
                 do {
-                    return try await connection.committed(logger: logger, body)
+                    return try await commit(connection)
                 } catch {
                     if Self.spoilsPreparedStatements(error) {
                         logger.warning(
