@@ -36,6 +36,13 @@ struct GatewayParts {
     init(configuration: CapGateConfiguration, logger: Logger) async throws {
         let databaseURL = try DatabaseURL(try configuration.require(configuration.databaseURL, key: "database.url"))
         let upstreamURL = try configuration.require(configuration.upstreamURL, key: "upstream.url")
+        // A short operator token stops the start (SPEC §7), here too for a configuration changed
+        // after it was read (`capgate dev` sets the demo's token).
+        if let problem = OperatorToken.lengthProblem(
+            operatorToken: configuration.operatorToken, operatorTokens: configuration.operatorTokens)
+        {
+            throw problem
+        }
         let group = MultiThreadedEventLoopGroup.singleton
 
         var dbLogger = logger
@@ -49,12 +56,6 @@ struct GatewayParts {
         let upstream = try UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
         let keyUsage = KeyUsage(database: database)
         let authenticator = try await Authenticator(database: database, configuration: configuration, keyUsage: keyUsage)
-        // An operator token is a full-admin credential, and guesses of it are not slowed down.
-        for token in configuration.allOperatorTokens where token.token.count < OperatorToken.advisedLength {
-            logger.warning(
-                "an operator token is short: use \(OperatorToken.advisedLength) or more random characters",
-                metadata: ["name": "\(token.name)"])
-        }
         // The spool's entries name their database by user and name (not host: a failover keeps them).
         let spool: Spool
         do {
