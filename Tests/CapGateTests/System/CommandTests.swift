@@ -284,6 +284,9 @@ struct CommandTests {
             for _ in 0..<120 where serve.isRunning { try await Task.sleep(for: .milliseconds(250)) }
             try output.close()
             let text = String(decoding: try Data(contentsOf: log), as: UTF8.self)
+            // The two failures are logged (SPEC §7), with the client and without the token.
+            #expect(text.components(separatedBy: "operator authentication failed").count - 1 == 2, "\(text)")
+            #expect(text.contains("client=127.0.0.1"), "\(text)")
             #expect(!text.contains(ci) && !text.contains(deploy))
         }
     }
