@@ -30,7 +30,7 @@ BENCH = os.path.join(ROOT, "bench")
 WORK = os.path.join(ROOT, ".capgate", "bench")
 # CAPGATE_BIN: another build to measure (an A/B of two commits in turn), default this checkout's release build.
 BIN = os.environ.get("CAPGATE_BIN") or os.path.join(ROOT, ".build", "release", "capgate")
-OPERATOR = "bench-operator-token"
+OPERATOR = "bench-operator-token-0123456789abcdef"  # operator tokens are at least 32 characters
 
 started = []  # (name, Popen)
 

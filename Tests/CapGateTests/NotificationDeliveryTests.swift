@@ -312,7 +312,7 @@ struct NotificationDeliveryTests {
             let base = "http://127.0.0.1:\(port)"
             let environment = [
                 "DATABASE_URL": h.databaseURL.text, "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port), "LOG_LEVEL": "warning",
-                "OPERATOR_TOKEN": "op_notify", "SPOOL_DIRECTORY": SpoolTests.folder(),
+                "OPERATOR_TOKEN": "op_notify-operator-token-for-the-tests", "SPOOL_DIRECTORY": SpoolTests.folder(),
                 // The SPEC's variable names.
                 "NOTIFY_WEBHOOK_URL": receiver.url, "NOTIFY_WEBHOOK_SECRET": Self.secret,
                 "NOTIFICATIONS_RETRY_DELAY": "0.2", "NOTIFICATIONS_MAX_RETRY_DELAY": "0.5", "NOTIFICATIONS_POLL_INTERVAL": "0.2",

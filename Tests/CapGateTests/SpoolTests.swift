@@ -88,7 +88,7 @@ struct SpoolTests {
                 let base = "http://127.0.0.1:\(port)"
                 let environment = [
                     "DATABASE_URL": cluster.url.text, "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port), "DATABASE_TIMEOUT": "2",
-                    "SPOOL_DIRECTORY": spoolFolder, "LOG_LEVEL": "warning", "OPERATOR_TOKEN": "op_spool",
+                    "SPOOL_DIRECTORY": spoolFolder, "LOG_LEVEL": "warning", "OPERATOR_TOKEN": "op_spool-operator-token-for-the-tests",
                 ]
                 let first = try Self.startServe(environment)
                 defer { if first.isRunning { kill(first.processIdentifier, SIGKILL) } }
@@ -131,7 +131,9 @@ struct SpoolTests {
                 #expect(try await h.scalar(settled) == 1)
                 for _ in 0..<40 where !Spool.names(in: spoolFolder).isEmpty { try await Task.sleep(for: .milliseconds(250)) }
                 #expect(Spool.names(in: spoolFolder).isEmpty)
-                let metrics = try await h.request(.GET, "/metrics", headers: [("authorization", "Bearer op_spool")], base: base).body
+                let metrics = try await h.request(
+                    .GET, "/metrics", headers: [("authorization", "Bearer op_spool-operator-token-for-the-tests")], base: base
+                ).body
                 #expect(metrics.contains("capgate_spool_depth 0"), "\(metrics.split(separator: "\n").filter { $0.contains("spool") })")
                 // Calls the provider served (2xx) == calls charged.
                 #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'") == Int64(h.mock.served.count))

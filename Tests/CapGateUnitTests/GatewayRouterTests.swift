@@ -61,6 +61,31 @@ struct GatewayRouterTests {
         }
     }
 
+    @Test("failed operator and metrics authentications: past 10 a second, 429 rate_limit_error with Retry-After; the right token passes")
+    func failedAuthenticationsThrottled() async throws {
+        // A gateway each: the two share one count per address.
+        for (path, kind) in [("/admin/v1/me", "operator"), ("/metrics", "metrics")] {
+            try await Application(router: try await Self.router()).test(.router) { client in
+                // 25 at once take milliseconds: at most two clock seconds, so one holds more than 10.
+                var statuses: [HTTPResponse.Status] = []
+                var throttled: TestResponse?
+                for i in 0..<25 {
+                    let headers: HTTPFields = i % 5 == 4 ? [:] : [.authorization: "Bearer wrong-\(i)"]
+                    let response = try await client.execute(uri: path, method: .get, headers: headers)
+                    statuses.append(response.status)
+                    if response.status == .tooManyRequests { throttled = response }
+                }
+                #expect(statuses.prefix(10).allSatisfy { $0 == .unauthorized }, "\(kind): \(statuses)")
+                #expect(Set(statuses) == [.unauthorized, .tooManyRequests], "\(kind): \(statuses)")
+                let refused = try #require(throttled)
+                #expect(refused.headers[.retryAfter] == "1")
+                #expect(Self.errorType(refused) == "rate_limit_error")
+                let right = try await client.execute(uri: path, method: .get, headers: [.authorization: "Bearer \(Self.operatorToken)"])
+                #expect(right.status == .ok, "\(kind)")
+            }
+        }
+    }
+
     @Test("with the database unreachable: /readyz is 503 database_unreachable, an operator read 503 overloaded_error")
     func databaseAway() async throws {
         try await Application(router: try await Self.router()).test(.router) { client in

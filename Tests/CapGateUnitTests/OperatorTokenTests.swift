@@ -4,11 +4,12 @@ import Testing
 @testable import CapGate
 
 /// SPEC §13: several named operator tokens (`operator.tokens`), compared in constant time; the
-/// unnamed `operator.token` is `operator`. The audit reads' query checks.
+/// unnamed `operator.token` is `operator`; SPEC §7: none shorter than 32 characters. The audit
+/// reads' query checks.
 @Suite("Operator tokens and audit queries", .timeLimit(.minutes(1)))
 struct OperatorTokenTests {
-    static let ci = "ci-" + String(repeating: "a", count: 20)
-    static let deploy = "deploy-" + String(repeating: "b", count: 20)
+    static let ci = "ci-" + String(repeating: "a", count: 30)
+    static let deploy = "deploy-" + String(repeating: "b", count: 30)
 
     @Test("operator.tokens parses name:token pairs (SPEC §7) or a JSON list of {name, token}; a bad list names the key")
     func parse() throws {
@@ -59,6 +60,47 @@ struct OperatorTokenTests {
                 environment: ["OPERATOR_TOKENS": #"[{"name": "operator", "token": "\#(Self.deploy)"}]"#, "OPERATOR_TOKEN": Self.ci],
                 file: "/nonexistent.json")
         }
+    }
+
+    @Test(
+        "an operator token under 32 characters stops the start, naming the key (and a listed token's name), never the token, worded as jwt.secret's"
+    )
+    func minimumLength() async throws {
+        let short = "s3cret-" + String(repeating: "z", count: 24)  // 31 characters
+        #expect(short.count == 31)
+        let exact = short + "z"
+        func refusal(flags: [String: String] = [:], environment: [String: String] = [:]) async -> String? {
+            do {
+                _ = try await CapGateConfiguration.load(flags: flags, environment: environment, file: "/nonexistent.json")
+                return nil
+            } catch {
+                return "\(error)"
+            }
+        }
+        let single = await refusal(environment: ["OPERATOR_TOKEN": short])
+        #expect(
+            single
+                == "configuration error: operator.token (OPERATOR_TOKEN) is 31 characters long; an operator token must be at least 32 characters"
+        )
+        #expect(await refusal(flags: ["operator.token": short]) == single)
+        let listed = await refusal(environment: ["OPERATOR_TOKENS": "deploy:\(Self.deploy),ci:\(short)"])
+        #expect(
+            listed
+                == "configuration error: operator.tokens (OPERATOR_TOKENS) has the token named 'ci' 31 characters long; an operator token must be at least 32 characters"
+        )
+        let listedJSON = await refusal(environment: ["OPERATOR_TOKENS": #"[{"name": "ci", "token": "\#(short)"}]"#])
+        #expect(listedJSON == listed)
+        // A 6-character token, as the review found accepted: refused the same way.
+        #expect(await refusal(environment: ["OPERATOR_TOKEN": "op-abc"])?.contains("is 6 characters long") == true)
+        for message in [single, listed, listedJSON] { #expect(message?.contains(short) == false) }
+        // jwt.secret's refusal, for the wording the two share.
+        let jwt = await refusal(environment: ["JWT_SECRET": short])
+        #expect(jwt == "configuration error: jwt.secret (JWT_SECRET) is 31 bytes long; an HS256 secret must be at least 32 bytes")
+        // 32 characters is enough, for either key.
+        #expect(await refusal(environment: ["OPERATOR_TOKEN": exact, "OPERATOR_TOKENS": "ci:\(exact)-ci"]) == nil)
+        // Characters, not bytes: 32 accented letters are 64 bytes and pass; 31 of them do not.
+        #expect(await refusal(environment: ["OPERATOR_TOKEN": String(repeating: "é", count: 32)]) == nil)
+        #expect(await refusal(environment: ["OPERATOR_TOKEN": String(repeating: "é", count: 31)]) != nil)
     }
 
     @Test("audit action names: two lower-case words joined by a dot")

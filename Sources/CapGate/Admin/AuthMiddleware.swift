@@ -6,10 +6,18 @@ import Hummingbird
 struct AuthMiddleware: RouterMiddleware {
     typealias Context = GatewayContext
     let authenticator: Authenticator
+    /// Where the operator routes count failed authentications (SPEC §7); nil for the client
+    /// routes, whose failures are not throttled.
+    var failures: FailedAuthThrottle? = nil
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         var context = context
-        let identity = try await authenticator.authenticate(request.headers)
+        let identity: Identity
+        do {
+            identity = try await authenticator.authenticate(request.headers)
+        } catch let error as GatewayError where error.status == .unauthorized {
+            throw failures?.answer(error, .operator, request: request, context: context) ?? error
+        }
         context.identity = identity
         if let user = identity.user {
             context.record.update {

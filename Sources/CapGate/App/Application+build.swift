@@ -36,6 +36,13 @@ struct GatewayParts {
     init(configuration: CapGateConfiguration, logger: Logger) async throws {
         let databaseURL = try DatabaseURL(try configuration.require(configuration.databaseURL, key: "database.url"))
         let upstreamURL = try configuration.require(configuration.upstreamURL, key: "upstream.url")
+        // A short operator token stops the start (SPEC §7), here too for a configuration changed
+        // after it was read (`capgate dev` sets the demo's token).
+        if let problem = OperatorToken.lengthProblem(
+            operatorToken: configuration.operatorToken, operatorTokens: configuration.operatorTokens)
+        {
+            throw problem
+        }
         let group = MultiThreadedEventLoopGroup.singleton
 
         var dbLogger = logger
@@ -49,12 +56,6 @@ struct GatewayParts {
         let upstream = try UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
         let keyUsage = KeyUsage(database: database)
         let authenticator = try await Authenticator(database: database, configuration: configuration, keyUsage: keyUsage)
-        // An operator token is a full-admin credential, and guesses of it are not slowed down.
-        for token in configuration.allOperatorTokens where token.token.count < OperatorToken.advisedLength {
-            logger.warning(
-                "an operator token is short: use \(OperatorToken.advisedLength) or more random characters",
-                metadata: ["name": "\(token.name)"])
-        }
         // The spool's entries name their database by user and name (not host: a failover keeps them).
         let spool: Spool
         do {
@@ -83,7 +84,7 @@ struct GatewayParts {
                 migrator: Migrator(), metering: metering, tenants: TenantStore(database: database),
                 periods: PeriodStore(database: database), usage: UsageStore(database: database), billing: billing,
                 prices: PriceStore(database: database), apple: try AppleSignedData(settings: configuration.apple, logger: logger),
-                metricsAccess: MetricsAccess(configuration: configuration)))
+                metricsAccess: MetricsAccess(configuration: configuration), authFailures: FailedAuthThrottle()))
         // Shut down in reverse: the server drains first, then queued settlements are written,
         // then the upstream client closes, the spool is replayed a last time, and the pool closes.
         var services: [any Service] = [
@@ -145,6 +146,7 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
     let migrator = services.migrator
     let metricsAccess = services.metricsAccess
     let authenticator = services.authenticator
+    let authFailures = services.authFailures
     let router = Router(context: GatewayContext.self)
     let ownPaths: Set<String> = [
         "/v1/usage", "/v1/usage/check", "/v1/billing/apple/transactions", "/healthz", "/readyz", "/metrics", "/openapi.yaml",
@@ -170,16 +172,19 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
             return notReady("database_unreachable", "PostgreSQL cannot be reached; calls are refused until it is back.")
         }
     }
-    router.get("/metrics") { request, _ in
+    router.get("/metrics") { request, context in
         do {
             try metricsAccess.check(request.headers)
-        } catch {
+        } catch let error as GatewayError {
             // A valid credential that may not read them (a user's or an admin's key or token) is
-            // 403 (SPEC §3: authenticated, but not allowed); anything else keeps the 401.
-            if (try? await authenticator.authenticate(request.headers)) != nil {
-                throw GatewayError.permission("/metrics is the operator's: read it with the operator token or metrics.token.")
+            // 403 (SPEC §3: authenticated, but not allowed); anything else is a failed
+            // authentication: its 401, or past the limit of its address the 429 (SPEC §7).
+            do {
+                _ = try await authenticator.authenticate(request.headers)
+            } catch let failure as GatewayError where failure.status == .unauthorized {
+                throw authFailures.answer(error, .metrics, request: request, context: context)
             }
-            throw error
+            throw GatewayError.permission("/metrics is the operator's: read it with the operator token or metrics.token.")
         }
         var headers = HTTPFields()
         headers[.contentType] = "text/plain; version=0.0.4; charset=utf-8"
@@ -203,8 +208,8 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
     usageRoutes.registerClient(on: client)
     apple.registerTransactions(on: client)
 
-    let admin = router.group("admin/v1").add(middleware: AuthMiddleware(authenticator: services.authenticator)).group(
-        context: AuthenticatedContext.self)
+    let admin = router.group("admin/v1").add(middleware: AuthMiddleware(authenticator: authenticator, failures: authFailures))
+        .group(context: AuthenticatedContext.self)
     OperatorRoutes(tenants: services.tenants, periods: services.periods).register(on: admin)
     usageRoutes.registerAdmin(on: admin)
     BillingRoutes(billing: services.billing).register(on: admin)

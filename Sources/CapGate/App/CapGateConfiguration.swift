@@ -201,6 +201,9 @@ public struct CapGateConfiguration: Sendable {
                     key: "operator.tokens", problem: "repeats operator.token or its name 'operator'; each token and name must appear once")
             }
         }
+        // An operator token is a full-admin credential that anyone who can reach the gateway may
+        // guess at: too short to guess stops the start, as a short jwt.secret does (SPEC §7).
+        if let problem = OperatorToken.lengthProblem(operatorToken: operatorToken, operatorTokens: operatorTokens) { throw problem }
         jwtSecret = Self.nonEmpty(reader.string(forKey: "jwt.secret", isSecret: true))
         jwtJWKSFile = Self.nonEmpty(reader.string(forKey: "jwt.jwksFile"))
         jwtCompanyClaim = reader.string(forKey: "jwt.companyClaim", default: "company_id")

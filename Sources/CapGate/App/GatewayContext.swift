@@ -1,20 +1,26 @@
 import Foundation
 import Hummingbird
 import Logging
+import NIOCore
 import Synchronization
 
-/// The per-request context: the request id and, once authenticated, the identity.
-public struct GatewayContext: RequestContext {
+/// The per-request context: the request id, the client's address and, once authenticated, the
+/// identity.
+public struct GatewayContext: RequestContext, RemoteAddressRequestContext {
     public var coreContext: CoreRequestContextStorage
     /// The verified caller, set by ``AuthMiddleware``.
     public var identity: Identity?
     /// What the request log line reports (shared with the middleware that writes it).
     public var record: RequestRecord
+    /// The TCP peer (never a forwarded header), read when the request starts: a connection that
+    /// closes later forgets it. Failed operator and metrics authentications are counted by it.
+    public let remoteAddress: SocketAddress?
 
     public init(source: ApplicationRequestContextSource) {
         self.coreContext = .init(source: source)
         self.identity = nil
         self.record = RequestRecord()
+        self.remoteAddress = source.channel.remoteAddress
     }
 
     /// Admin bodies are small; the proxy path reads its body itself with `proxy.maxBodyBytes`.

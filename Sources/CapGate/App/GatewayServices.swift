@@ -18,4 +18,6 @@ struct GatewayServices {
     /// The App Store's signed-data verifier (SPEC §12).
     var apple: AppleSignedData
     var metricsAccess: MetricsAccess
+    /// Failed operator and metrics authentications per client address (SPEC §7).
+    var authFailures: FailedAuthThrottle
 }

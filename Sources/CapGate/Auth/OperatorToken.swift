@@ -6,8 +6,9 @@ import Foundation
 public struct OperatorToken: Sendable, Equatable {
     /// The unnamed `operator.token`'s name.
     public static let defaultName = "operator"
-    /// Below this many characters a token is taken, with a warning at start.
-    public static let advisedLength = 16
+    /// The fewest characters an operator token may have (SPEC §7): a shorter one stops the start.
+    /// The token is a full-admin credential that anyone who can reach the gateway may guess at.
+    public static let minimumLength = 32
 
     public var name: String
     public var token: String
@@ -64,6 +65,21 @@ public struct OperatorToken: Sendable, Equatable {
         guard Set(names).count == names.count, Set(tokens.map(\.token)).count == tokens.count,
             tokens.allSatisfy({ isName($0.name) && !$0.token.isEmpty && !$0.token.contains(where: { $0.isWhitespace || $0 == "," }) })
         else { throw problem }
+    }
+
+    /// The refusal of a token shorter than ``minimumLength`` (worded as `jwt.secret`'s), naming
+    /// the key and, for one of `operator.tokens`, the token's name; never the token. Nil when
+    /// every token is long enough.
+    static func lengthProblem(operatorToken: String?, operatorTokens: [OperatorToken]) -> ConfigurationError? {
+        let rule = "an operator token must be at least \(minimumLength) characters"
+        if let operatorToken, operatorToken.count < minimumLength {
+            return ConfigurationError(key: "operator.token", problem: "is \(operatorToken.count) characters long; \(rule)")
+        }
+        if let short = operatorTokens.first(where: { $0.token.count < minimumLength }) {
+            return ConfigurationError(
+                key: "operator.tokens", problem: "has the token named '\(short.name)' \(short.token.count) characters long; \(rule)")
+        }
+        return nil
     }
 
     static func isName(_ name: String) -> Bool {

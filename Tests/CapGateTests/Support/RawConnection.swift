@@ -31,14 +31,16 @@ final class RawConnection: Sendable {
         self.sink = sink
     }
 
-    /// Connects to 127.0.0.1:`port`.
-    static func open(port: Int) async throws -> RawConnection {
+    /// Connects to 127.0.0.1:`port`, from the loopback address `source` when one is given (any of
+    /// 127.0.0.0/8: a second client address on this machine).
+    static func open(port: Int, from source: String? = nil) async throws -> RawConnection {
         let sink = Sink()
-        let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        var bootstrap = ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(sink) }
             }
-            .connect(host: "127.0.0.1", port: port).get()
+        if let source { bootstrap = bootstrap.bind(to: try SocketAddress(ipAddress: source, port: 0)) }
+        let channel = try await bootstrap.connect(host: "127.0.0.1", port: port).get()
         return RawConnection(channel: channel, sink: sink)
     }
 

@@ -163,7 +163,8 @@ struct CommandTests {
             serve.executableURL = URL(fileURLWithPath: Self.binary)
             serve.arguments = ["serve"]
             serve.environment = [
-                "DATABASE_URL": h.databaseURL.text, "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port), "OPERATOR_TOKEN": "op_drain",
+                "DATABASE_URL": h.databaseURL.text, "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port),
+                "OPERATOR_TOKEN": "op_drain-operator-token-for-the-tests",
                 "LOG_LEVEL": "warning", "PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin",
             ]
             serve.standardOutput = FileHandle.nullDevice
@@ -213,14 +214,47 @@ struct CommandTests {
     }
 
     @Test(
-        "OPERATOR_TOKENS as SPEC §7 writes it (name:token,name:token): each named token is the operator; a short one is taken with a warning naming it, never showing it"
+        "serve refuses an operator token under 32 characters (OPERATOR_TOKEN, or one of OPERATOR_TOKENS) as it refuses a short JWT_SECRET: exit 2, one line naming the key, never the token"
     )
+    func shortSecretsStopTheStart() async throws {
+        try #require(FileManager.default.isExecutableFile(atPath: Self.binary), "build the binary first: swift build")
+        let short = "op-" + String(repeating: "q", count: 28)  // 31 characters
+        let long = "deploy-" + UUID().uuidString
+        // Everything else the start needs is there: the token is what stops it.
+        let base = [
+            "DATABASE_URL": "postgres://capgate@127.0.0.1:9/none", "UPSTREAM_URL": "http://127.0.0.1:9", "HTTP_PORT": "0",
+            "OPERATOR_TOKEN": "", "OPERATOR_TOKENS": "", "JWT_SECRET": "",
+        ]
+        let cases: [([String: String], String)] = [
+            (
+                ["OPERATOR_TOKEN": short],
+                "configuration error: operator.token (OPERATOR_TOKEN) is 31 characters long; an operator token must be at least 32 characters"
+            ),
+            (
+                ["OPERATOR_TOKENS": "deploy:\(long),ci:\(short)"],
+                "configuration error: operator.tokens (OPERATOR_TOKENS) has the token named 'ci' 31 characters long; an operator token must be at least 32 characters"
+            ),
+            (
+                ["OPERATOR_TOKEN": long, "JWT_SECRET": short],
+                "configuration error: jwt.secret (JWT_SECRET) is 31 bytes long; an HS256 secret must be at least 32 bytes"
+            ),
+        ]
+        for (environment, expected) in cases {
+            let (status, output) = try await SDKTests.run(
+                Self.binary, ["serve", "--config", "/nonexistent.json"], environment: base.merging(environment) { _, new in new })
+            #expect(status == 2, "\(output)")
+            #expect(output.trimmingCharacters(in: .whitespacesAndNewlines) == expected)
+            #expect(!output.contains(short) && !output.contains(long))
+        }
+    }
+
+    @Test("OPERATOR_TOKENS as SPEC §7 writes it (name:token,name:token): each named token is the operator, and no token is logged")
     func namedOperatorTokensFromEnvironment() async throws {
         try #require(FileManager.default.isExecutableFile(atPath: Self.binary), "build the binary first: swift build")
         try await Harness.with { h in
             let port = try EmbeddedPostgres.freePort()
-            let short = "ci-tok-9"
-            let long = "deploy-" + UUID().uuidString
+            let ci = "ci-" + UUID().uuidString
+            let deploy = "deploy-" + UUID().uuidString
             let log = FileManager.default.temporaryDirectory.appendingPathComponent("capgate-tokens-\(UUID().uuidString).log")
             FileManager.default.createFile(atPath: log.path, contents: nil)
             defer { try? FileManager.default.removeItem(at: log) }
@@ -230,7 +264,7 @@ struct CommandTests {
             serve.arguments = ["serve"]
             serve.environment = [
                 "DATABASE_URL": h.databaseURL.text, "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port),
-                "OPERATOR_TOKENS": "ci:\(short),deploy:\(long)", "LOG_LEVEL": "warning",
+                "OPERATOR_TOKENS": "ci:\(ci),deploy:\(deploy)", "LOG_LEVEL": "warning",
                 "PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin",
             ]
             serve.standardOutput = output
@@ -239,7 +273,7 @@ struct CommandTests {
             defer { if serve.isRunning { serve.terminate() } }
             let base = "http://127.0.0.1:\(port)"
             try #require(try await Harness.ready(base))
-            for (token, status) in [(short, 200), (long, 200), (long + "x", 401), ("ci:" + short, 401)] {
+            for (token, status) in [(ci, 200), (deploy, 200), (deploy + "x", 401), ("ci:" + ci, 401)] {
                 var request = HTTPClientRequest(url: base + "/admin/v1/companies")
                 request.headers.add(name: "authorization", value: "Bearer \(token)")
                 let reply = try await Harness.http.execute(request, timeout: .seconds(10))
@@ -250,9 +284,10 @@ struct CommandTests {
             for _ in 0..<120 where serve.isRunning { try await Task.sleep(for: .milliseconds(250)) }
             try output.close()
             let text = String(decoding: try Data(contentsOf: log), as: UTF8.self)
-            #expect(text.contains("an operator token is short") && text.contains("name=ci"), "\(text)")
-            #expect(!text.contains("name=deploy"))
-            #expect(!text.contains(short) && !text.contains(long))
+            // The two failures are logged (SPEC §7), with the client and without the token.
+            #expect(text.components(separatedBy: "operator authentication failed").count - 1 == 2, "\(text)")
+            #expect(text.contains("client=127.0.0.1"), "\(text)")
+            #expect(!text.contains(ci) && !text.contains(deploy))
         }
     }
 }

@@ -75,7 +75,7 @@ struct CrashTests {
                 let base = "http://127.0.0.1:\(port)"
                 let environment = [
                     "DATABASE_URL": cluster.url.text, "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port), "SPOOL_DIRECTORY": spool,
-                    "LOG_LEVEL": "warning", "OPERATOR_TOKEN": "op_crash",
+                    "LOG_LEVEL": "warning", "OPERATOR_TOKEN": "op_crash-operator-token-for-the-tests",
                 ]
                 let keys = made.users.map(\.key)
                 let first = try SpoolTests.startServe(environment)

@@ -21,7 +21,7 @@ struct RateLeaseTests {
             let lease = 4
             let environment = [
                 "DATABASE_URL": h.databaseURL.text, "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port), "SPOOL_DIRECTORY": spool,
-                "LOG_LEVEL": "warning", "OPERATOR_TOKEN": "op_lease", "RATE_LEASE_SECONDS": String(lease),
+                "LOG_LEVEL": "warning", "OPERATOR_TOKEN": "op_lease-operator-token-for-the-tests", "RATE_LEASE_SECONDS": String(lease),
             ]
             let serve = try SpoolTests.startServe(environment)
             defer { if serve.isRunning { kill(serve.processIdentifier, SIGKILL) } }

@@ -50,7 +50,8 @@ struct StandaloneBinaryTests {
             serve.arguments = ["serve", "--set", "spool.directory=\(base)/spool"]
             serve.currentDirectoryURL = URL(fileURLWithPath: cwd)
             serve.environment = environment.merging([
-                "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port), "OPERATOR_TOKEN": "op_alone", "LOG_LEVEL": "warning",
+                "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port), "OPERATOR_TOKEN": "op_alone-operator-token-for-the-tests",
+                "LOG_LEVEL": "warning",
             ]) { _, new in new }
             serve.standardOutput = FileHandle.nullDevice
             serve.standardError = FileHandle.nullDevice
