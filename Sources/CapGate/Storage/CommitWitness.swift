@@ -68,6 +68,15 @@ struct CommitWitness: Sendable, Equatable {
         }
     }
 
+    /// What a write's caller is told of `error` from its statements, received here: the
+    /// caller's own error, or one the server sent (rolled back), as it is; anything else as
+    /// ``CommitUnacknowledged`` (it may have committed).
+    mutating func failure(_ error: any Error) -> any Error {
+        guard let event = Self.event(for: error) else { return error }
+        receive(event)
+        return state == .rolledBack ? error : CommitUnacknowledged(reason: error)
+    }
+
     /// The state after `events`, in order.
     static func after(_ events: [Event]) -> State {
         var witness = CommitWitness()
@@ -137,10 +146,7 @@ extension PostgresConnection {
             try requireOpen()
             rows = try await execute(statement, logger: logger)
         } catch {
-            guard let event = CommitWitness.event(for: error) else { throw error }
-            witness.receive(event)
-            if witness.state == .rolledBack { throw error }
-            throw CommitUnacknowledged(reason: error)
+            throw witness.failure(error)
         }
         async let acknowledged: Void = acknowledgeCommit(logger: logger)
         let collected: [Statement.Row]
@@ -149,10 +155,7 @@ extension PostgresConnection {
         } catch {
             // The proof statement runs or fails on its own; its outcome changes nothing here.
             _ = try? await acknowledged
-            guard let event = CommitWitness.event(for: error) else { throw error }
-            witness.receive(event)
-            if witness.state == .rolledBack { throw error }
-            throw CommitUnacknowledged(reason: error)
+            throw witness.failure(error)
         }
         witness.receive(.answered)
         do {
@@ -187,10 +190,7 @@ extension PostgresConnection {
             value = try await body(self)
         } catch {
             // The caller's own error, or one the server sent (rolled back): passed on as it is.
-            guard let event = CommitWitness.event(for: error) else { throw error }
-            witness.receive(event)
-            if witness.state == .rolledBack { throw error }
-            throw CommitUnacknowledged(reason: error)
+            throw witness.failure(error)
         }
         witness.receive(.answered)
         do {
