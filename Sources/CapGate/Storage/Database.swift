@@ -70,10 +70,19 @@ public struct Database: Sendable {
         lateResult: (@Sendable (Result<T, any Error>) -> Void)? = nil,
         _ body: @escaping @Sendable (PostgresClient) async throws -> T
     ) async throws -> T {
+        try await run(lateResult: lateResult, cancelsAtDeadline: nil, body)
+    }
+
+    /// ``run(lateResult:_:)`` where `cancelsAtDeadline` decides, when the caller is answered,
+    /// whether `body` is cancelled (true) or left to end by itself (false).
+    func run<T: Sendable>(
+        lateResult: (@Sendable (Result<T, any Error>) -> Void)?, cancelsAtDeadline: (@Sendable () -> Bool)?,
+        _ body: @escaping @Sendable (PostgresClient) async throws -> T
+    ) async throws -> T {
         let source = self.source
         let client = source.client
         do {
-            return try await withDeadline(timeout, lateResult: lateResult) {
+            return try await withDeadline(timeout, lateResult: lateResult, cancelsAtDeadline: cancelsAtDeadline) {
                 GatewayMetrics.databaseOperation(1)
                 defer { GatewayMetrics.databaseOperation(-1) }
                 return try await body(client)
@@ -121,9 +130,6 @@ public struct Database: Sendable {
         _ body: @escaping @Sendable (PostgresConnection) async throws -> T
     ) async throws -> T {
         let logger = self.logger
-        // Answered at the deadline while its statements were on a connection, a write may have
-        // committed and may go on for ever (a statement written to a connection that had just
-        // closed never answers), so `failed` hears of it then.
         return try await write(lateResult: lateResult, failed: failed, commit: { try await $0.committed(logger: logger, body) })
     }
 
@@ -140,19 +146,22 @@ public struct Database: Sendable {
 
     /// ``write(lateResult:failed:_:)`` with the acknowledged commit made by `commit` (which calls
     /// ``PostgresConnection/committed(logger:_:)`` or ``PostgresConnection/committedRows(_:logger:)``).
+    ///
+    /// At the deadline a write still waiting for a connection is cancelled (nothing was sent). A
+    /// write on a connection is not: cancelling it would stop PostgresNIO reading its rows and
+    /// turn a commit into an unknown outcome, whose give-back would rest on searching the ledger
+    /// at a moment the late transaction may not have committed yet (a stalled server resumed).
+    /// It is left to end, and its end says what happened: `lateResult` hears of a commit,
+    /// `failed` of an unknown outcome. A statement written to a connection that had just closed
+    /// never answers, so `failed` also hears when the connection closes under it.
     func write<T: Sendable>(
         lateResult: (@Sendable (Result<T, any Error>) -> Void)?, failed: (@Sendable (any Error) -> Void)?,
         commit: @escaping @Sendable (PostgresConnection) async throws -> T
     ) async throws -> T {
         let logger = self.logger
         let progress = WriteProgress()
-        do {
-            return try await run(lateResult: lateResult) { client in
-                try await Self.write(on: client, logger: logger, progress: progress, failed: failed, commit)
-            }
-        } catch DatabaseError.unavailable {
-            if progress.end(from: .onConnection) { failed?(DeadlineExceeded()) }
-            throw DatabaseError.unavailable
+        return try await run(lateResult: lateResult, cancelsAtDeadline: { progress.deadline(failed: failed) }) { client in
+            try await Self.write(on: client, logger: logger, progress: progress, failed: failed, commit)
         }
     }
 
@@ -162,7 +171,8 @@ public struct Database: Sendable {
     ) async throws -> T {
         do {
             let value = try await client.withConnection { connection in
-                progress.leased()
+                // Abandoned at the deadline before this: nothing is sent.
+                guard progress.leased(closed: connection.closeFuture) else { throw CancellationError() }
                 do {
                     return try await commit(connection)
                 } catch {
@@ -231,16 +241,38 @@ public struct Database: Sendable {
 }
 
 /// Where one ``Database/write(lateResult:failed:_:)`` is, so that its `failed` hears of it once:
-/// waiting for a connection (nothing sent), on one (its statements may be running), or ended.
+/// waiting for a connection (nothing sent), on one (its statements may be running), ended, or
+/// abandoned at the deadline while still waiting.
 final class WriteProgress: Sendable {
-    enum Stage: Int { case waiting = 0, onConnection = 1, ended = 2 }
+    enum Stage: Int { case waiting = 0, onConnection = 1, ended = 2, abandoned = 3 }
     private let stage = Atomic(Stage.waiting.rawValue)
+    private let closed = Mutex<EventLoopFuture<Void>?>(nil)
 
-    func leased() { stage.store(Stage.onConnection.rawValue, ordering: .relaxed) }
+    /// The write is on a connection that `closed` completes when it closes; false when the
+    /// deadline abandoned the write first.
+    func leased(closed: EventLoopFuture<Void>) -> Bool {
+        self.closed.withLock { $0 = closed }
+        return stage.compareExchange(expected: Stage.waiting.rawValue, desired: Stage.onConnection.rawValue, ordering: .acquiringAndReleasing)
+            .exchanged
+    }
 
     /// Ends the write if it is at `from`; false when it was elsewhere (already ended).
     func end(from: Stage) -> Bool {
-        stage.compareExchange(expected: from.rawValue, desired: Stage.ended.rawValue, ordering: .relaxed).exchanged
+        stage.compareExchange(expected: from.rawValue, desired: Stage.ended.rawValue, ordering: .acquiringAndReleasing).exchanged
+    }
+
+    /// At the deadline: true (cancel the write) when it was still waiting for a connection, which
+    /// it now gives up. On a connection it is left to end; if the connection closes first (a
+    /// statement on a closed connection never answers), `failed` hears of an unknown outcome then.
+    func deadline(failed: (@Sendable (any Error) -> Void)?) -> Bool {
+        let (abandoned, seen) = stage.compareExchange(
+            expected: Stage.waiting.rawValue, desired: Stage.abandoned.rawValue, ordering: .acquiringAndReleasing)
+        if abandoned { return true }
+        guard seen == Stage.onConnection.rawValue, let closed = closed.withLock({ $0 }) else { return false }
+        closed.whenComplete { _ in
+            if self.end(from: .onConnection) { failed?(CommitUnacknowledged(reason: ConnectionLost())) }
+        }
+        return false
     }
 }
 
@@ -295,8 +327,12 @@ public struct DeadlineExceeded: Error {}
 /// The deadline is a timer on the calling task's event loop (Swift Concurrency runs on the NIO
 /// event loops), not a sleeping task: arming and disarming it costs no system call and wakes no
 /// other thread, which a `Task.sleep` (Dispatch's timer thread) did twice per database call.
+///
+/// `cancelsAtDeadline` (default: always) decides whether `body` is cancelled when the caller is
+/// answered without it, at the deadline or on the caller's cancellation.
 public func withDeadline<T: Sendable>(
     _ limit: Duration, lateResult: (@Sendable (Result<T, any Error>) -> Void)? = nil,
+    cancelsAtDeadline: (@Sendable () -> Bool)? = nil,
     _ body: @escaping @Sendable () async throws -> T
 ) async throws -> T {
     let race = DeadlineRace<T>()
@@ -309,13 +345,13 @@ public func withDeadline<T: Sendable>(
         // Answer first: cancelling can make `body` fail at once (a pool's lease wait ends with
         // its own error), and the caller must see the deadline.
         race.answer(.failure(DeadlineExceeded()))
-        work.cancel()
+        if cancelsAtDeadline?() ?? true { work.cancel() }
     }
     defer { timer.cancel() }
     return try await withTaskCancellationHandler {
         try await withCheckedThrowingContinuation { race.install($0) }
     } onCancel: {
-        work.cancel()
+        if cancelsAtDeadline?() ?? true { work.cancel() }
     }
 }
 
