@@ -8,7 +8,9 @@ struct CapGateCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "capgate",
         abstract: "CapGate: a multi-tenant usage-cap gateway for AI provider calls.",
-        subcommands: [Serve.self, Dev.self, Migrate.self, Rollover.self, Verify.self, Unsettled.self, Database.self, Mock.self]
+        subcommands: [
+            Serve.self, CheckConfig.self, Dev.self, Migrate.self, Rollover.self, Verify.self, Unsettled.self, Database.self, Mock.self,
+        ]
     )
 }
 
@@ -71,6 +73,23 @@ struct Serve: AsyncParsableCommand {
             _ = try configuration.require(configuration.upstreamURL, key: "upstream.url")
             let logger = bootstrapLogging(configuration.logLevel)
             try await CapGateRunner.serve(configuration: configuration, logger: logger)
+        }
+    }
+}
+
+struct CheckConfig: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "check-config",
+        abstract: "Check what serve would start with (keys, files, the database's schema); exit 0, or 2 naming what is wrong."
+    )
+    @OptionGroup var options: ConfigOptions
+
+    func run() async throws {
+        try await runCommand {
+            let configuration = try await options.load()
+            let logger = bootstrapLogging(configuration.logLevel == "info" ? "warning" : configuration.logLevel)
+            let lines = try await CapGateRunner.checkConfiguration(configuration, logger: logger)
+            print(lines.joined(separator: "\n"))
         }
     }
 }

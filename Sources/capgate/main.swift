@@ -18,6 +18,7 @@ func dispatch() async -> Never {
         let command = try CapGateCommand.parseAsRoot()
         switch command {
         case let c as Serve: try await runAsync(c)
+        case let c as CheckConfig: try await runAsync(c)
         case let c as Dev: try await runAsync(c)
         case let c as Migrate: try await runAsync(c)
         case let c as Rollover: try await runAsync(c)

@@ -280,6 +280,31 @@ public struct CapGateConfiguration: Sendable {
 
     /// Loads configuration from flags (`key=value` pairs, highest), the environment, then the
     /// JSON file (`CAPGATE_CONFIG` or `config/capgate.json`, optional).
+    /// Where the environment's variables are read: the SPEC's names that differ from the derived
+    /// ones (`NOTIFY_WEBHOOK_URL`), then every key's derived name (`http.idleTimeout` →
+    /// `HTTP_IDLE_TIMEOUT`).
+    static func environmentProviders(_ environment: [String: String]) -> [any ConfigProvider] {
+        var aliasValues: [AbsoluteConfigKey: ConfigValue] = [:]
+        for (variable, key) in environmentAliases {
+            guard let value = environment[variable] else { continue }
+            aliasValues[AbsoluteConfigKey(ConfigKey(key))] = ConfigValue(.string(value), isSecret: secretKeys.contains(key))
+        }
+        let secretVariables: Set<String> = [
+            "DATABASE_URL", "UPSTREAM_API_KEY", "OPERATOR_TOKEN", "OPERATOR_TOKENS", "JWT_SECRET", "NOTIFY_WEBHOOK_SECRET",
+            "NOTIFICATIONS_WEBHOOK_SECRET", "METRICS_TOKEN",
+        ]
+        return [
+            InMemoryProvider(name: "environment (SPEC names)", values: aliasValues),
+            EnvironmentVariablesProvider(environmentVariables: environment, secretsSpecifier: .specific(secretVariables)),
+        ]
+    }
+
+    /// The text `environment` gives `key`, read as ``load(flags:environment:file:)`` reads it
+    /// (for checking a deployment's environment file).
+    static func environmentValue(forKey key: String, environment: [String: String]) -> String? {
+        ConfigReader(providers: environmentProviders(environment)).string(forKey: ConfigKey(key))
+    }
+
     public static func load(
         flags: [String: String] = [:],
         environment: [String: String] = ProcessInfo.processInfo.environment,
@@ -296,23 +321,7 @@ public struct CapGateConfiguration: Sendable {
             }
         }
         providers.append(InMemoryProvider(name: "flags", values: flagValues))
-        var aliasValues: [AbsoluteConfigKey: ConfigValue] = [:]
-        for (variable, key) in environmentAliases {
-            guard let value = environment[variable] else { continue }
-            aliasValues[AbsoluteConfigKey(ConfigKey(key))] = ConfigValue(.string(value), isSecret: secretKeys.contains(key))
-        }
-        providers.append(InMemoryProvider(name: "environment (SPEC names)", values: aliasValues))
-        let secretVariables: Set<String> = [
-            "DATABASE_URL", "UPSTREAM_API_KEY", "OPERATOR_TOKEN", "OPERATOR_TOKENS", "JWT_SECRET", "NOTIFY_WEBHOOK_SECRET",
-            "NOTIFICATIONS_WEBHOOK_SECRET",
-            "METRICS_TOKEN",
-        ]
-        providers.append(
-            EnvironmentVariablesProvider(
-                environmentVariables: environment,
-                secretsSpecifier: .specific(secretVariables)
-            )
-        )
+        providers += environmentProviders(environment)
         let path = file ?? environment["CAPGATE_CONFIG"] ?? "config/capgate.json"
         do {
             providers.append(try await FileProvider<JSONSnapshot>(filePath: FilePath(path), allowMissing: true))

@@ -252,8 +252,10 @@ final class WriteProgress: Sendable {
     /// deadline abandoned the write first.
     func leased(closed: EventLoopFuture<Void>) -> Bool {
         self.closed.withLock { $0 = closed }
-        return stage.compareExchange(expected: Stage.waiting.rawValue, desired: Stage.onConnection.rawValue, ordering: .acquiringAndReleasing)
-            .exchanged
+        return stage.compareExchange(
+            expected: Stage.waiting.rawValue, desired: Stage.onConnection.rawValue, ordering: .acquiringAndReleasing
+        )
+        .exchanged
     }
 
     /// Ends the write if it is at `from`; false when it was elsewhere (already ended).

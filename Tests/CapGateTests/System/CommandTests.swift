@@ -175,30 +175,7 @@ struct CommandTests {
             let ready = try await Harness.ready(base)
             try #require(ready)
 
-            // A stream of ~10 events 150 ms apart; SIGTERM once its first bytes arrived.
-            var request = HTTPClientRequest(url: base + "/v1/messages")
-            request.method = .POST
-            request.headers.add(name: "x-api-key", value: users[0].key)
-            request.headers.add(name: "content-type", value: "application/json")
-            request.headers.add(name: "x-mock-chunk-delay-ms", value: "150")
-            request.body = .bytes(
-                ByteBuffer(string: #"{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Hi"}]}"#))
-            let response = try await Harness.http.execute(request, timeout: .seconds(30))
-            #expect(response.status == .ok)
-            var text = ""
-            var signalled = false
-            for try await chunk in response.body {
-                text += String(buffer: chunk)
-                if !signalled {
-                    serve.terminate()
-                    signalled = true
-                    try await Task.sleep(for: .milliseconds(300))
-                    // Draining: no new call is taken.
-                    let late = try? await Harness.http.execute(HTTPClientRequest(url: base + "/healthz"), timeout: .seconds(2))
-                    #expect(late?.status != .ok)
-                }
-            }
-            #expect(signalled)
+            let text = try await Self.streamWhileTerminating(serve, base: base, key: users[0].key)
             #expect(text.contains("event: message_stop"))
             for _ in 0..<120 where serve.isRunning { try await Task.sleep(for: .milliseconds(250)) }
             #expect(!serve.isRunning)
@@ -211,6 +188,35 @@ struct CommandTests {
                     """) == 1)
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
         }
+    }
+
+    /// A stream of ~10 events 150 ms apart through `base`, with SIGTERM sent to `serve` once its
+    /// first bytes arrived; checks that no new call is taken while it drains. The stream's text.
+    static func streamWhileTerminating(_ serve: Process, base: String, key: String) async throws -> String {
+        var request = HTTPClientRequest(url: base + "/v1/messages")
+        request.method = .POST
+        request.headers.add(name: "x-api-key", value: key)
+        request.headers.add(name: "content-type", value: "application/json")
+        request.headers.add(name: "x-mock-chunk-delay-ms", value: "150")
+        request.body = .bytes(
+            ByteBuffer(string: #"{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Hi"}]}"#))
+        let response = try await Harness.http.execute(request, timeout: .seconds(30))
+        #expect(response.status == .ok)
+        var text = ""
+        var signalled = false
+        for try await chunk in response.body {
+            text += String(buffer: chunk)
+            if !signalled {
+                serve.terminate()
+                signalled = true
+                try await Task.sleep(for: .milliseconds(300))
+                // Draining: no new call is taken.
+                let late = try? await Harness.http.execute(HTTPClientRequest(url: base + "/healthz"), timeout: .seconds(2))
+                #expect(late?.status != .ok)
+            }
+        }
+        #expect(signalled)
+        return text
     }
 
     @Test(
