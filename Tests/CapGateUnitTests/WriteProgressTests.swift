@@ -22,7 +22,7 @@ struct WriteProgressTests {
         let progress = WriteProgress()
         let reports = Reports()
         let closed = loop.makePromise(of: Void.self)
-        #expect(progress.deadline(failed: reports.failed))
+        #expect(progress.deadline(failed: reports.failed, backstop: .seconds(60)))
         #expect(!progress.leased(closed: closed.futureResult))
         #expect(!progress.end(from: .onConnection))
         #expect(!progress.end(from: .waiting))
@@ -37,7 +37,7 @@ struct WriteProgressTests {
         let progress = WriteProgress()
         let reports = Reports()
         #expect(progress.leased(closed: closed.futureResult))
-        #expect(!progress.deadline(failed: reports.failed))
+        #expect(!progress.deadline(failed: reports.failed, backstop: .seconds(60)))
         #expect(reports.count == 0)
         // The write ended by itself (a commit, or an error its caller reports).
         #expect(progress.end(from: .onConnection))
@@ -52,12 +52,28 @@ struct WriteProgressTests {
         let progress = WriteProgress()
         let reports = Reports()
         #expect(progress.leased(closed: closed.futureResult))
-        #expect(!progress.deadline(failed: reports.failed))
-        #expect(!progress.deadline(failed: reports.failed))
+        #expect(!progress.deadline(failed: reports.failed, backstop: .seconds(60)))
+        #expect(!progress.deadline(failed: reports.failed, backstop: .seconds(60)))
         closed.succeed(())
         #expect(reports.errors.withLock { $0 } == ["CommitUnacknowledged"])
         // The write's own failure afterwards is not reported again.
         #expect(!progress.end(from: .onConnection))
+    }
+
+    @Test("on a connection that neither answers nor closes: reported once as an unknown outcome at the backstop")
+    func backstop() {
+        let loop = EmbeddedEventLoop()
+        let closed = loop.makePromise(of: Void.self)
+        let progress = WriteProgress()
+        let reports = Reports()
+        #expect(progress.leased(closed: closed.futureResult))
+        #expect(!progress.deadline(failed: reports.failed, backstop: .seconds(60)))
+        loop.advanceTime(by: .seconds(59))
+        #expect(reports.count == 0)
+        loop.advanceTime(by: .seconds(1))
+        #expect(reports.errors.withLock { $0 } == ["CommitUnacknowledged"])
+        closed.succeed(())
+        #expect(reports.count == 1)
     }
 
     @Test("withDeadline answers at the deadline and cancels the body only when told to")

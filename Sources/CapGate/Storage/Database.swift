@@ -153,14 +153,16 @@ public struct Database: Sendable {
     /// at a moment the late transaction may not have committed yet (a stalled server resumed).
     /// It is left to end, and its end says what happened: `lateResult` hears of a commit,
     /// `failed` of an unknown outcome. A statement written to a connection that had just closed
-    /// never answers, so `failed` also hears when the connection closes under it.
+    /// never answers, so `failed` also hears when the connection closes under it, or when the
+    /// write has not ended 3 × `database.timeout` (at least 30 s) after its deadline.
     func write<T: Sendable>(
         lateResult: (@Sendable (Result<T, any Error>) -> Void)?, failed: (@Sendable (any Error) -> Void)?,
         commit: @escaping @Sendable (PostgresConnection) async throws -> T
     ) async throws -> T {
         let logger = self.logger
         let progress = WriteProgress()
-        return try await run(lateResult: lateResult, cancelsAtDeadline: { progress.deadline(failed: failed) }) { client in
+        let backstop = max(.seconds(30), timeout * 3)
+        return try await run(lateResult: lateResult, cancelsAtDeadline: { progress.deadline(failed: failed, backstop: backstop) }) { client in
             try await Self.write(on: client, logger: logger, progress: progress, failed: failed, commit)
         }
     }
@@ -264,15 +266,21 @@ final class WriteProgress: Sendable {
     }
 
     /// At the deadline: true (cancel the write) when it was still waiting for a connection, which
-    /// it now gives up. On a connection it is left to end; if the connection closes first (a
-    /// statement on a closed connection never answers), `failed` hears of an unknown outcome then.
-    func deadline(failed: (@Sendable (any Error) -> Void)?) -> Bool {
+    /// it now gives up. On a connection it is left to end; `failed` hears of an unknown outcome
+    /// if the connection closes first (a statement on a closed connection never answers), or if
+    /// the write has still not ended `backstop` later (a host gone without a word keeps its TCP
+    /// connection open for many minutes; the give-back then searches the ledger, and a commit
+    /// that comes even later still reaches `lateResult`).
+    func deadline(failed: (@Sendable (any Error) -> Void)?, backstop: Duration) -> Bool {
         let (abandoned, seen) = stage.compareExchange(
             expected: Stage.waiting.rawValue, desired: Stage.abandoned.rawValue, ordering: .acquiringAndReleasing)
         if abandoned { return true }
         guard seen == Stage.onConnection.rawValue, let closed = closed.withLock({ $0 }) else { return false }
         closed.whenComplete { _ in
             if self.end(from: .onConnection) { failed?(CommitUnacknowledged(reason: ConnectionLost())) }
+        }
+        closed.eventLoop.scheduleTask(in: TimeAmount(backstop)) {
+            if self.end(from: .onConnection) { failed?(CommitUnacknowledged(reason: DeadlineExceeded())) }
         }
         return false
     }
