@@ -7,7 +7,7 @@ import Testing
 /// SPEC §11 through the real gateway, PostgreSQL and the mock provider over HTTP: what a call is
 /// held, what it is settled at (checked to the micro-dollar against hand-computed numbers), the
 /// refusals, refunds, a cost past its hold, and a client that leaves mid-stream.
-@Suite("Cost budgets")
+@Suite("Cost budgets", .timeLimit(.minutes(10)))
 struct CostBudgetTests {
     /// USD per million tokens: input 3, output 15, cache writes 3.75 (5 min) and 6 (1 h), cache
     /// reads 0.3; a 200,000-token window.

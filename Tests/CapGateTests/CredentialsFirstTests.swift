@@ -4,7 +4,7 @@ import Testing
 
 /// The credential is verified before a byte of the body is read: a caller who is not one gets
 /// its 401 while it is still sending, and the gateway buffers nothing for it.
-@Suite("Credentials before the body", .serialized)
+@Suite("Credentials before the body", .serialized, .timeLimit(.minutes(10)))
 struct CredentialsFirstTests {
     static func head(_ credential: String, length: Int) -> String {
         "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\n\(credential)\r\ncontent-type: application/json\r\n"

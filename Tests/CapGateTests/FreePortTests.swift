@@ -3,7 +3,7 @@ import NIOCore
 import NIOPosix
 import Testing
 
-@Suite("Free ports for the embedded clusters, the dev server and the tests' receivers")
+@Suite("Free ports for the embedded clusters, the dev server and the tests' receivers", .timeLimit(.minutes(10)))
 struct FreePortTests {
     @Test("picks come from below the kernel's ephemeral range, never twice in a process, and bind")
     func belowEphemeralRange() async throws {

@@ -11,7 +11,7 @@ import Testing
 /// Python, and in effect Go or JavaScript, reads: the last of repeated names, lone surrogates,
 /// `NaN`): for every generated hostile body CapGate either refuses it or agrees with Python on the
 /// `model` and the number of `requests`.
-@Suite("The I-JSON body reader")
+@Suite("The I-JSON body reader", .timeLimit(.minutes(10)))
 struct IJSONReaderTests {
     static func read(_ text: String, maxDepth: Int = 128) throws(JSONParser.Failure) -> JSONParser.TopLevel {
         try JSONParser.members(["model"], in: ByteBuffer(string: text), maxDepth: maxDepth)

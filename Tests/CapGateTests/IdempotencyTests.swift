@@ -5,7 +5,7 @@ import Testing
 /// `Idempotency-Key` as a hostile client would use it (SPEC §2): a retry never buys a second
 /// answer for one charge. Every test ends with the invariant behind them all: calls the provider
 /// served == calls the ledger charged (replays are served from storage, not by the provider).
-@Suite("Idempotency-Key against a hostile client", .serialized)
+@Suite("Idempotency-Key against a hostile client", .serialized, .timeLimit(.minutes(10)))
 struct IdempotencyTests {
     static func used(_ h: Harness, _ company: UUID) async throws -> Int64 {
         try await h.scalar("SELECT coalesce(sum(used), 0) FROM company_usage WHERE company_id = '\(company.text)'")

@@ -4,7 +4,7 @@ import Testing
 
 /// SPEC §6: calls never wait for the rollover job. A call after the period ended opens the next
 /// period in its own admission, exactly as `capgate rollover` would, once under concurrency.
-@Suite("Renewal inside the admission", .serialized)
+@Suite("Renewal inside the admission", .serialized, .timeLimit(.minutes(10)))
 struct RenewalTests {
     static func iso(_ date: Date) -> String {
         let formatter = ISO8601DateFormatter()

@@ -12,7 +12,7 @@ import Testing
 
 /// Writes the database could not take (a refund, a give-back, token counts, a kept answer) wait
 /// in the local spool, fsynced, and reach the database after a crash of the gateway.
-@Suite("Spool", .serialized)
+@Suite("Spool", .serialized, .timeLimit(.minutes(10)))
 struct SpoolTests {
     static func folder() -> String { NSTemporaryDirectory() + "capgate-spool-test-" + UUID().uuidString }
 
