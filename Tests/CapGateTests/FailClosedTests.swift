@@ -160,6 +160,33 @@ struct FailClosedTests {
         }
     }
 
+    @Test(
+        "an admission stalled past its deadline is left to end: when the server resumes it commits, and its own late result gives the charge back (no ledger search racing the commit)"
+    )
+    func stalledAdmissionEndsByItself() async throws {
+        try await Self.withOwnCluster { cluster in
+            let (company, users) = try await Self.company(on: cluster.url, users: 1)
+            let log = LogCapture()
+            try await Harness.with(database: cluster.url, settings: ["database.timeout": "1"], gatewayLogger: log.logger()) { h in
+                #expect(try await Self.firstSuccess(h, key: users[0].key, attempts: 10))
+                let forwarded = h.mock.counter.count
+                let frozen = try ClusterFreeze(cluster)
+                let reply = try await h.message(key: users[0].key)
+                #expect(reply.status == 503)
+                // Past the moment a search of the ledger would have run (database.timeout + 1 s)
+                // and found nothing, the server frozen all along.
+                try await Task.sleep(for: .seconds(3))
+                frozen.thaw()
+                let charged = "SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)' AND outcome = 'charged'"
+                #expect(try await h.eventually(charged, equals: 1, within: .seconds(20)) == 1)
+                #expect(h.mock.counter.count == forwarded)
+                #expect(!log.matching("committed after its callers were answered 503").isEmpty, "\(log.all)")
+                #expect(log.matching("ended without a known outcome").isEmpty, "\(log.all)")
+                #expect(try await CapGateRunner.verify(url: h.databaseURL, logger: TestCluster.logger).isEmpty)
+            }
+        }
+    }
+
     @Test("the gateway's connections carry database.timeout as statement_timeout: the server ends what it stopped waiting for")
     func statementTimeout() async throws {
         let url = try await TestCluster.freshDatabase()
