@@ -16,6 +16,17 @@ struct WriteProgressTests {
         var count: Int { errors.withLock { $0.count } }
     }
 
+    /// A write on a connection whose deadline has just passed.
+    static func atDeadlineOnConnection() -> (EmbeddedEventLoop, EventLoopPromise<Void>, WriteProgress, Reports) {
+        let loop = EmbeddedEventLoop()
+        let closed = loop.makePromise(of: Void.self)
+        let progress = WriteProgress()
+        let reports = Reports()
+        #expect(progress.leased(closed: closed.futureResult))
+        #expect(!progress.deadline(failed: reports.failed, backstop: .seconds(60)))
+        return (loop, closed, progress, reports)
+    }
+
     @Test("waiting for a connection at the deadline: abandoned, cancelled, and a connection leased after it sends nothing")
     func waitingIsAbandoned() {
         let loop = EmbeddedEventLoop()
@@ -32,12 +43,7 @@ struct WriteProgressTests {
 
     @Test("on a connection at the deadline: not cancelled; its own end reports it, the connection's later close does not")
     func onConnectionIsLeftToEnd() {
-        let loop = EmbeddedEventLoop()
-        let closed = loop.makePromise(of: Void.self)
-        let progress = WriteProgress()
-        let reports = Reports()
-        #expect(progress.leased(closed: closed.futureResult))
-        #expect(!progress.deadline(failed: reports.failed, backstop: .seconds(60)))
+        let (_, closed, progress, reports) = Self.atDeadlineOnConnection()
         #expect(reports.count == 0)
         // The write ended by itself (a commit, or an error its caller reports).
         #expect(progress.end(from: .onConnection))
@@ -47,12 +53,7 @@ struct WriteProgressTests {
 
     @Test("on a connection that closes before the write ends: reported once as an unknown outcome")
     func closedUnderTheWrite() {
-        let loop = EmbeddedEventLoop()
-        let closed = loop.makePromise(of: Void.self)
-        let progress = WriteProgress()
-        let reports = Reports()
-        #expect(progress.leased(closed: closed.futureResult))
-        #expect(!progress.deadline(failed: reports.failed, backstop: .seconds(60)))
+        let (_, closed, progress, reports) = Self.atDeadlineOnConnection()
         #expect(!progress.deadline(failed: reports.failed, backstop: .seconds(60)))
         closed.succeed(())
         #expect(reports.errors.withLock { $0 } == ["CommitUnacknowledged"])
@@ -62,12 +63,7 @@ struct WriteProgressTests {
 
     @Test("on a connection that neither answers nor closes: reported once as an unknown outcome at the backstop")
     func backstop() {
-        let loop = EmbeddedEventLoop()
-        let closed = loop.makePromise(of: Void.self)
-        let progress = WriteProgress()
-        let reports = Reports()
-        #expect(progress.leased(closed: closed.futureResult))
-        #expect(!progress.deadline(failed: reports.failed, backstop: .seconds(60)))
+        let (loop, closed, _, reports) = Self.atDeadlineOnConnection()
         loop.advanceTime(by: .seconds(59))
         #expect(reports.count == 0)
         loop.advanceTime(by: .seconds(1))

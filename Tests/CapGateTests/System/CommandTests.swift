@@ -175,19 +175,25 @@ struct CommandTests {
             let ready = try await Harness.ready(base)
             try #require(ready)
 
-            let text = try await Self.streamWhileTerminating(serve, base: base, key: users[0].key)
-            #expect(text.contains("event: message_stop"))
-            for _ in 0..<120 where serve.isRunning { try await Task.sleep(for: .milliseconds(250)) }
-            #expect(!serve.isRunning)
-            #expect(serve.terminationStatus == 0)
-            #expect(
-                try await h.scalar(
-                    """
-                    SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)' AND outcome = 'charged'
-                       AND upstream_status = 200 AND output_tokens IS NOT NULL AND settled_at IS NOT NULL
-                    """) == 1)
+            try await Self.drainsOnSIGTERM(serve, base: base, key: users[0].key, company: company, h)
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 1)
         }
+    }
+
+    /// SIGTERM to `serve` while a stream runs through it: the stream ends whole, the process
+    /// exits 0, and the call is charged and settled once.
+    static func drainsOnSIGTERM(_ serve: Process, base: String, key: String, company: UUID, _ h: Harness) async throws {
+        let text = try await streamWhileTerminating(serve, base: base, key: key)
+        #expect(text.contains("event: message_stop"))
+        for _ in 0..<120 where serve.isRunning { try await Task.sleep(for: .milliseconds(250)) }
+        #expect(!serve.isRunning)
+        #expect(serve.terminationStatus == 0)
+        #expect(
+            try await h.scalar(
+                """
+                SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)' AND outcome = 'charged'
+                   AND upstream_status = 200 AND output_tokens IS NOT NULL AND settled_at IS NOT NULL
+                """) == 1)
     }
 
     /// A stream of ~10 events 150 ms apart through `base`, with SIGTERM sent to `serve` once its

@@ -131,17 +131,7 @@ struct DeployTests {
         try await Harness.with(database: url, upstreamURL: "http://127.0.0.1:\(mockPort)") { h in
             try await h.createPlan("deploy", company: 100, user: 25)
             let (company, users) = try await h.createCompany(plan: "deploy", users: 1)
-            let text = try await CommandTests.streamWhileTerminating(serve, base: base, key: users[0].key)
-            #expect(text.contains("event: message_stop"))
-            for _ in 0..<120 where serve.isRunning { try await Task.sleep(for: .milliseconds(250)) }
-            #expect(!serve.isRunning)
-            #expect(serve.terminationStatus == 0)
-            #expect(
-                try await h.scalar(
-                    """
-                    SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)' AND outcome = 'charged'
-                       AND upstream_status = 200 AND output_tokens IS NOT NULL AND settled_at IS NOT NULL
-                    """) == 1)
+            try await CommandTests.drainsOnSIGTERM(serve, base: base, key: users[0].key, company: company, h)
             #expect(try await CapGateRunner.verify(url: url, logger: TestCluster.logger).isEmpty)
             // A database migrated by a newer binary: this one refuses it before serving.
             try await h.exec("INSERT INTO capgate_migrations (version, checksum) VALUES ('9999_future', 'x')")
