@@ -74,7 +74,8 @@ public enum DevEnvironment {
         let gateway = try await buildApplication(configuration: configuration, logger: logger) { channel in
             let port = channel.localAddress?.port ?? finalConfiguration.port
             var text = examples(
-                host: finalConfiguration.host, port: port, seed: seed, mock: finalConfiguration.upstreamURL?.contains("127.0.0.1") ?? false)
+                host: finalConfiguration.host, port: port, seed: seed, mock: finalConfiguration.upstreamURL?.contains("127.0.0.1") ?? false,
+                https: finalConfiguration.httpTLS != nil)
             if let printedReplicaSet { text += failoverExamples(printedReplicaSet) }
             FileHandle.standardOutput.write(Data(text.utf8))
         }
@@ -99,9 +100,9 @@ public enum DevEnvironment {
             """
     }
 
-    /// The ready-to-paste curl and SDK examples printed at start.
-    static func examples(host: String, port: Int, seed: DemoSeed, mock: Bool) -> String {
-        let base = "http://\(host):\(port)"
+    /// The ready-to-paste curl and SDK examples printed at start (`https` when `http.tls.*` are set).
+    static func examples(host: String, port: Int, seed: DemoSeed, mock: Bool, https: Bool = false) -> String {
+        let base = "\(https ? "https" : "http")://\(host):\(port)"
         let company = seed.companyID.uuidString.lowercased()
         return """
 

@@ -16,11 +16,12 @@ public func buildApplication(
     onServerRunning: @escaping @Sendable (any Channel) async -> Void = { _ in }
 ) async throws -> some ApplicationProtocol {
     let parts = try await GatewayParts(configuration: configuration, logger: logger)
+    if let tls = parts.tls { logger.info("serving HTTPS", metadata: tls.servedMetadata) }
     return Application(
         router: parts.router,
-        server: configuration.httpServer,
+        server: configuration.httpServer(tls: parts.tls),
         configuration: configuration.serverConfiguration(logger: logger),
-        services: parts.services,
+        services: parts.services + [await ListenerTLSReloader.make(tls: parts.tls, logger: logger)],
         onServerRunning: onServerRunning,
         eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton),
         logger: logger
@@ -32,8 +33,12 @@ struct GatewayParts {
     let router: Router<GatewayContext>
     let services: [any Service]
     let upstream: UpstreamClient
+    /// The listener's TLS when `http.tls.*` are set.
+    let tls: ListenerTLS?
 
     init(configuration: CapGateConfiguration, logger: Logger) async throws {
+        // First: a bad certificate or key stops the start before anything connects.
+        self.tls = try configuration.httpTLS.map { try ListenerTLS(files: $0) }
         let databaseURL = try DatabaseURL(try configuration.require(configuration.databaseURL, key: "database.url"))
         let upstreamURL = try configuration.require(configuration.upstreamURL, key: "upstream.url")
         // A short operator token stops the start (SPEC §7), here too for a configuration changed

@@ -21,6 +21,10 @@ public struct CapGateConfiguration: Sendable {
     /// `http.maxConnections` / `HTTP_MAX_CONNECTIONS` (default `10000`): the most client connections
     /// open at once; past it, new connections wait in the listen backlog until one closes.
     public var httpMaxConnections: Int
+    /// `http.tls.certificate` / `HTTP_TLS_CERTIFICATE` and `http.tls.key` / `HTTP_TLS_KEY` (PEM
+    /// files, default unset: plain HTTP): serve HTTPS on the listen port, re-read on SIGHUP (see
+    /// ``ListenerTLSFiles``). Both or neither.
+    public var httpTLS: ListenerTLSFiles?
     /// `database.url` / `DATABASE_URL`: `postgres://user:password@host:port/db` (secret: holds a password).
     /// Unset under `capgate dev` means the embedded PostgreSQL.
     public var databaseURL: String?
@@ -136,6 +140,7 @@ public struct CapGateConfiguration: Sendable {
     public static let keys: [String] =
         [
             "http.host", "http.port", "http.idleTimeout", "http.headerTimeout", "http.bodyTimeout", "http.maxConnections",
+            "http.tls.certificate", "http.tls.key",
             "database.url", "database.maxConnections", "database.timeout", "database.durability", "database.admissionQueueLimit",
             "upstream.url", "upstream.apiKey", "upstream.timeout", "upstream.connectTimeout", "upstream.caFile",
             "upstream.idleTimeout", "upstream.maxConnections", "operator.token", "operator.tokens", "jwt.secret", "jwt.jwksFile",
@@ -177,6 +182,11 @@ public struct CapGateConfiguration: Sendable {
         httpHeaderTimeout = try Self.double(reader, "http.headerTimeout", default: 10)
         httpBodyTimeout = try Self.double(reader, "http.bodyTimeout", default: 30)
         httpMaxConnections = try Self.int(reader, "http.maxConnections", default: 10_000, range: 1...1_000_000)
+        // Only both-or-neither here: the files are read where they are served (``ListenerTLS``),
+        // so `capgate migrate` or `verify` never needs to read the server's private key.
+        httpTLS = try ListenerTLSFiles.pair(
+            certificate: Self.nonEmpty(reader.string(forKey: "http.tls.certificate")),
+            key: Self.nonEmpty(reader.string(forKey: "http.tls.key")))
         databaseURL = Self.nonEmpty(reader.string(forKey: "database.url", isSecret: true))
         databaseMaxConnections = try Self.int(reader, "database.maxConnections", default: 20, range: 1...1000)
         databaseTimeout = try Self.double(reader, "database.timeout", default: 5)

@@ -12,6 +12,9 @@ public enum CapGateRunner {
     /// are written.
     public static func serve(configuration: CapGateConfiguration, logger: Logger) async throws {
         let url = try DatabaseURL(try configuration.require(configuration.databaseURL, key: "database.url"))
+        // A bad certificate or key stops the start before the database is touched (read again,
+        // to serve, by buildApplication).
+        if let files = configuration.httpTLS { _ = try ListenerTLS(files: files) }
         _ = try await migrate(url: url, dryRun: false, logger: logger)
         let app = try await buildApplication(configuration: configuration, logger: logger)
         let group = ServiceGroup(

@@ -3,6 +3,8 @@ import HummingbirdCore
 import Logging
 import NIOCore
 import NIOHTTPTypes
+import NIOSSL
+import NIOTLS
 
 /// The gateway's HTTP/1.1 server with its time limits on clients:
 ///
@@ -24,6 +26,12 @@ import NIOHTTPTypes
 ///   (the connection stays unwritable) loses it (``RequestHeadSignal``): the connection closes,
 ///   so the upstream connection feeding it is freed (the charge stands, as for any disconnect).
 ///
+/// With `http.tls.certificate` and `http.tls.key` set (``ListenerTLS``) each connection begins
+/// with a TLS handshake (TLS 1.2 or later, ALPN `http/1.1`) in front of all of the above; the
+/// handshake must finish within `http.idleTimeout` (Hummingbird's idle timer counts only decoded
+/// HTTP parts as activity, so a handshake sent a byte at a time gains nothing). Without them no
+/// TLS handler is added at all.
+///
 /// The connection limit (`http.maxConnections`) is Hummingbird's `MaximumAvailableConnections`:
 /// at the limit the server stops accepting, so further connections wait in the listen backlog
 /// (the kernel's queue) until one closes.
@@ -34,9 +42,12 @@ extension CapGateConfiguration {
     /// kernel caps it at `net.core.somaxconn` (4096 on current Linux).
     static let listenBacklog = 4096
 
-    /// The HTTP server with `http.idleTimeout`, `http.headerTimeout` and `http.bodyTimeout`.
-    var httpServer: HTTPServerBuilder {
-        .gateway(idleTimeout: .seconds(httpIdleTimeout), headerTimeout: .seconds(httpHeaderTimeout), bodyTimeout: .seconds(httpBodyTimeout))
+    /// The HTTP server with `http.idleTimeout`, `http.headerTimeout` and `http.bodyTimeout`, over
+    /// `tls` when `http.tls.*` are set.
+    func httpServer(tls: ListenerTLS?) -> HTTPServerBuilder {
+        .gateway(
+            idleTimeout: .seconds(httpIdleTimeout), headerTimeout: .seconds(httpHeaderTimeout), bodyTimeout: .seconds(httpBodyTimeout),
+            tls: tls)
     }
 
     /// The listen address and `http.maxConnections`.
@@ -49,7 +60,8 @@ extension CapGateConfiguration {
 }
 
 extension HTTPServerBuilder {
-    static func gateway(idleTimeout: Duration, headerTimeout: Duration, bodyTimeout: Duration) -> HTTPServerBuilder {
+    static func gateway(idleTimeout: Duration, headerTimeout: Duration, bodyTimeout: Duration, tls: ListenerTLS? = nil) -> HTTPServerBuilder
+    {
         HTTPServerBuilder { responder in
             HeaderDeadlineChannel(
                 base: HTTP1Channel(
@@ -60,20 +72,30 @@ extension HTTPServerBuilder {
                         ],
                         idleTimeout: TimeAmount(idleTimeout))
                 ),
-                headerTimeout: TimeAmount(headerTimeout)
+                headerTimeout: TimeAmount(headerTimeout),
+                tls: tls
             )
         }
     }
 }
 
-/// Hummingbird's HTTP/1 child channel with a ``HeaderDeadlineHandler`` in front of its pipeline.
+/// Hummingbird's HTTP/1 child channel with a ``HeaderDeadlineHandler`` in front of its pipeline,
+/// and in front of that, when the listener serves HTTPS, the TLS handler.
 struct HeaderDeadlineChannel: ServerChildChannel {
     let base: HTTP1Channel
     let headerTimeout: TimeAmount
+    /// The listener's TLS; nil serves plain HTTP with no TLS handler in the pipeline.
+    var tls: ListenerTLS? = nil
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<HTTP1Channel.Value> {
         do {
-            try channel.pipeline.syncOperations.addHandler(HeaderDeadlineHandler(timeout: headerTimeout))
+            let pipeline = channel.pipeline.syncOperations
+            if let tls {
+                // The context current now: a SIGHUP reload later changes new connections only.
+                try pipeline.addHandler(NIOSSLServerHandler(context: tls.context))
+                try pipeline.addHandler(TLSHandshakeLog(logger: logger))
+            }
+            try pipeline.addHandler(HeaderDeadlineHandler(timeout: headerTimeout))
         } catch {
             return channel.eventLoop.makeFailedFuture(error)
         }

@@ -5,6 +5,7 @@ import Logging
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import NIOSSL
 import PostgresNIO
 import ServiceLifecycle
 import Synchronization
@@ -30,7 +31,28 @@ struct Harness: Sendable {
         )
     )
 
+    /// The same client for a gateway that serves HTTPS (`http.tls.*` set): it trusts
+    /// ``TestPKI``'s CA, whose `localhost` certificate also names 127.0.0.1.
+    static let https = HTTPClient(
+        eventLoopGroup: MultiThreadedEventLoopGroup.singleton,
+        configuration: .init(
+            tlsConfiguration: {
+                var tls = TLSConfiguration.makeClientConfiguration()
+                tls.trustRoots = .certificates([try! TestPKI.shared.ca.nioCertificate])
+                return tls
+            }(),
+            redirectConfiguration: .disallow,
+            timeout: .init(connect: .seconds(5), read: .seconds(60)),
+            connectionPool: .init(idleTimeout: .seconds(30))
+        )
+    )
+
+    /// The client for `url`: ``https`` for an `https` URL, else ``http``.
+    static func client(for url: String) -> HTTPClient { url.hasPrefix("https:") ? https : http }
+
     /// Starts a mock provider and a gateway on a fresh database, runs `body`, stops both.
+    /// With `http.tls.certificate` and `http.tls.key` in `settings`, `gatewayURL` is
+    /// `https://127.0.0.1:…` and ``request(_:_:headers:json:body:base:)`` trusts ``TestPKI``'s CA.
     /// `gatewayLogger` (default: the tests' logger) is the gateway's, for tests that read its lines.
     static func with(
         database: DatabaseURL? = nil,
@@ -97,7 +119,8 @@ struct Harness: Sendable {
                 try await group.waitForAll()
                 throw HarnessError.notStarted("the gateway")
             }
-            let gatewayURL = "http://127.0.0.1:\(gatewayPortNumber)"
+            let scheme = configuration.httpTLS == nil ? "http" : "https"
+            let gatewayURL = "\(scheme)://127.0.0.1:\(gatewayPortNumber)"
 
             let harness = Harness(
                 databaseURL: url, gatewayURL: gatewayURL, mockURL: mockURL, operatorToken: operatorToken, db: db, mock: mock
@@ -157,7 +180,7 @@ struct Harness: Sendable {
         } else if let body {
             request.body = .bytes(ByteBuffer(string: body))
         }
-        let response = try await Self.http.execute(request, timeout: .seconds(60))
+        let response = try await Self.client(for: request.url).execute(request, timeout: .seconds(60))
         let bytes = try await response.body.collect(upTo: 64 << 20)
         return Reply(status: Int(response.status.code), headers: response.headers, body: String(buffer: bytes))
     }
@@ -251,7 +274,9 @@ struct Harness: Sendable {
     /// Waits up to 30 s for a gateway at `base` to answer `/readyz` with 200.
     static func ready(_ base: String) async throws -> Bool {
         for _ in 0..<120 {
-            if (try? await http.execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(2)).status) == .ok { return true }
+            if (try? await client(for: base).execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(2)).status) == .ok {
+                return true
+            }
             try await Task.sleep(for: .milliseconds(250))
         }
         return false
