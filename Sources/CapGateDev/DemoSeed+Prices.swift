@@ -6,7 +6,7 @@ import PostgresNIO
 /// The demo's price book (SPEC §11): Anthropic's list prices per million tokens for the Claude
 /// models the demo and its users call, by model family (prefix rows), so that every id of a
 /// family (`claude-sonnet-4-6`, the one the demo's examples call, `claude-sonnet-4-5-20250929`, …)
-/// is priced. Source and date: README "Price book" (Anthropic's pricing page, read 2026-11-25).
+/// is priced. Source and date: docs/budgets.md "Price book" (Anthropic's pricing page, read 2026-11-25).
 extension DemoSeed {
     /// From when the seeded rows apply: before the demo's history (last month), so it is priced too.
     static let pricesEffectiveFrom = Date(timeIntervalSince1970: 1_735_689_600)  // 2025-01-01T00:00:00Z

@@ -136,7 +136,7 @@ public enum DevEnvironment {
               curl -s \(base)/admin/v1/companies/\(company)/notifications -H 'x-api-key: \(seed.adminKey)'
             To receive them as signed webhooks (Standard Webhooks), start with
               NOTIFY_WEBHOOK_URL=http://127.0.0.1:9000/hooks NOTIFY_WEBHOOK_SECRET=whsec_$(head -c 24 /dev/urandom | base64)
-            and run any receiver on that port (README, "Threshold notifications", has one in Python).
+            and run any receiver on that port (docs/notifications.md has one in Python).
 
             The usage console in a browser (paste the admin key, or the operator token):
               \(base)/console

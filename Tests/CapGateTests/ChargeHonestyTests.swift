@@ -158,6 +158,18 @@ struct ChargeHonestyTests {
             #expect(sent.line == "POST /v1/messages")
             #expect(sent.headers["x-http-method-override"] == nil && sent.headers["x-http-method"] == nil)
             #expect(sent.headers["x-method-override"] == nil)
+            // A reverse proxy's notes on the end user stop here (docs/configuration.md, TLS on the listener).
+            let proxied = try await Self.post(
+                h, "/v1/messages", key: key, body: body,
+                headers: [
+                    ("x-forwarded-for", "203.0.113.7"), ("x-forwarded-proto", "https"), ("x-forwarded-host", "gw.example"),
+                    ("forwarded", "for=203.0.113.7"), ("x-real-ip", "203.0.113.7"), ("via", "1.1 nginx"),
+                ])
+            #expect(proxied.status == 200)
+            let viaProxy = try #require(provider.requests.last)
+            for name in ["x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "forwarded", "x-real-ip", "via"] {
+                #expect(viaProxy.headers[name] == nil, "\(name) reached the provider")
+            }
         }
     }
 

@@ -125,7 +125,7 @@ struct FeatureBindingTests {
             #expect(echo.status == 200)
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(c)'") == used + 1)
 
-            // Unbound (as before, the README's threat model): the header picks chat, and it is served.
+            // Unbound (as before, docs/threat-model.md): the header picks chat, and it is served.
             #expect(try await h.message(key: unbound, headers: [("CapGate-Feature", "chat")]).status == 200)
             #expect(try await h.scalar("SELECT used FROM company_feature_usage WHERE feature_id = 'chat' AND span = 'day'") == 1)
 

@@ -4,7 +4,7 @@ import Foundation
 /// before anything is written: the first problem is a 400 that names the row (its index and
 /// model) and what is wrong, and the book stays as it was.
 ///
-/// Rules (README "Price book", openapi.yaml `PriceRow`): every documented member and no other
+/// Rules (docs/budgets.md "Price book", openapi.yaml `PriceRow`): every documented member and no other
 /// (`long_prompt` is optional, SPEC §11: absent or `null` when the model has no long-prompt tier); `model` 1 to 200 printable ASCII characters without spaces, `*` only as the last one;
 /// `effective_from` an RFC 3339 date-time from 1970 to 9999, kept to the (nearest) millisecond; `context_window` and
 /// `long_prompt.threshold_tokens` whole numbers from 1 to 100,000,000, the threshold below the

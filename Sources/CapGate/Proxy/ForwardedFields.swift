@@ -12,6 +12,9 @@ enum ForwardedFields {
         "accept-encoding", "expect", "x-capgate-company", "x-company-id", "cookie", "capgate-feature",
         // Method overrides: the provider must run the method CapGate matched and charged.
         "x-http-method-override", "x-http-method", "x-method-override",
+        // A reverse proxy's notes on the end user (their address, the names they used): the
+        // provider has no use for them, and CapGate reads none of them.
+        "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port", "forwarded", "x-real-ip", "via",
     ]
     /// Headers of the provider's answer not passed back (also those its `Connection` header
     /// names, and every `anthropic-organization-*`: see ``forwardsResponseHeader(_:connectionOptions:)``).
