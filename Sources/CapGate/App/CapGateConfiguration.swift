@@ -135,6 +135,10 @@ public struct CapGateConfiguration: Sendable {
     /// `rate.leaseSeconds` / `RATE_LEASE_SECONDS` (default `600`): how long a concurrency slot
     /// (SPEC §14) outlives a gateway that died before its call ended.
     public var rateLeaseSeconds: Int
+    /// `ledger.retentionMonths` / `LEDGER_RETENTION_MONTHS` (SPEC §7; default: every month kept):
+    /// read and checked (1–1200), not enforced yet: the ledger keeps every month, and `serve` and
+    /// `check-config` say so when it is set (issue #50: partitions, export, then drop).
+    public var ledgerRetentionMonths: Int?
 
     /// Every key CapGate reads, with its environment variable (used by docs and `--help`).
     public static let keys: [String] =
@@ -152,11 +156,18 @@ public struct CapGateConfiguration: Sendable {
             "notifications.timeout", "notifications.retryFor", "notifications.retryDelay", "notifications.maxRetryDelay",
             "notifications.pollInterval", "notifications.maxPerSecond", "notifications.caFile",
             "costs.promptOverheadTokens", "costs.imageTokens", "costs.drainSeconds", "costs.toolOverheadTokens", "rate.leaseSeconds",
+            "ledger.retentionMonths",
         ] + AppleSettings.keys
     static let secretKeys: Set<String> = [
         "database.url", "upstream.apiKey", "operator.token", "operator.tokens", "jwt.secret", "notifications.webhookSecret",
         "metrics.token",
     ]
+    /// What `serve` and `check-config` say about `ledger.retentionMonths` when it is set.
+    public var retentionNotice: String? {
+        ledgerRetentionMonths.map {
+            "ledger.retentionMonths is \($0), but retention is not enforced yet: every month stays in the ledger"
+        }
+    }
     /// Environment variables the SPEC names differently from the keys' own (`NOTIFICATIONS_…`).
     static let environmentAliases: [String: String] = [
         "NOTIFY_WEBHOOK_URL": "notifications.webhookUrl", "NOTIFY_WEBHOOK_SECRET": "notifications.webhookSecret",
@@ -253,6 +264,8 @@ public struct CapGateConfiguration: Sendable {
             } ?? CostSettings.publishedToolOverhead)
         apple = try AppleSettings(reader: reader)
         rateLeaseSeconds = try Self.int(reader, "rate.leaseSeconds", default: 600, range: 1...(86400 * 7))
+        let retention = try Self.int(reader, "ledger.retentionMonths", default: 0, range: 0...1200)
+        ledgerRetentionMonths = retention == 0 ? nil : retention
         logLevel = reader.string(forKey: "log.level", default: "info")
         notifications = NotificationSettings(
             webhookURL: Self.nonEmpty(reader.string(forKey: "notifications.webhookUrl")),

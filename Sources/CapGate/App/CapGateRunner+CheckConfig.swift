@@ -28,6 +28,7 @@ extension CapGateRunner {
             throw ConfigurationError(key: "database.url", problem: "could not be reached or read: \(Self.reason(error))")
         }
         var lines = ["configuration ok", "database reachable; its schema is this binary's"]
+        if let notice = configuration.retentionNotice { lines.append("warning: " + notice) }
         lines.append(
             pending.isEmpty
                 ? "no migrations pending"

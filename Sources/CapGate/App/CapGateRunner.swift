@@ -16,6 +16,7 @@ public enum CapGateRunner {
         // to serve, by buildApplication).
         if let files = configuration.httpTLS { _ = try ListenerTLS(files: files) }
         _ = try await migrate(url: url, dryRun: false, logger: logger)
+        if let notice = configuration.retentionNotice { logger.warning("\(notice)") }
         let app = try await buildApplication(configuration: configuration, logger: logger)
         let group = ServiceGroup(
             configuration: .init(services: [LogOutput.standardError, app], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
