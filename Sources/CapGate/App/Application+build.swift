@@ -119,17 +119,14 @@ struct GatewayParts {
                     logger.warning("rate.leaseSeconds not written; admissions use the database's", metadata: ["error": "\(error)"])
                 }
             })
-        // Threshold notifications (SPEC §9): the thresholds for every admission, the deliverer,
-        // and the outbox's numbers for /metrics.
+        // Threshold notifications (SPEC §9): the thresholds for every admission and the deliverer.
         var notificationLogger = logger
         notificationLogger[metadataKey: "component"] = "notifications"
         services.append(
             try NotificationDeliverer(
                 database: database, settings: configuration.notifications, configuration: configuration, logger: notificationLogger))
-        services.append(
-            PeriodicJob(interval: .seconds(10)) {
-                await NotificationDeliverer.refreshMetrics(database: database, configuredURL: configuration.notifications.webhookURL)
-            })
+        // What /metrics shows of the database: the outbox's numbers, writable or not, unsettled charges.
+        services += GatewayMetrics.refreshJobs(database: database, configuration: configuration)
         let retentionDays = configuration.notifications.retentionDays
         services.append(
             PeriodicJob(interval: .seconds(3600)) {

@@ -144,11 +144,17 @@ public enum GatewayMetrics {
         spool.record(depth)
     }
 
+    private static let notificationsDelivered: Metrics.Counter = registered {
+        Metrics.Counter(label: "capgate_notification_attempts_total", dimensions: [("result", "delivered")])
+    }
+
+    private static let notificationsFailed: Metrics.Counter = registered {
+        Metrics.Counter(label: "capgate_notification_attempts_total", dimensions: [("result", "failed")])
+    }
+
     /// One webhook attempt of this gateway (SPEC §9), by result.
     static func notificationAttempt(delivered: Bool) {
-        _ = registry
-        Metrics.Counter(label: "capgate_notification_attempts_total", dimensions: [("result", delivered ? "delivered" : "failed")])
-            .increment()
+        (delivered ? notificationsDelivered : notificationsFailed).increment()
     }
 
     /// The outbox as the database holds it (every gateway reports the same numbers): rows written,
@@ -167,6 +173,33 @@ public enum GatewayMetrics {
         Gauge(label: "capgate_db_pool_max_connections").record(maxConnections)
         databaseOperation(0)  // both appear before the first operation
         databaseUnavailable.increment(by: 0)
+        // Counters an alert divides or watches appear at 0 before their first event, so a rule
+        // over them has a series to read from the start.
+        notificationsDelivered.increment(by: 0)
+        notificationsFailed.increment(by: 0)
+        databaseFailover(by: 0)
+        costOverHoldCounter.increment(by: 0)
+    }
+
+    private static let writable: Metrics.Gauge = registered { Metrics.Gauge(label: "capgate_db_writable") }
+
+    /// 1 when the database this gateway uses passed its writable check (a host neither in
+    /// recovery nor read-only answered within `database.timeout`), 0 when it did not
+    /// (``Database/acceptsWrites()``).
+    static func databaseWritable(_ yes: Bool) {
+        writable.record(yes ? 1 : 0)
+    }
+
+    private static let unsettledCharges: Metrics.Gauge = registered { Metrics.Gauge(label: "capgate_unsettled_charges") }
+
+    private static let unsettledOldest: Metrics.Gauge = registered { Metrics.Gauge(label: "capgate_unsettled_oldest_seconds") }
+
+    /// The ledger's charges left without a settlement past ``UnsettledCharges/defaultGrace``, and
+    /// the age of the oldest in seconds (0: none), as the database holds them (every gateway
+    /// reports the same numbers).
+    static func unsettled(count: Int64, oldestSeconds: Double) {
+        unsettledCharges.record(count)
+        unsettledOldest.record(oldestSeconds)
     }
 }
 

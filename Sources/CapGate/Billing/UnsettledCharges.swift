@@ -149,6 +149,25 @@ public struct UnsettledCharges: Sendable {
         }
     }
 
+    /// How many charges are unsettled for more than `olderThan` seconds, and the age in seconds of
+    /// the oldest (0 when none): what `/metrics` shows (``GatewayMetrics/unsettled(count:oldestSeconds:)``).
+    /// One read of the whole ledger (no index covers unsettled rows: one would cost every
+    /// admission an insert and every settlement its HOT update), so it runs every few minutes.
+    public func totals(olderThan: TimeInterval = defaultGrace) async throws -> (count: Int64, oldestSeconds: Double) {
+        try await database.run { client in
+            let rows = try await client.query(
+                """
+                SELECT count(*)::bigint, coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8
+                  FROM usage_ledger
+                 WHERE outcome = 'charged' AND settled_at IS NULL
+                   AND created_at <= clock_timestamp() - \(olderThan) * interval '1 second'
+                """,
+                logger: logger
+            ).decode((Int64, Double).self).collect()
+            return rows.first.map { (count: $0.0, oldestSeconds: $0.1) } ?? (0, 0)
+        }
+    }
+
     /// Unsettled charges older than `olderThan` seconds (of one company, or all), oldest first.
     public func list(company: UUID?, olderThan: TimeInterval = defaultGrace, limit: Int = 1000) async throws -> [Charge] {
         let limit = Int64(limit)

@@ -207,8 +207,9 @@ extension GatewayMetrics {
         return Metrics.Counter(label: "capgate_database_failovers_total")
     }()
 
-    /// The gateway moved to another database host (`capgate_database_failovers_total`).
-    static func databaseFailover() {
-        databaseFailovers.increment()
+    /// The gateway moved to another database host (`capgate_database_failovers_total`); 0: the
+    /// counter appears at start.
+    static func databaseFailover(by count: Int64 = 1) {
+        databaseFailovers.increment(by: count)
     }
 }
