@@ -65,10 +65,36 @@ final class AutoFailoverFormation: Sendable {
         self.asRoot = asRoot
     }
 
+    /// Monitor settings (`pgautofailover.*` GUCs of the monitor's PostgreSQL, all reloadable)
+    /// for a test that kills the primary and lets the monitor fail over by itself, in a few
+    /// seconds rather than about a minute. With pg_auto_failover's defaults (checked on this
+    /// machine: 52 s from the kill to `wait_primary`), the monitor connects to each node every
+    /// `health_check_period` (5 s) with a `health_check_timeout` (5 s) and retries a failed
+    /// check `health_check_max_retries` (2) times `health_check_retry_delay` (2 s) apart; a node
+    /// whose check failed is unhealthy only once its keeper has not reported for
+    /// `node_considered_unhealthy_timeout` (20 s), so a short network blip or a busy node fails
+    /// nothing over. The monitor then waits `primary_demote_timeout` (30 s) for the old primary
+    /// to report it has stopped before it promotes the secondary: a primary that is only cut off
+    /// from the monitor and the secondary stops itself after its keeper's
+    /// `timeout.network_partition_timeout` (20 s), so in production `primary_demote_timeout`
+    /// must stay above that, or both nodes may accept writes. Here the old primary is dead (the
+    /// test killed it), so nothing can write there; keep the defaults in production.
+    static let quickFailureDetection: KeyValuePairs<String, String> = [
+        "pgautofailover.health_check_period": "1000",  // ms
+        "pgautofailover.health_check_timeout": "2000",  // ms, the health check's connect timeout
+        "pgautofailover.health_check_max_retries": "1",
+        "pgautofailover.health_check_retry_delay": "500",  // ms
+        "pgautofailover.node_considered_unhealthy_timeout": "3000",  // ms since the keeper's last report
+        "pgautofailover.primary_demote_timeout": "3000",  // ms
+    ]
+
     /// Creates and runs a monitor and two nodes in a new folder `directory` (its `capgate`
     /// database made by pg_autoctl on the first node), and waits until the monitor reports a
-    /// primary and a secondary. On a failure what was started is stopped again.
-    static func start(directory: String) throws -> AutoFailoverFormation {
+    /// primary and a secondary. `monitorSettings` (e.g. ``quickFailureDetection``) go into the
+    /// monitor's `postgresql.auto.conf` before it starts, and are read back from `pg_settings`
+    /// (a misspelt `pgautofailover.*` name would only be warned about). On a failure what was
+    /// started is stopped again.
+    static func start(directory: String, monitorSettings: KeyValuePairs<String, String> = [:]) throws -> AutoFailoverFormation {
         guard let executable = executablePath else { throw EmbeddedPostgres.EmbeddedError.commandFailed("pg_autoctl", "not installed") }
         let bin = try EmbeddedPostgres.findBinaries()
         let asRoot = getuid() == 0
@@ -85,11 +111,12 @@ final class AutoFailoverFormation: Sendable {
             folder: directory, monitor: monitor, nodes: nodes, executable: executable, binDirectory: bin, asRoot: asRoot)
         do {
             try formation.ctl(["create", "monitor"] + formation.createOptions(monitor))
-            try formation.tune(monitor)
+            try formation.tune(monitor, monitorSettings.map { "\($0.key) = \($0.value)" })
             try formation.run(monitor)
             try formation.waitUntil("the monitor accepts connections") {
                 (try? EmbeddedPostgres.capture(bin + "/pg_isready", ["-q", "-h", "127.0.0.1", "-p", "\(monitor.port)"])) != nil
             }
+            if monitorSettings.count > 0 { try formation.checkMonitorSettings(monitorSettings) }
             let monitorURI = "postgres://autoctl_node@127.0.0.1:\(monitor.port)/pg_auto_failover?sslmode=disable"
             for (index, node) in nodes.enumerated() {
                 // The second node is cloned from the first (pg_basebackup), which must be running
@@ -126,11 +153,31 @@ final class AutoFailoverFormation: Sendable {
     /// pg_autoctl's own): pg_autoctl sizes `shared_buffers` to a share of the machine's memory,
     /// several GB each, too much for three instances beside a test run; and, as in the other
     /// suites' clusters, no fsync (what is tested is a switch of primaries, not a power cut).
-    func tune(_ instance: Instance) throws {
+    /// `more` lines follow those (the monitor's `pgautofailover.*` settings).
+    func tune(_ instance: Instance, _ more: [String] = []) throws {
         let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: instance.pgdata + "/postgresql.auto.conf"))
         defer { try? handle.close() }
         try handle.seekToEnd()
-        try handle.write(contentsOf: Data("shared_buffers = '64MB'\nfsync = off\n".utf8))
+        let lines = ["shared_buffers = '64MB'", "fsync = off"] + more
+        try handle.write(contentsOf: Data(lines.map { $0 + "\n" }.joined().utf8))
+    }
+
+    /// Throws unless the running monitor has each of `settings` (its `pg_settings.setting`,
+    /// the raw value in the setting's unit).
+    func checkMonitorSettings(_ settings: KeyValuePairs<String, String>) throws {
+        let output = try EmbeddedPostgres.run(
+            binDirectory + "/psql",
+            [
+                "-h", "127.0.0.1", "-p", "\(monitor.port)", "-d", "pg_auto_failover", "-tAq", "-c",
+                "SELECT name || '=' || setting FROM pg_settings WHERE name LIKE 'pgautofailover.%'",
+            ],
+            asRoot: asRoot)
+        let found = Set(output.split(separator: "\n").map { String($0).trimmingWhitespace() })
+        let missing = settings.map { "\($0.key)=\($0.value)" }.filter { !found.contains($0) }
+        guard missing.isEmpty else {
+            throw EmbeddedPostgres.EmbeddedError.commandFailed(
+                "monitor settings", "not in effect: \(missing); the monitor has \(found.sorted())")
+        }
     }
 
     /// Runs `pg_autoctl arguments` to its end (as `postgres` under root) with the formation's
@@ -220,6 +267,94 @@ final class AutoFailoverFormation: Sendable {
         return try waitForPrimaryAndSecondary()
     }
 
+    /// What ``killHard(_:)`` killed, and when.
+    struct Crash: Sendable {
+        /// When the last process was sent SIGKILL.
+        var at: ContinuousClock.Instant
+        /// `pg_autoctl run` and the services it runs (and any program one of them was running).
+        var keeperProcesses: [pid_t]
+        /// The postmaster and its children.
+        var postgresProcesses: [pid_t]
+    }
+
+    /// Kills `instance` as a crash of its machine would, each process by its id and only that
+    /// node's: its keeper first (`pg_autoctl run` and the services it forks, its `start/stop
+    /// postgres` and `node active`: left alive, the first restarts PostgreSQL within ~0.5 s and
+    /// the second goes on reporting to the monitor), then its postmaster (the first line of
+    /// `postmaster.pid`) and the postmaster's children. Every process is stopped (SIGSTOP, which
+    /// also keeps it from completing a fork) before its children are read from `/proc`, so none
+    /// starts another unseen; then all get SIGKILL, the keeper's first. Waits until they are
+    /// gone. The node stays down: its keeper is no longer one of this formation's, so ``stop()``
+    /// passes it by. The postmaster's small System V segment, which only a restart in the same
+    /// folder would remove, is removed; the folder is the caller's to remove.
+    func killHard(_ instance: Instance) throws -> Crash {
+        guard let keeper = keepers.withLock({ $0.removeValue(forKey: instance.pgdata) }), isKeeper(keeper, of: instance) else {
+            throw EmbeddedPostgres.EmbeddedError.commandFailed("kill \(instance.name)", "its keeper is not running")
+        }
+        let pidFile = (try String(contentsOfFile: instance.pgdata + "/postmaster.pid", encoding: .utf8))
+            .split(separator: "\n", omittingEmptySubsequences: false).map { String($0).trimmingWhitespace() }
+        guard let postmaster = pidFile.first.flatMap({ pid_t($0) }), Self.commandLine(of: postmaster).contains(instance.pgdata) else {
+            throw EmbeddedPostgres.EmbeddedError.commandFailed("kill \(instance.name)", "no postmaster of \(instance.pgdata)")
+        }
+        // Line 7: the System V key and id of the segment the postmaster keeps.
+        let segment = pidFile.count > 6 ? pidFile[6].split(separator: " ").compactMap { Int($0) } : []
+
+        let keeperProcesses = Self.stopTree(keeper, leavingOut: postmaster)
+        let postgresProcesses = Self.stopTree(postmaster)
+        for pid in keeperProcesses + postgresProcesses { kill(pid, SIGKILL) }
+        let at = ContinuousClock.now
+        let all = keeperProcesses + postgresProcesses
+        try waitUntil("end of \(instance.name)'s processes \(all)", seconds: 30) { all.allSatisfy { !Self.isAlive($0) } }
+        if segment.count == 2 {
+            var info = shmid_ds()
+            if shmctl(Int32(segment[1]), IPC_STAT, &info) == 0, Int(info.shm_perm.__key) == segment[0], info.shm_nattch == 0 {
+                shmctl(Int32(segment[1]), IPC_RMID, nil)
+            }
+        }
+        return Crash(at: at, keeperProcesses: keeperProcesses, postgresProcesses: postgresProcesses)
+    }
+
+    /// `root` and its descendants (without the subtree of `leftOut`), each stopped with SIGSTOP
+    /// before its children are read.
+    static func stopTree(_ root: pid_t, leavingOut leftOut: pid_t? = nil) -> [pid_t] {
+        var found: [pid_t] = []
+        var queue = [root]
+        while let pid = queue.popLast() {
+            guard pid != leftOut, kill(pid, SIGSTOP) == 0 else { continue }
+            found.append(pid)
+            let children = (try? String(contentsOfFile: "/proc/\(pid)/task/\(pid)/children", encoding: .utf8)) ?? ""
+            queue += children.split(whereSeparator: \.isWhitespace).compactMap { pid_t($0) }
+        }
+        return found
+    }
+
+    /// A process's arguments (`/proc/<pid>/cmdline`), empty when it has ended.
+    static func commandLine(of pid: pid_t) -> [String] {
+        guard let data = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline") else { return [] }
+        return data.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+    }
+
+    /// False once `pid` has ended (gone, or a zombie not yet reaped).
+    static func isAlive(_ pid: pid_t) -> Bool {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8), let close = stat.lastIndex(of: ")") else {
+            return false
+        }
+        return String(stat[stat.index(after: close)...]).trimmingWhitespace().first != "Z"
+    }
+
+    /// Waits (up to `seconds`) until the monitor reports a node other than `old` as having
+    /// reached `wait_primary` or `primary` (its `current_group_state`), and returns that node.
+    func waitForPromotion(replacing old: Instance, seconds: Double = 120) throws -> Instance {
+        var promoted: Instance?
+        try waitUntil("promotion of a node other than \(old.name)", seconds: seconds) {
+            let reported = (try? state()) ?? []
+            let node = reported.first { $0.nodename != old.name && ["wait_primary", "primary"].contains($0.current_group_state) }
+            promoted = node.flatMap { node in nodes.first { $0.name == node.nodename } }
+            return promoted != nil
+        }
+        return promoted!
+    }
+
     /// The `capgate` database's URL as an operator gets it, `pg_autoctl show uri` (both nodes,
     /// `target_session_attrs=read-write`), with the user added: the URI carries none, and the
     /// nodes trust loopback connections of their superuser (`postgres`, or the user running the
@@ -254,8 +389,7 @@ final class AutoFailoverFormation: Sendable {
     /// True while `pid` is still the keeper started for `instance` (its command line names that
     /// folder): a process id that ended may be given to another process, never to be signalled.
     func isKeeper(_ pid: pid_t, of instance: Instance) -> Bool {
-        guard let data = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline") else { return false }
-        let arguments = data.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+        let arguments = Self.commandLine(of: pid)
         return arguments.contains { $0.hasSuffix("pg_autoctl") } && arguments.contains(instance.pgdata)
     }
 
