@@ -162,8 +162,14 @@ public struct Database: Sendable {
         let logger = self.logger
         let progress = WriteProgress()
         let backstop = max(.seconds(30), timeout * 3)
-        return try await run(lateResult: lateResult, cancelsAtDeadline: { progress.deadline(failed: failed, backstop: backstop) }) {
-            client in
+        return try await run(
+            lateResult: lateResult,
+            cancelsAtDeadline: {
+                let abandoned = progress.deadline(failed: failed, backstop: backstop)
+                if abandoned { logger.debug("a write gave up waiting for a connection at database.timeout; nothing was sent") }
+                return abandoned
+            }
+        ) { client in
             try await Self.write(on: client, logger: logger, progress: progress, failed: failed, commit)
         }
     }
