@@ -126,10 +126,12 @@ public final class EmbeddedPostgres: Sendable {
     }
 
     /// Creates another database in this cluster (tests use one per suite).
-    public func createDatabase(_ name: String) throws -> DatabaseURL {
+    /// With `template`, a copy of that database (which nobody may be connected to).
+    public func createDatabase(_ name: String, template: String? = nil) throws -> DatabaseURL {
+        let statement = "CREATE DATABASE \"\(name)\"" + (template.map { " TEMPLATE \"\($0)\"" } ?? "")
         try Self.run(
             binDirectory + "/psql",
-            ["-h", dataDirectory, "-p", "\(port)", "-U", "capgate", "-d", "postgres", "-q", "-c", "CREATE DATABASE \"\(name)\""],
+            ["-h", dataDirectory, "-p", "\(port)", "-U", "capgate", "-d", "postgres", "-q", "-c", statement],
             asRoot: asRoot)
         return DatabaseURL(host: "127.0.0.1", port: port, username: "capgate", password: password, database: name)
     }
