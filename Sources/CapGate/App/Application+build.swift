@@ -61,15 +61,7 @@ struct GatewayParts {
         let upstream = try UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
         let keyUsage = KeyUsage(database: database)
         let authenticator = try await Authenticator(database: database, configuration: configuration, keyUsage: keyUsage)
-        // The spool's entries name their database by user and name (not host: a failover keeps them).
-        let spool: Spool
-        do {
-            spool = try Spool(
-                directory: configuration.spoolDirectory, database: "\(databaseURL.username)@\(databaseURL.database)", logger: dbLogger)
-        } catch {
-            throw ConfigurationError(
-                key: "spool.directory", problem: "names a folder that cannot be created or read: \(configuration.spoolDirectory)")
-        }
+        let spool = try Self.spool(configuration: configuration, databaseURL: databaseURL, logger: dbLogger)
         let metering = MeteringStore(
             database: database, relaxed: configuration.databaseDurability == "relaxed",
             admissionQueueLimit: configuration.databaseAdmissionQueueLimit, spool: spool)
@@ -97,20 +89,44 @@ struct GatewayParts {
             ClosingService(name: "upstream-client") { try await upstream.shutdown() },
             ClosingService(name: "settlements") { await metering.flush() },
         ]
-        services.append(metering.idempotencyPurgeJob(interval: .seconds(600), logger: logger))
+        services += try Self.jobs(
+            configuration: configuration, database: database, metering: metering, keyUsage: keyUsage, billing: billing, logger: logger)
+        self.services = services
+        self.upstream = upstream
+    }
+
+    /// The spool's entries name their database by user and name (not host: a failover keeps them).
+    static func spool(configuration: CapGateConfiguration, databaseURL: DatabaseURL, logger: Logger) throws -> Spool {
+        do {
+            return try Spool(
+                directory: configuration.spoolDirectory, database: "\(databaseURL.username)@\(databaseURL.database)", logger: logger)
+        } catch {
+            throw ConfigurationError(
+                key: "spool.directory", problem: "names a folder that cannot be created or read: \(configuration.spoolDirectory)")
+        }
+    }
+
+    /// The gateway's periodic work beside the calls: purges, flushes, lease renewal,
+    /// notifications, metrics refreshes, the rollover.
+    static func jobs(
+        configuration: CapGateConfiguration, database: Database, metering: MeteringStore, keyUsage: KeyUsage, billing: BillingStore,
+        logger: Logger
+    ) throws -> [any Service] {
+        var jobs: [any Service] = []
+        jobs.append(metering.idempotencyPurgeJob(interval: .seconds(600), logger: logger))
         // API keys' last_used_at (SPEC §13): noted in memory by each call, written here; the
         // UPDATE itself skips a key written less than a minute ago.
-        services.append(keyUsage.flushJob(interval: .seconds(5), logger: logger))
+        jobs.append(keyUsage.flushJob(interval: .seconds(5), logger: logger))
         // Rate windows (SPEC §14): the leases of this gateway's calls in flight renewed every
         // quarter lease (a stream longer than the lease keeps its slot); rate.leaseSeconds where
         // every admission reads it, at start; then hourly, the calls a dead gateway never ended
         // are purged once their lease is over.
         let lease = configuration.rateLeaseSeconds
-        services.append(
+        jobs.append(
             PeriodicJob(interval: .milliseconds(max(250, lease * 250))) {
                 await metering.renewSlotLeases(seconds: lease)
             })
-        services.append(
+        jobs.append(
             PeriodicJob(interval: .seconds(3600)) {
                 do {
                     try await metering.setSlotLease(seconds: lease)
@@ -122,31 +138,27 @@ struct GatewayParts {
         // Threshold notifications (SPEC §9): the thresholds for every admission and the deliverer.
         var notificationLogger = logger
         notificationLogger[metadataKey: "component"] = "notifications"
-        services.append(
+        jobs.append(
             try NotificationDeliverer(
                 database: database, settings: configuration.notifications, configuration: configuration, logger: notificationLogger))
         // What /metrics shows of the database: the outbox's numbers, writable or not, unsettled charges.
-        services += GatewayMetrics.refreshJobs(database: database, configuration: configuration)
+        jobs += GatewayMetrics.refreshJobs(database: database, configuration: configuration)
         let retentionDays = configuration.notifications.retentionDays
-        services.append(
+        jobs.append(
             PeriodicJob(interval: .seconds(3600)) {
                 _ = try? await NotificationStore(database: database).purge(olderThanDays: retentionDays)
             })
         if configuration.billingRolloverInterval > 0 {
-            services.append(billing.rolloverJob(interval: .seconds(configuration.billingRolloverInterval), logger: logger))
+            jobs.append(billing.rolloverJob(interval: .seconds(configuration.billingRolloverInterval), logger: logger))
         }
-        self.services = services
-        self.upstream = upstream
+        return jobs
     }
 }
 
 /// The router: health and metrics, the client usage routes, the admin API; the proxy prefix
 /// is handled by ``GatewayMiddleware`` in front of it.
 func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
-    // What the route closures capture.
     let database = services.database
-    let migrator = services.migrator
-    let metricsAccess = services.metricsAccess
     let authenticator = services.authenticator
     let authFailures = services.authFailures
     let router = Router(context: GatewayContext.self)
@@ -156,6 +168,42 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
     let methods = RouteMethods()
     router.add(middleware: GatewayMiddleware(proxy: services.proxy, prefix: services.proxyPrefix, ownPaths: ownPaths, methods: methods))
 
+    registerOperational(on: router, services)
+
+    let apple = AppleRoutes(signed: services.apple, store: AppleStore(billing: services.billing))
+    apple.registerNotifications(on: router)
+
+    let console = ConsoleRoutes(database: database, tenants: services.tenants)
+    console.registerPage(on: router)
+    let usageRoutes = UsageRoutes(metering: services.metering, usage: services.usage, tenants: services.tenants)
+    let client = router.group("v1").add(middleware: AuthMiddleware(authenticator: services.authenticator)).group(
+        context: AuthenticatedContext.self)
+    usageRoutes.registerClient(on: client)
+    apple.registerTransactions(on: client)
+
+    let admin = router.group("admin/v1").add(middleware: AuthMiddleware(authenticator: authenticator, failures: authFailures))
+        .group(context: AuthenticatedContext.self)
+    OperatorRoutes(tenants: services.tenants, periods: services.periods).register(on: admin)
+    usageRoutes.registerAdmin(on: admin)
+    BillingRoutes(billing: services.billing).register(on: admin)
+    apple.registerAdmin(on: admin)
+    PriceRoutes(prices: services.prices).register(on: admin)
+    AuditRoutes(audit: AuditStore(database: database), tenants: services.tenants).register(on: admin)
+    FeatureRoutes(features: FeatureStore(database: services.tenants.database), prefix: services.proxyPrefix).register(on: admin)
+    console.register(on: admin)
+    NotificationRoutes(notifications: NotificationStore(database: services.tenants.database), tenants: services.tenants).register(on: admin)
+    methods.record(router)
+    return router
+}
+
+/// `/healthz`, `/readyz`, `/metrics` and `/openapi.yaml`.
+func registerOperational(on router: Router<GatewayContext>, _ services: GatewayServices) {
+    // What the route closures capture.
+    let database = services.database
+    let migrator = services.migrator
+    let metricsAccess = services.metricsAccess
+    let authenticator = services.authenticator
+    let authFailures = services.authFailures
     router.get("/healthz") { _, _ in
         jsonResponse(.obj(["status": "ok"]))
     }
@@ -198,31 +246,6 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
         headers[.contentType] = "application/yaml"
         return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: text)))
     }
-
-    let apple = AppleRoutes(signed: services.apple, store: AppleStore(billing: services.billing))
-    apple.registerNotifications(on: router)
-
-    let console = ConsoleRoutes(database: database, tenants: services.tenants)
-    console.registerPage(on: router)
-    let usageRoutes = UsageRoutes(metering: services.metering, usage: services.usage, tenants: services.tenants)
-    let client = router.group("v1").add(middleware: AuthMiddleware(authenticator: services.authenticator)).group(
-        context: AuthenticatedContext.self)
-    usageRoutes.registerClient(on: client)
-    apple.registerTransactions(on: client)
-
-    let admin = router.group("admin/v1").add(middleware: AuthMiddleware(authenticator: authenticator, failures: authFailures))
-        .group(context: AuthenticatedContext.self)
-    OperatorRoutes(tenants: services.tenants, periods: services.periods).register(on: admin)
-    usageRoutes.registerAdmin(on: admin)
-    BillingRoutes(billing: services.billing).register(on: admin)
-    apple.registerAdmin(on: admin)
-    PriceRoutes(prices: services.prices).register(on: admin)
-    AuditRoutes(audit: AuditStore(database: database), tenants: services.tenants).register(on: admin)
-    FeatureRoutes(features: FeatureStore(database: services.tenants.database), prefix: services.proxyPrefix).register(on: admin)
-    console.register(on: admin)
-    NotificationRoutes(notifications: NotificationStore(database: services.tenants.database), tenants: services.tenants).register(on: admin)
-    methods.record(router)
-    return router
 }
 
 /// A service that waits for shutdown, then runs `close` (so a client outlives the server).

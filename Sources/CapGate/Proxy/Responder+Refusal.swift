@@ -12,64 +12,42 @@ extension Responder {
     static func error(for refusal: Refusal, state: UsageState, now: Date = Date()) -> GatewayError {
         switch refusal {
         case .noActivePlan:
-            return GatewayError(
-                .init(code: 402), refusal.errorType,
-                "Your company has no active plan right now. Ask your administrator to choose a plan.",
-                usage: usage(for: refusal, state: state), headers: [.retryAfter: retryAfter(until: state.periodEnd, now: now)])
+            return paymentRequired(
+                refusal, "Your company has no active plan right now. Ask your administrator to choose a plan.", state: state,
+                headers: [.retryAfter: retryAfter(until: state.periodEnd, now: now)])
         case .cap(let scope):
-            var headers = state.rateLimitHeaders(now: now)
-            headers[.retryAfter] = retryAfter(until: state.periodEnd, now: now)
-            return GatewayError(
-                .init(code: 402), refusal.errorType, capMessage(scope: scope, state: state), usage: usage(for: refusal, state: state),
-                headers: headers)
+            return paymentRequired(
+                refusal, capMessage(scope: scope, state: state), state: state,
+                headers: limitHeaders(state, until: state.periodEnd, now: now))
         case .featureNotInPlan(let feature):
-            let name = state.feature?.name ?? feature
-            let upgrade = state.upgrade.map { " The \($0.plan) plan includes it." } ?? ""
-            let message =
-                state.feature?.message ?? "\(name) is not included in your company's \(state.plan?.name ?? "current") plan.\(upgrade)"
-            return GatewayError(
-                .init(code: 402), refusal.errorType, message, usage: usage(for: refusal, state: state),
+            return paymentRequired(
+                refusal, featureNotInPlanMessage(feature, state: state), state: state,
                 headers: [.retryAfter: retryAfter(until: state.periodEnd, now: now)])
         case .featureLimit(let feature):
             let refused = state.feature?.refused
             let reset = refused.flatMap { state.feature?.resetAt($0, periodEnd: state.periodEnd) } ?? state.periodEnd
-            var headers = state.rateLimitHeaders(now: now)
-            headers[.retryAfter] = retryAfter(until: reset, now: now)
             let message = state.feature?.message ?? featureLimitMessage(name: state.feature?.name ?? feature, state: state, reset: reset)
-            return GatewayError(.init(code: 402), refusal.errorType, message, usage: usage(for: refusal, state: state), headers: headers)
+            return paymentRequired(refusal, message, state: state, headers: limitHeaders(state, until: reset, now: now))
+        case .budget(let scope):
+            return paymentRequired(
+                refusal, budgetMessage(scope: scope, state: state), state: state,
+                headers: limitHeaders(state, until: state.periodEnd, now: now))
+        case .rate(let window):
+            return GatewayError(
+                .init(code: 429), refusal.errorType, rateMessage(window, state: state), usage: usage(for: refusal, state: state, now: now),
+                headers: limitHeaders(state, until: state.rate?.resetAt(window, now: now), now: now))
         case .unknownFeature(let feature):
             return GatewayError.invalidRequest(
                 "CapGate-Feature names \"\(feature)\", which is not a feature of this gateway or is not active.")
         case .notBound(let feature, let bound, let credential):
-            let what = credential == .jwt ? "This token" : "This API key"
-            let list = bound.map { $0.isEmpty ? " (none)" : ": " + $0.joined(separator: ", ") } ?? ""
-            return GatewayError.permission(
-                "\(what) may be charged only to the features it is bound to\(list); this call uses \"\(feature)\". "
-                    + "Nothing was charged. Use a credential for \(feature), or a route of your own feature.")
+            return GatewayError.permission(notBoundMessage(feature, bound: bound, credential: credential))
         case .unknownUser:
             return GatewayError.authentication("This user is unknown or disabled in its company.")
         case .idempotency(let decision, let maxKeptBytes):
             return IdempotencyKey.refusal(decision, maxKeptBytes: maxKeptBytes)
                 ?? GatewayError.conflict("This Idempotency-Key cannot be used for this request.")
-        case .budget(let scope):
-            var headers = state.rateLimitHeaders(now: now)
-            headers[.retryAfter] = retryAfter(until: state.periodEnd, now: now)
-            return GatewayError(
-                .init(code: 402), refusal.errorType, budgetMessage(scope: scope, state: state), usage: usage(for: refusal, state: state),
-                headers: headers)
-        case .rate(let window):
-            var headers = state.rateLimitHeaders(now: now)
-            let reset = state.rate?.resetAt(window, now: now)
-            headers[.retryAfter] = retryAfter(until: reset, now: now)
-            return GatewayError(
-                .init(code: 429), refusal.errorType, rateMessage(window, state: state), usage: usage(for: refusal, state: state, now: now),
-                headers: headers)
         case .holdOverRateLimit(let window, let limit, let hold):
-            let whose = window == .companyTPM ? "your company's" : "your"
-            return GatewayError.invalidRequest(
-                "This call holds \(hold) tokens (its prompt bound plus max_tokens), more than \(whose) \(limit) tokens a minute "
-                    + "(\(window.rawValue)), so it can never be admitted. Lower max_tokens (or the prompt) so that the call fits "
-                    + "in \(limit) tokens. Nothing was charged.")
+            return GatewayError.invalidRequest(holdOverRateLimitMessage(window, limit: limit, hold: hold))
         case .unpricedModel(let model):
             let which = model.map { "The model \"\($0)\" has no price" } ?? "The call names no model, so it has no price"
             return GatewayError.invalidRequest(
@@ -79,18 +57,56 @@ extension Responder {
             return GatewayError.invalidRequest(
                 "A cost budget or a token rate limit applies to this call: max_tokens (a whole number) is required to bound it. "
                     + "Nothing was charged.")
-        case .unboundedCall(let tool?):
-            return GatewayError.invalidRequest(
-                "This call uses the tool type \"\(tool)\", whose tokens the provider adds to the prompt and this gateway does not "
-                    + "know (costs.toolOverheadTokens lists the tool types it can hold), and a cost budget or a token rate limit "
-                    + "applies to it, so it cannot be held. Nothing was charged. Ask your administrator to add the tool type.")
-        case .unboundedCall(nil):
-            return GatewayError.invalidRequest(
-                "A cost budget or a token rate limit applies to this call, and its body lets the provider bill tokens that cannot be bounded "
-                    + "(server tools such as web search or code execution, MCP servers, a message batch, a premium-priced mode "
-                    + "such as \"speed\": \"fast\" or an \"inference_geo\" other than \"global\", or a body that is not "
-                    + "a JSON call naming its model). Nothing was charged.")
+        case .unboundedCall(let tool):
+            return GatewayError.invalidRequest(unboundedCallMessage(tool: tool))
         }
+    }
+
+    /// A 402 with the `usage` object.
+    private static func paymentRequired(
+        _ refusal: Refusal, _ message: String, state: UsageState, headers: HTTPFields
+    ) -> GatewayError {
+        GatewayError(.init(code: 402), refusal.errorType, message, usage: usage(for: refusal, state: state), headers: headers)
+    }
+
+    /// The RateLimit fields of `state` and a `Retry-After` until `reset`.
+    private static func limitHeaders(_ state: UsageState, until reset: Date?, now: Date) -> HTTPFields {
+        var headers = state.rateLimitHeaders(now: now)
+        headers[.retryAfter] = retryAfter(until: reset, now: now)
+        return headers
+    }
+
+    static func featureNotInPlanMessage(_ feature: String, state: UsageState) -> String {
+        let name = state.feature?.name ?? feature
+        let upgrade = state.upgrade.map { " The \($0.plan) plan includes it." } ?? ""
+        return state.feature?.message ?? "\(name) is not included in your company's \(state.plan?.name ?? "current") plan.\(upgrade)"
+    }
+
+    static func notBoundMessage(_ feature: String, bound: [String]?, credential: UserIdentity.Credential) -> String {
+        let what = credential == .jwt ? "This token" : "This API key"
+        let list = bound.map { $0.isEmpty ? " (none)" : ": " + $0.joined(separator: ", ") } ?? ""
+        return "\(what) may be charged only to the features it is bound to\(list); this call uses \"\(feature)\". "
+            + "Nothing was charged. Use a credential for \(feature), or a route of your own feature."
+    }
+
+    static func holdOverRateLimitMessage(_ window: RateState.Window, limit: Int64, hold: Int64) -> String {
+        let whose = window == .companyTPM ? "your company's" : "your"
+        return "This call holds \(hold) tokens (its prompt bound plus max_tokens), more than \(whose) \(limit) tokens a minute "
+            + "(\(window.rawValue)), so it can never be admitted. Lower max_tokens (or the prompt) so that the call fits "
+            + "in \(limit) tokens. Nothing was charged."
+    }
+
+    static func unboundedCallMessage(tool: String?) -> String {
+        if let tool {
+            return "This call uses the tool type \"\(tool)\", whose tokens the provider adds to the prompt and this gateway does not "
+                + "know (costs.toolOverheadTokens lists the tool types it can hold), and a cost budget or a token rate limit "
+                + "applies to it, so it cannot be held. Nothing was charged. Ask your administrator to add the tool type."
+        }
+        return
+            "A cost budget or a token rate limit applies to this call, and its body lets the provider bill tokens that cannot be bounded "
+            + "(server tools such as web search or code execution, MCP servers, a message batch, a premium-priced mode "
+            + "such as \"speed\": \"fast\" or an \"inference_geo\" other than \"global\", or a body that is not "
+            + "a JSON call naming its model). Nothing was charged."
     }
 
     static func rateMessage(_ window: RateState.Window, state: UsageState) -> String {
