@@ -18,60 +18,64 @@ struct UsageRoutes {
             return try jsonResponse(encoding: read, headers: read.state.rateLimitHeaders(now: now))
         }
         group.get("usage/check") { request, context in
-            let user = try context.requireUser()
-            let query = request.uri.queryParameters
-            var units: Int64 = 1
-            if let text = query.get("units") {
-                guard let n = Int64(text), n >= 1, n <= 1_000_000 else {
-                    throw GatewayError.invalidRequest("'units' must be a whole number from 1 to 1000000.")
-                }
-                units = n
-            }
-            let featureID = try Self.feature(query.get("feature"))
-            await metering.slotEndsWritten()
-            let now = Date()
-            // The feature is looked up before anything else is read, so a 400 changes nothing
-            // (the state read below may move an ended period forward, as the next call would).
-            var lookup: (lookup: UsageStore.FeatureLookup, periodStart: Date?)? = nil
-            if let featureID {
-                lookup = try await usage.feature(featureID, company: user.companyID, user: user.userID, at: now)
-                if case .unknown = lookup?.lookup {
-                    throw GatewayError.invalidRequest(
-                        "'feature' names \"\(featureID)\", which is not a feature of this gateway or is not active.")
-                }
-            }
-            let state = try await metering.state(companyID: user.companyID, userID: user.userID, at: now)
-            if let featureID, let read = lookup, read.periodStart != state.periodStart {
-                // The company was just moved into a new period: read its windows there.
-                lookup = try await usage.feature(featureID, company: user.companyID, user: user.userID, at: now)
-            }
-            let grants = try await usage.grants(company: user.companyID)
-            var rate = try await usage.rateWindows(company: user.companyID, user: user.userID, at: now)
-            if let featureID, case .entitled = lookup?.lookup,
-                let entitled = try await usage.featureRateWindows(
-                    company: user.companyID, user: user.userID, feature: featureID, at: now)
-            {
-                // The entitlement's windows, counted after the plan's as the admission counts them.
-                if rate == nil { rate = RateState(limits: .init(), minute: entitled.minute, counts: .init()) }
-                rate?.feature = entitled.windows
-            }
-            let check = UsageCheck(
-                units: units, user: user.userID, state: state, feature: lookup?.lookup,
-                grantUnits: grants.compactMap { $0.remainingUnits(at: now) }.max() ?? 0, rate: rate)
-            var outcome = try await check.decide(metering: metering)
-            // A bound credential (SPEC §8) would be refused 403 for another feature, before its limits.
-            if let featureID, let bound = user.features, !bound.contains(featureID) {
-                outcome = UsageCheck.Outcome(
-                    refusal: .notBound(feature: featureID, bound: bound, credential: user.credential), state: state)
-            }
-            return jsonResponse(
-                .obj([
-                    "allowed": .bool(outcome.refusal == nil), "reason": JSON(outcome.refusal?.errorType),
-                    "usage": Responder.usage(for: outcome.refusal, state: outcome.state),
-                ]),
-                headers: outcome.state.rateLimitHeaders(now: now)
-            )
+            try await check(request, user: try context.requireUser())
         }
+    }
+
+    /// `GET /v1/usage/check`: what the caller's next call would get (SPEC §4), changing nothing.
+    func check(_ request: Request, user: UserIdentity) async throws -> Response {
+        let query = request.uri.queryParameters
+        var units: Int64 = 1
+        if let text = query.get("units") {
+            guard let n = Int64(text), n >= 1, n <= 1_000_000 else {
+                throw GatewayError.invalidRequest("'units' must be a whole number from 1 to 1000000.")
+            }
+            units = n
+        }
+        let featureID = try Self.feature(query.get("feature"))
+        await metering.slotEndsWritten()
+        let now = Date()
+        // The feature is looked up before anything else is read, so a 400 changes nothing
+        // (the state read below may move an ended period forward, as the next call would).
+        var lookup: (lookup: UsageStore.FeatureLookup, periodStart: Date?)? = nil
+        if let featureID {
+            lookup = try await usage.feature(featureID, company: user.companyID, user: user.userID, at: now)
+            if case .unknown = lookup?.lookup {
+                throw GatewayError.invalidRequest(
+                    "'feature' names \"\(featureID)\", which is not a feature of this gateway or is not active.")
+            }
+        }
+        let state = try await metering.state(companyID: user.companyID, userID: user.userID, at: now)
+        if let featureID, let read = lookup, read.periodStart != state.periodStart {
+            // The company was just moved into a new period: read its windows there.
+            lookup = try await usage.feature(featureID, company: user.companyID, user: user.userID, at: now)
+        }
+        let grants = try await usage.grants(company: user.companyID)
+        var rate = try await usage.rateWindows(company: user.companyID, user: user.userID, at: now)
+        if let featureID, case .entitled = lookup?.lookup,
+            let entitled = try await usage.featureRateWindows(
+                company: user.companyID, user: user.userID, feature: featureID, at: now)
+        {
+            // The entitlement's windows, counted after the plan's as the admission counts them.
+            if rate == nil { rate = RateState(limits: .init(), minute: entitled.minute, counts: .init()) }
+            rate?.feature = entitled.windows
+        }
+        let check = UsageCheck(
+            units: units, user: user.userID, state: state, feature: lookup?.lookup,
+            grantUnits: grants.compactMap { $0.remainingUnits(at: now) }.max() ?? 0, rate: rate)
+        var outcome = try await check.decide(metering: metering)
+        // A bound credential (SPEC §8) would be refused 403 for another feature, before its limits.
+        if let featureID, let bound = user.features, !bound.contains(featureID) {
+            outcome = UsageCheck.Outcome(
+                refusal: .notBound(feature: featureID, bound: bound, credential: user.credential), state: state)
+        }
+        return jsonResponse(
+            .obj([
+                "allowed": .bool(outcome.refusal == nil), "reason": JSON(outcome.refusal?.errorType),
+                "usage": Responder.usage(for: outcome.refusal, state: outcome.state),
+            ]),
+            headers: outcome.state.rateLimitHeaders(now: now)
+        )
     }
 
     /// The admin routes under `/admin/v1`.

@@ -2,78 +2,92 @@
 /// dollar-quoted bodies and comments (PostgreSQL's extended protocol runs one statement at a time).
 enum SQLSplitter {
     static func statements(in sql: String) -> [String] {
-        let chars = Array(sql.unicodeScalars)
-        var statements: [String] = []
-        var current = String.UnicodeScalarView()
+        var scanner = Scanner(chars: Array(sql.unicodeScalars))
+        while scanner.i < scanner.chars.count { scanner.step() }
+        scanner.endStatement()
+        return scanner.statements
+    }
+
+    /// Reads the script one token at a time: a comment (dropped), a quoted string or identifier,
+    /// a dollar-quoted body (kept whole), a semicolon (ends a statement), any other character.
+    private struct Scanner {
+        let chars: [Unicode.Scalar]
         var i = 0
-        var dollarTag: [Unicode.Scalar]? = nil
+        var current = String.UnicodeScalarView()
+        var statements: [String] = []
 
-        func flush() {
-            let text = String(current).trimmingWhitespace()
-            if !text.isEmpty && !text.allSatisfy({ $0 == ";" }) { statements.append(text) }
-            current = String.UnicodeScalarView()
-        }
+        func at(_ offset: Int, is c: Unicode.Scalar) -> Bool { i + offset < chars.count && chars[i + offset] == c }
 
-        while i < chars.count {
+        mutating func step() {
             let c = chars[i]
-            if let tag = dollarTag {
-                if c == "$", i + tag.count <= chars.count, Array(chars[i..<(i + tag.count)]) == tag {
-                    current.append(contentsOf: tag)
-                    i += tag.count
-                    dollarTag = nil
-                } else {
-                    current.append(c)
-                    i += 1
-                }
-                continue
-            }
             switch c {
-            case "-" where i + 1 < chars.count && chars[i + 1] == "-":
+            case "-" where at(1, is: "-"):
                 while i < chars.count && chars[i] != "\n" { i += 1 }
-            case "/" where i + 1 < chars.count && chars[i + 1] == "*":
+            case "/" where at(1, is: "*"):
                 i += 2
                 while i + 1 < chars.count && !(chars[i] == "*" && chars[i + 1] == "/") { i += 1 }
                 i += 2
             case "'", "\"":
-                current.append(c)
-                i += 1
-                while i < chars.count {
-                    current.append(chars[i])
-                    if chars[i] == c {
-                        if i + 1 < chars.count && chars[i + 1] == c {
-                            current.append(chars[i + 1])
-                            i += 2
-                            continue
-                        }
-                        i += 1
-                        break
-                    }
-                    i += 1
-                }
+                copyQuoted(c)
             case "$":
-                var j = i + 1
-                while j < chars.count && (chars[j] == "_" || chars[j].properties.isAlphabetic || ("0"..."9").contains(chars[j])) {
-                    j += 1
-                }
-                if j < chars.count && chars[j] == "$" {
-                    let tag = Array(chars[i...j])
-                    current.append(contentsOf: tag)
-                    dollarTag = tag
-                    i = j + 1
-                } else {
-                    current.append(c)
-                    i += 1
-                }
+                if let tag = dollarTag() { copyDollarQuoted(tag) } else { copy(1) }
             case ";":
-                flush()
+                endStatement()
                 i += 1
             default:
-                current.append(c)
-                i += 1
+                copy(1)
             }
         }
-        flush()
-        return statements
+
+        mutating func copy(_ count: Int) {
+            let end = min(i + count, chars.count)
+            current.append(contentsOf: chars[i..<end])
+            i = end
+        }
+
+        /// A string or identifier up to its closing quote; a doubled quote stays inside.
+        mutating func copyQuoted(_ quote: Unicode.Scalar) {
+            copy(1)
+            while i < chars.count {
+                if chars[i] == quote {
+                    if at(1, is: quote) {
+                        copy(2)
+                        continue
+                    }
+                    copy(1)
+                    return
+                }
+                copy(1)
+            }
+        }
+
+        /// `$tag$` (or `$$`) starting at `i`; nil for a `$` that opens none (a parameter like `$1`).
+        func dollarTag() -> [Unicode.Scalar]? {
+            var j = i + 1
+            while j < chars.count && (chars[j] == "_" || chars[j].properties.isAlphabetic || ("0"..."9").contains(chars[j])) {
+                j += 1
+            }
+            guard j < chars.count && chars[j] == "$" else { return nil }
+            return Array(chars[i...j])
+        }
+
+        /// A dollar-quoted body, from its opening tag through the same closing tag.
+        mutating func copyDollarQuoted(_ tag: [Unicode.Scalar]) {
+            copy(tag.count)
+            while i < chars.count {
+                if chars[i] == "$", i + tag.count <= chars.count, Array(chars[i..<(i + tag.count)]) == tag {
+                    copy(tag.count)
+                    return
+                }
+                copy(1)
+            }
+        }
+
+        mutating func endStatement() {
+            let text = String(current).trimmingWhitespace()
+            if !text.isEmpty && !text.allSatisfy({ $0 == ";" }) { statements.append(text) }
+            current = String.UnicodeScalarView()
+        }
     }
 }
 
