@@ -213,18 +213,7 @@ public struct CapGateConfiguration: Sendable {
         upstreamIdleTimeout = try Self.double(reader, "upstream.idleTimeout", default: 300)
         upstreamMaxConnections = try Self.int(reader, "upstream.maxConnections", default: 512, range: 1...100_000)
         upstreamCAFile = Self.nonEmpty(reader.string(forKey: "upstream.caFile"))
-        operatorToken = Self.nonEmpty(reader.string(forKey: "operator.token", isSecret: true))
-        operatorTokens = try Self.nonEmpty(reader.string(forKey: "operator.tokens", isSecret: true)).map(OperatorToken.parse) ?? []
-        if let operatorToken {
-            let all = [OperatorToken(name: OperatorToken.defaultName, token: operatorToken)] + operatorTokens
-            guard Set(all.map(\.name)).count == all.count, Set(all.map(\.token)).count == all.count else {
-                throw ConfigurationError(
-                    key: "operator.tokens", problem: "repeats operator.token or its name 'operator'; each token and name must appear once")
-            }
-        }
-        // An operator token is a full-admin credential that anyone who can reach the gateway may
-        // guess at: too short to guess stops the start, as a short jwt.secret does (SPEC §7).
-        if let problem = OperatorToken.lengthProblem(operatorToken: operatorToken, operatorTokens: operatorTokens) { throw problem }
+        (operatorToken, operatorTokens) = try OperatorToken.configured(reader: reader)
         jwtSecret = Self.nonEmpty(reader.string(forKey: "jwt.secret", isSecret: true))
         jwtJWKSFile = Self.nonEmpty(reader.string(forKey: "jwt.jwksFile"))
         jwtCompanyClaim = reader.string(forKey: "jwt.companyClaim", default: "company_id")
@@ -242,48 +231,27 @@ public struct CapGateConfiguration: Sendable {
         metricsPublic = try Self.bool(reader, "metrics.public", default: false)
         let maxLifetime = try Self.int(reader, "jwt.maxLifetime", default: 0, range: 0...(86400 * 3660))
         jwtMaxLifetime = maxLifetime > 0 ? maxLifetime : nil
+        billingRolloverInterval = try Self.int(reader, "billing.rolloverInterval", default: 0, range: 0...(86400 * 366))
+        spoolDirectory = reader.string(forKey: "spool.directory", default: ".capgate/spool")
+        costs = try CostSettings(reader: reader)
+        apple = try AppleSettings(reader: reader)
+        rateLeaseSeconds = try Self.int(reader, "rate.leaseSeconds", default: 600, range: 1...(86400 * 7))
+        let retention = try Self.int(reader, "ledger.retentionMonths", default: 0, range: 0...1200)
+        ledgerRetentionMonths = retention == 0 ? nil : retention
+        logLevel = reader.string(forKey: "log.level", default: "info")
+        notifications = try NotificationSettings(reader: reader)
+
+        try validate()
+    }
+
+    /// The checks that read more than one key or a key's whole text.
+    private func validate() throws {
         // A short HS256 secret can be guessed offline from one token (RFC 7518 §3.2 asks for a
         // key as long as the hash: 32 bytes).
         if let secret = jwtSecret, secret.utf8.count < 32 {
             throw ConfigurationError(
                 key: "jwt.secret", problem: "is \(secret.utf8.count) bytes long; an HS256 secret must be at least 32 bytes")
         }
-        billingRolloverInterval = try Self.int(reader, "billing.rolloverInterval", default: 0, range: 0...(86400 * 366))
-        spoolDirectory = reader.string(forKey: "spool.directory", default: ".capgate/spool")
-        costs = CostSettings(
-            promptOverheadTokens: try Self.int(reader, "costs.promptOverheadTokens", default: 1_000, range: 0...1_000_000),
-            imageTokens: try Self.int(reader, "costs.imageTokens", default: 5_000, range: 0...1_000_000),
-            drainSeconds: try Self.int(reader, "costs.drainSeconds", default: 60, range: 0...3600),
-            toolOverheadTokens: try Self.nonEmpty(reader.string(forKey: "costs.toolOverheadTokens")).map { text in
-                guard let map = CostSettings.toolOverhead(parsing: text) else {
-                    throw ConfigurationError(
-                        key: "costs.toolOverheadTokens",
-                        problem: #"must be a JSON object of tool types (or "tool_choice") to whole numbers of tokens from 0 to 1000000"#)
-                }
-                return map
-            } ?? CostSettings.publishedToolOverhead)
-        apple = try AppleSettings(reader: reader)
-        rateLeaseSeconds = try Self.int(reader, "rate.leaseSeconds", default: 600, range: 1...(86400 * 7))
-        let retention = try Self.int(reader, "ledger.retentionMonths", default: 0, range: 0...1200)
-        ledgerRetentionMonths = retention == 0 ? nil : retention
-        logLevel = reader.string(forKey: "log.level", default: "info")
-        notifications = NotificationSettings(
-            webhookURL: Self.nonEmpty(reader.string(forKey: "notifications.webhookUrl")),
-            webhookSecret: Self.nonEmpty(reader.string(forKey: "notifications.webhookSecret", isSecret: true)),
-            thresholds: try Self.thresholds(reader),
-            timeout: try Self.double(reader, "notifications.timeout", default: 10),
-            retryFor: try Self.double(reader, "notifications.retryFor", default: 86400),
-            retryDelay: try Self.double(reader, "notifications.retryDelay", default: 5),
-            maxRetryDelay: try Self.double(reader, "notifications.maxRetryDelay", default: 900),
-            pollInterval: try Self.double(reader, "notifications.pollInterval", default: 1),
-            maxPerSecond: try Self.double(reader, "notifications.maxPerSecond", default: 50),
-            retentionDays: try Self.int(reader, "notifications.retentionDays", default: 90, range: 1...36600),
-            caFile: Self.nonEmpty(reader.string(forKey: "notifications.caFile"))
-        )
-        if let url = notifications.webhookURL, !Self.isHTTPURL(url) {
-            throw ConfigurationError(key: "notifications.webhookUrl", problem: "is not an absolute http(s) URL")
-        }
-
         if !proxyPrefix.hasPrefix("/") || !proxyPrefix.hasSuffix("/") {
             throw ConfigurationError(key: "proxy.prefix", problem: "must start and end with '/', such as /v1/")
         }

@@ -1,3 +1,4 @@
+import Configuration
 import Foundation
 
 /// One operator bearer token and the name the audit log gives whoever presents it (SPEC §13).
@@ -97,5 +98,24 @@ public struct OperatorToken: Sendable, Equatable {
             if found == nil { found = token }
         }
         return found
+    }
+}
+
+extension OperatorToken {
+    /// `operator.token` and `operator.tokens`, each token and name once, every token long enough.
+    static func configured(reader: ConfigReader) throws -> (token: String?, tokens: [OperatorToken]) {
+        let operatorToken = CapGateConfiguration.nonEmpty(reader.string(forKey: "operator.token", isSecret: true))
+        let operatorTokens = try CapGateConfiguration.nonEmpty(reader.string(forKey: "operator.tokens", isSecret: true)).map(parse) ?? []
+        if let operatorToken {
+            let all = [OperatorToken(name: defaultName, token: operatorToken)] + operatorTokens
+            guard Set(all.map(\.name)).count == all.count, Set(all.map(\.token)).count == all.count else {
+                throw ConfigurationError(
+                    key: "operator.tokens", problem: "repeats operator.token or its name 'operator'; each token and name must appear once")
+            }
+        }
+        // An operator token is a full-admin credential that anyone who can reach the gateway may
+        // guess at: too short to guess stops the start, as a short jwt.secret does (SPEC §7).
+        if let problem = lengthProblem(operatorToken: operatorToken, operatorTokens: operatorTokens) { throw problem }
+        return (operatorToken, operatorTokens)
     }
 }

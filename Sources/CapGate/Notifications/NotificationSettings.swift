@@ -1,3 +1,4 @@
+import Configuration
 import Foundation
 
 /// How threshold notifications are delivered (SPEC §9): the `notifications.*` keys.
@@ -41,5 +42,27 @@ public struct NotificationSettings: Sendable {
     func delay(afterAttempts attempts: Int) -> Double {
         let base = min(maxRetryDelay, retryDelay * pow(2, Double(max(0, attempts - 1))))
         return base * Double.random(in: 0.8...1.2)
+    }
+}
+
+extension NotificationSettings {
+    /// Reads and validates the `notifications.*` keys.
+    init(reader: ConfigReader) throws {
+        self.init(
+            webhookURL: CapGateConfiguration.nonEmpty(reader.string(forKey: "notifications.webhookUrl")),
+            webhookSecret: CapGateConfiguration.nonEmpty(reader.string(forKey: "notifications.webhookSecret", isSecret: true)),
+            thresholds: try CapGateConfiguration.thresholds(reader),
+            timeout: try CapGateConfiguration.double(reader, "notifications.timeout", default: 10),
+            retryFor: try CapGateConfiguration.double(reader, "notifications.retryFor", default: 86400),
+            retryDelay: try CapGateConfiguration.double(reader, "notifications.retryDelay", default: 5),
+            maxRetryDelay: try CapGateConfiguration.double(reader, "notifications.maxRetryDelay", default: 900),
+            pollInterval: try CapGateConfiguration.double(reader, "notifications.pollInterval", default: 1),
+            maxPerSecond: try CapGateConfiguration.double(reader, "notifications.maxPerSecond", default: 50),
+            retentionDays: try CapGateConfiguration.int(reader, "notifications.retentionDays", default: 90, range: 1...36600),
+            caFile: CapGateConfiguration.nonEmpty(reader.string(forKey: "notifications.caFile"))
+        )
+        if let url = webhookURL, !CapGateConfiguration.isHTTPURL(url) {
+            throw ConfigurationError(key: "notifications.webhookUrl", problem: "is not an absolute http(s) URL")
+        }
     }
 }

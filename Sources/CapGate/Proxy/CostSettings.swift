@@ -1,3 +1,5 @@
+import Configuration
+
 /// How a call's cost is bounded and learnt (SPEC §11), from `costs.*`.
 public struct CostSettings: Sendable {
     /// `costs.promptOverheadTokens` / `COSTS_PROMPT_OVERHEAD_TOKENS` (default `1000`): what the
@@ -51,5 +53,23 @@ public struct CostSettings: Sendable {
             out[field.key] = Int(value)
         }
         return out
+    }
+}
+
+extension CostSettings {
+    /// Reads and validates the `costs.*` keys.
+    init(reader: ConfigReader) throws {
+        self.init(
+            promptOverheadTokens: try CapGateConfiguration.int(reader, "costs.promptOverheadTokens", default: 1_000, range: 0...1_000_000),
+            imageTokens: try CapGateConfiguration.int(reader, "costs.imageTokens", default: 5_000, range: 0...1_000_000),
+            drainSeconds: try CapGateConfiguration.int(reader, "costs.drainSeconds", default: 60, range: 0...3600),
+            toolOverheadTokens: try CapGateConfiguration.nonEmpty(reader.string(forKey: "costs.toolOverheadTokens")).map { text in
+                guard let map = Self.toolOverhead(parsing: text) else {
+                    throw ConfigurationError(
+                        key: "costs.toolOverheadTokens",
+                        problem: #"must be a JSON object of tool types (or "tool_choice") to whole numbers of tokens from 0 to 1000000"#)
+                }
+                return map
+            } ?? Self.publishedToolOverhead)
     }
 }
