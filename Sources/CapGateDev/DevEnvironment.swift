@@ -21,38 +21,17 @@ public enum DevEnvironment {
 
         var embedded: EmbeddedPostgres? = nil
         var replicaSet: EmbeddedReplicaSet? = nil
-        if configuration.databaseURL == nil && replica {
-            logger.info(
-                "starting embedded PostgreSQL with a synchronous standby",
-                metadata: ["primary": "\(folder)/postgres", "standby": "\(folder)/postgres-standby"])
-            let set = try EmbeddedReplicaSet.start(
-                primaryDirectory: folder + "/postgres", standbyDirectory: folder + "/postgres-standby", logger: logger)
-            replicaSet = set
-            embedded = set.primary
-            configuration.databaseURL = set.url.text
-        } else if configuration.databaseURL == nil {
-            logger.info("starting embedded PostgreSQL", metadata: ["folder": "\(folder)/postgres"])
-            let cluster = try EmbeddedPostgres.start(directory: folder + "/postgres", logger: logger)
-            embedded = cluster
-            configuration.databaseURL = cluster.url.text
+        if configuration.databaseURL == nil {
+            let started = try startDatabase(folder: folder, replica: replica, logger: logger)
+            (embedded, replicaSet) = (started.0, started.1)
+            configuration.databaseURL = started.1?.url.text ?? started.0.url.text
         }
         defer {
             if let replicaSet { replicaSet.stop() } else { embedded?.stop() }
         }
 
         let url = try DatabaseURL(configuration.databaseURL!)
-        do {
-            for line in try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) {
-                logger.info("migrate", metadata: ["result": "\(line)"])
-            }
-        } catch let error as Migrator.MigrationError where embedded != nil {
-            switch error {
-            case .changedAfterApplied, .unknownApplied:
-                throw StaleDevDatabase(folder: folder, reason: error.description)
-            default:
-                throw error
-            }
-        }
+        try await migrate(url: url, folder: folder, embedded: embedded != nil, logger: logger)
         let operatorToken = configuration.operatorToken
         let seed = try await CapGateRunner.withClient(url: url, logger: logger) { client in
             try await DemoSeed.ensure(client: client, directory: folder, operatorToken: operatorToken, logger: logger)
@@ -85,6 +64,40 @@ public enum DevEnvironment {
                 services: services.map { .init(service: $0) }, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         )
         try await group.run()
+    }
+
+    /// The embedded cluster under `folder`: one primary, or with `replica` a primary and its
+    /// synchronous standby.
+    static func startDatabase(
+        folder: String, replica: Bool, logger: Logger
+    ) throws -> (EmbeddedPostgres, EmbeddedReplicaSet?) {
+        if replica {
+            logger.info(
+                "starting embedded PostgreSQL with a synchronous standby",
+                metadata: ["primary": "\(folder)/postgres", "standby": "\(folder)/postgres-standby"])
+            let set = try EmbeddedReplicaSet.start(
+                primaryDirectory: folder + "/postgres", standbyDirectory: folder + "/postgres-standby", logger: logger)
+            return (set.primary, set)
+        }
+        logger.info("starting embedded PostgreSQL", metadata: ["folder": "\(folder)/postgres"])
+        return (try EmbeddedPostgres.start(directory: folder + "/postgres", logger: logger), nil)
+    }
+
+    /// Migrates; an embedded database whose applied migrations this build does not know is
+    /// ``StaleDevDatabase`` (a dev folder from another checkout).
+    static func migrate(url: DatabaseURL, folder: String, embedded: Bool, logger: Logger) async throws {
+        do {
+            for line in try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) {
+                logger.info("migrate", metadata: ["result": "\(line)"])
+            }
+        } catch let error as Migrator.MigrationError where embedded {
+            switch error {
+            case .changedAfterApplied, .unknownApplied:
+                throw StaleDevDatabase(folder: folder, reason: error.description)
+            default:
+                throw error
+            }
+        }
     }
 
     /// How to try a failover by hand, printed at start under `--replica`.

@@ -171,7 +171,8 @@ struct FailClosedTests {
                 h in
                 #expect(try await Self.firstSuccess(h, key: users[0].key, attempts: 10))
                 let charged = "SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)' AND outcome = 'charged'"
-                let unsettled = "SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)' AND outcome = 'charged' AND settled_at IS NULL"
+                let unsettled =
+                    "SELECT count(*) FROM usage_ledger WHERE company_id = '\(company.text)' AND outcome = 'charged' AND settled_at IS NULL"
                 let late = "committed after its callers were answered 503"
                 let unsent = "gave up waiting for a connection at database.timeout"
                 // The admission must be on a connection when the server freezes. A write still
