@@ -164,13 +164,25 @@ public final class ChildProcess: Sendable {
     /// the ended child, with its ``status`` and ``output``. Past `timeout`, or when the task is
     /// cancelled, the child is killed (SIGKILL, by its process id) and waited for, and this throws
     /// ``Failure/timedOut(_:_:)`` naming the program (or `CancellationError`).
+    ///
+    /// It is started from a thread of its own: starts wait for each other (``spawnLock``), and the
+    /// cooperative pool's few threads (which may serve a gateway under test in this process) must
+    /// not wait with them.
     public static func run(
         _ executable: String, _ arguments: [String] = [], environment: [String: String]? = nil, directory: String? = nil,
         input: Input = .null, output: Output = .capture, errors: Output = .sameAsOutput, name: String? = nil, timeout: Duration
     ) async throws -> ChildProcess {
-        let child = try ChildProcess(
-            executable, arguments, environment: environment, directory: directory, input: input, output: output, errors: errors,
-            name: name)
+        let child = try await withCheckedThrowingContinuation { (started: CheckedContinuation<ChildProcess, any Error>) in
+            let thread = Thread {
+                started.resume(
+                    with: Result {
+                        try ChildProcess(
+                            executable, arguments, environment: environment, directory: directory, input: input, output: output,
+                            errors: errors, name: name)
+                    })
+            }
+            thread.start()
+        }
         guard await child.wait(timeout: timeout) == nil else { return child }
         child.terminate(signal: SIGKILL)
         await child.wait()
