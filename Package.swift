@@ -93,6 +93,8 @@ let package = Package(
             name: "CapGateUnitTests",
             dependencies: [
                 "CapGate",
+                // ChildProcess (the programs the tests start), tested without a database.
+                "CapGateDev",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),

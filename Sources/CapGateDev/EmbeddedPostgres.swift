@@ -1,7 +1,6 @@
 import CapGate
 import Foundation
 import Logging
-import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -206,69 +205,22 @@ public final class EmbeddedPostgres: Sendable {
         return try capture(executable, arguments)
     }
 
-    /// Held while this process starts a program (here, and around `Process.run()` elsewhere):
-    /// Foundation's `Process.run()` crashed once (a bad pointer in its copy of the arguments)
-    /// while other threads were starting programs and marking descriptors close-on-exec, so
-    /// programs are started one at a time. Starting is quick; waiting is not under the lock.
-    public static let spawnLock = Mutex<Void>(())
-
-    /// Runs a program and returns its output; throws with the output when it fails.
-    ///
-    /// It spawns with posix_spawn and waits with waitpid rather than using Foundation's
-    /// `Process`: a server that `pg_ctl` starts inherits the descriptors its parent had, and
-    /// `Process` would wait for a descriptor the server keeps open for as long as it runs.
-    /// Every descriptor of ours is marked close-on-exec first, and the child closes every
-    /// descriptor above 2 before it runs, so the server holds none of them.
+    /// Runs a program and returns its output (with its errors); throws with the output when it
+    /// fails. Through ``ChildProcess``: a server that `pg_ctl` starts holds none of our
+    /// descriptors, and the wait is for `pg_ctl`'s own end, not for the end of its output.
     @discardableResult
     static func capture(_ executable: String, _ arguments: [String], name: String? = nil) throws -> String {
-        let outputPath = NSTemporaryDirectory() + "capgate-cmd-" + UUID().uuidString
-        defer { try? FileManager.default.removeItem(atPath: outputPath) }
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-        posix_spawn_file_actions_adddup2(&actions, 1, 2)
-
-        let argv = ([executable] + arguments).map { strdup($0) } + [nil]
-        defer { for arg in argv { free(arg) } }
-        var pid = pid_t()
-        let spawned = spawnLock.withLock { _ in
-            markDescriptorsCloseOnExec()
-            closeOtherDescriptors(&actions)
-            return posix_spawn(&pid, executable, &actions, nil, argv, environ)
+        let command = URL(fileURLWithPath: name ?? executable).lastPathComponent
+        let child: ChildProcess
+        do {
+            child = try ChildProcess(executable, arguments, name: command)
+        } catch {
+            guard case .couldNotStart(_, let reason) = error else { throw error }
+            throw EmbeddedError.commandFailed(executable, "could not start: \(reason)")
         }
-        guard spawned == 0 else {
-            throw EmbeddedError.commandFailed(executable, "could not start: \(String(cString: strerror(spawned)))")
-        }
-        var status: Int32 = 0
-        while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
-        let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
-        let exited = (status & 0x7f) == 0
-        let code = (status >> 8) & 0xff
-        guard exited && code == 0 else {
-            let command = URL(fileURLWithPath: name ?? executable).lastPathComponent
-            throw EmbeddedError.commandFailed(command, text.trimmingWhitespace())
-        }
+        let status = child.waitUntilExit()
+        let text = child.outputText
+        guard status == 0 else { throw EmbeddedError.commandFailed(command, text.trimmingWhitespace()) }
         return text
-    }
-
-    /// Closes every descriptor above 2 in the child (glibc's `posix_spawn_file_actions_addclosefrom_np`,
-    /// looked up at run time: Swift's Glibc module does not declare it). Marking descriptors
-    /// close-on-exec leaves a window: one another thread opens between the marking and the spawn
-    /// would still reach the server, and a connection it holds never sees its peer close.
-    static func closeOtherDescriptors(_ actions: inout posix_spawn_file_actions_t) {
-        typealias CloseFrom = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32
-        guard let symbol = dlsym(nil, "posix_spawn_file_actions_addclosefrom_np") else { return }
-        _ = unsafeBitCast(symbol, to: CloseFrom.self)(&actions, 3)
-    }
-
-    static func markDescriptorsCloseOnExec() {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") else { return }
-        for name in names {
-            guard let fd = Int32(name), fd > 2 else { continue }
-            let flags = fcntl(fd, F_GETFD)
-            if flags >= 0 { _ = fcntl(fd, F_SETFD, flags | FD_CLOEXEC) }
-        }
     }
 }

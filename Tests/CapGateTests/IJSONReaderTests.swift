@@ -217,7 +217,7 @@ struct IJSONReaderTests {
                 print(json.dumps({"model": model if isinstance(model, str) else None,
                                   "requests": len(requests) if isinstance(requests, list) else None, **shape}))
             """
-        let output = try Self.runPython(script, argument: input.path)
+        let output = try await Self.runPython(script, argument: input.path)
         let lines = output.split(separator: "\n", omittingEmptySubsequences: false).prefix(bodies.count)
         try #require(lines.count == bodies.count, "python answered \(lines.count) lines for \(bodies.count) bodies")
         var accepted = 0
@@ -256,18 +256,11 @@ struct IJSONReaderTests {
         var status: Int32
     }
 
-    static func runPython(_ script: String, argument: String) throws -> String {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", "-c", script, argument]
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        // Foundation's Process.run is not safe against another thread's spawn (a test of another
-        // suite starting the binary crashed in it): every spawn of the tests takes this lock.
-        try EmbeddedPostgres.spawnLock.withLock { _ in try process.run() }
-        let data = pipe.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else { throw PythonFailed(status: process.terminationStatus) }
-        return String(decoding: data, as: UTF8.self)
+    /// Runs `python3 -c script argument` to its end (killed past 5 minutes); what it printed.
+    static func runPython(_ script: String, argument: String) async throws -> String {
+        let python = try await ChildProcess.run(
+            "/usr/bin/env", ["python3", "-c", script, argument], errors: .inherit, name: "python3", timeout: .seconds(300))
+        guard python.status == 0 else { throw PythonFailed(status: python.status ?? ChildProcess.lostStatus) }
+        return python.outputText
     }
 }

@@ -325,18 +325,18 @@ struct NotificationDeliveryTests {
                 "NOTIFICATIONS_TIMEOUT": "2",
             ]
             let first = try SpoolTests.startServe(environment)
-            defer { if first.isRunning { kill(first.processIdentifier, SIGKILL) } }
+            defer { first.terminate(signal: SIGKILL) }
             try #require(try await SpoolTests.waitReady(base))
             for _ in 0..<10 { #expect(try await h.message(key: users[0].key, base: base).status == 200) }
             // The receiver is down: both rows stay pending while the gateway retries.
             #expect(try await Self.eventually { try await h.scalar("SELECT min(attempts) FROM notifications") >= 1 })
-            kill(first.processIdentifier, SIGKILL)
-            first.waitUntilExit()
+            first.terminate(signal: SIGKILL)
+            await first.wait()
             #expect(try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'pending'") == 2)
 
             try await receiver.start()
             let second = try SpoolTests.startServe(environment)
-            defer { if second.isRunning { second.terminate() } }
+            defer { second.terminate() }
             try #require(try await SpoolTests.waitReady(base))
             #expect(try await Self.eventually { try await h.scalar("SELECT count(*) FROM notifications WHERE status = 'delivered'") == 2 })
             #expect(Set(receiver.deliveries.map(\.id)).count == 2)

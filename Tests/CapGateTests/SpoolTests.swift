@@ -46,19 +46,13 @@ struct SpoolTests {
         #expect(try Spool(directory: directory, database: "capgate@b", logger: TestCluster.logger).depth == 1)
     }
 
-    static func startServe(_ environment: [String: String], log: String? = nil) throws -> Process {
-        let serve = Process()
-        serve.executableURL = URL(fileURLWithPath: CommandTests.binary)
-        serve.arguments = ["serve"]
-        serve.environment = environment.merging(["PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"]) { a, _ in a }
-        serve.standardOutput = FileHandle.nullDevice
-        serve.standardError = FileHandle.nullDevice
-        if let log, FileManager.default.createFile(atPath: log, contents: nil), let handle = FileHandle(forWritingAtPath: log) {
-            serve.standardOutput = handle
-            serve.standardError = handle
-        }
-        try EmbeddedPostgres.spawnLock.withLock { _ in try serve.run() }
-        return serve
+    /// Starts `capgate serve` with `environment` (plus this process's `PATH`), its output and
+    /// errors in `log` (emptied first) or discarded.
+    static func startServe(_ environment: [String: String], log: String? = nil) throws -> ChildProcess {
+        try ChildProcess(
+            CommandTests.binary, ["serve"],
+            environment: environment.merging(["PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"]) { a, _ in a },
+            output: log.map { .file($0) } ?? .null, errors: .sameAsOutput)
     }
 
     /// Polls `GET /healthz` on a connection of its own each time (a pooled client connection to
@@ -91,7 +85,7 @@ struct SpoolTests {
                     "SPOOL_DIRECTORY": spoolFolder, "LOG_LEVEL": "warning", "OPERATOR_TOKEN": "op_spool-operator-token-for-the-tests",
                 ]
                 let first = try Self.startServe(environment)
-                defer { if first.isRunning { kill(first.processIdentifier, SIGKILL) } }
+                defer { first.terminate(signal: SIGKILL) }
                 try #require(try await Self.waitReady(base))
                 let key = made.users[0].key
                 let used = "SELECT coalesce(sum(used), 0) FROM company_usage WHERE company_id = '\(made.company.text)'"
@@ -115,12 +109,12 @@ struct SpoolTests {
                     FileManager.default.contents(atPath: spoolFolder + "/" + $0).map { String(decoding: $0, as: UTF8.self) }
                 }
                 #expect(spooled.filter { $0.contains(#""refund""#) && $0.contains(#""status":500"#) }.count == 1, "\(spooled)")
-                kill(first.processIdentifier, SIGKILL)
-                first.waitUntilExit()
+                first.terminate(signal: SIGKILL)
+                await first.wait()
 
                 try cluster.restart()
                 let second = try Self.startServe(environment)
-                defer { if second.isRunning { second.terminate() } }
+                defer { second.terminate() }
                 try #require(try await Self.waitReady(base))
                 #expect(try await h.eventually(used, equals: 1, within: .seconds(30)) == 1)
                 #expect(

@@ -8,7 +8,7 @@ import Foundation
 struct DevRun {
     let folder: String
     let port: Int
-    let process = Process()
+    let process: ChildProcess
     var base: String { "http://127.0.0.1:\(port)" }
     var logPath: String { folder + "/dev.log" }
 
@@ -19,17 +19,11 @@ struct DevRun {
         folder = NSTemporaryDirectory() + "capgate-\(label)-\(UUID().uuidString)"
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
         port = try EmbeddedPostgres.freePort()
-        _ = FileManager.default.createFile(atPath: folder + "/dev.log", contents: nil)
-        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: folder + "/dev.log"))
-        process.executableURL = URL(fileURLWithPath: binary)
-        process.arguments = ["dev", "--port", String(port), "--directory", folder + "/.capgate"] + arguments
         var environment = ProcessInfo.processInfo.environment
         for key in ["DATABASE_URL", "UPSTREAM_URL", "OPERATOR_TOKEN", "HTTP_PORT", "CAPGATE_CONFIG"] { environment[key] = nil }
-        process.environment = environment
-        process.currentDirectoryURL = URL(fileURLWithPath: folder)
-        process.standardOutput = log
-        process.standardError = log
-        try EmbeddedPostgres.spawnLock.withLock { _ in try process.run() }
+        process = try ChildProcess(
+            binary, ["dev", "--port", String(port), "--directory", folder + "/.capgate"] + arguments, environment: environment,
+            directory: folder, output: .file(folder + "/dev.log"), errors: .sameAsOutput)
     }
 
     /// What it printed so far.
@@ -37,7 +31,7 @@ struct DevRun {
 
     /// Stops it if it still runs, and removes its folder.
     func end() {
-        if process.isRunning { process.terminate() }
+        process.terminate()
         process.waitUntilExit()
         try? FileManager.default.removeItem(atPath: folder)
     }

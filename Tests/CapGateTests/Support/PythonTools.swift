@@ -60,7 +60,7 @@ enum PythonTools {
         }
         defer { flock(lock, LOCK_UN) }
 
-        let (found, base) = try run("python3", ["-c", "import sys; print(sys.version.split()[0], sys.base_prefix)"])
+        let (found, base) = run("python3", ["-c", "import sys; print(sys.version.split()[0], sys.base_prefix)"])
         guard found == 0 else {
             throw Failure(description: "python3 is needed for the SDK and OpenAPI tests: apt-get install -y python3 python3-venv")
         }
@@ -69,17 +69,17 @@ enum PythonTools {
             return python
         }
 
-        let (hasVenv, _) = try run("python3", ["-c", "import venv, ensurepip"])
+        let (hasVenv, _) = run("python3", ["-c", "import venv, ensurepip"])
         guard hasVenv == 0 else {
             throw Failure(description: "python3 cannot make a virtual environment (no ensurepip): apt-get install -y python3-venv")
         }
         try? FileManager.default.removeItem(at: venv)
-        let (made, madeOutput) = try run("python3", ["-m", "venv", venv.path])
+        let (made, madeOutput) = run("python3", ["-m", "venv", venv.path])
         guard made == 0 else {
             throw Failure(description: "python3 -m venv \(venv.path) failed (\(lastLine(madeOutput))): apt-get install -y python3-venv")
         }
         let pip = ["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input"] + requirements
-        let (installed, installOutput) = try run(python, pip)
+        let (installed, installOutput) = run(python, pip)
         guard installed == 0 else {
             let command = ([python] + pip).joined(separator: " ")
             throw Failure(description: "pip could not install the test tools (\(lastLine(installOutput))); run: \(command)")
@@ -92,25 +92,19 @@ enum PythonTools {
         output.split(whereSeparator: \.isNewline).last.map(String.init) ?? "no output"
     }
 
-    private static func run(_ executable: String, _ arguments: [String]) throws -> (Int32, String) {
+    /// Runs `executable` (looked up in `PATH`) in the repository root to its end, blocking this
+    /// thread (the installation's own); its exit status, and its output and errors together.
+    private static func run(_ executable: String, _ arguments: [String]) -> (Int32, String) {
         // A virtual environment the caller has active must not steer the base interpreter or pip.
         var environment = ProcessInfo.processInfo.environment
         for name in ["VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH", "PIP_USER"] { environment[name] = nil }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = [executable] + arguments
-        process.environment = environment
-        process.currentDirectoryURL = root
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
+        let child: ChildProcess
         do {
-            try EmbeddedPostgres.spawnLock.withLock { _ in try process.run() }
+            child = try ChildProcess(
+                "/usr/bin/env", [executable] + arguments, environment: environment, directory: root.path, name: executable)
         } catch {
             return (127, "\(error)")
         }
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+        return (child.waitUntilExit(), child.outputText)
     }
 }

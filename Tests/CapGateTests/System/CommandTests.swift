@@ -47,13 +47,10 @@ struct CommandTests {
         try #require(FileManager.default.isExecutableFile(atPath: Self.binary), "build the binary first: swift build")
         let folder = NSTemporaryDirectory() + "capgate-db-\(UUID().uuidString)"
         defer { try? FileManager.default.removeItem(atPath: folder) }
-        let db = Process()
-        db.executableURL = URL(fileURLWithPath: Self.binary)
-        db.arguments = ["db", "--directory", folder + "/pg", "--url-file", folder + "/url"]
-        db.standardOutput = FileHandle.nullDevice
-        db.standardError = FileHandle.nullDevice
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
-        try EmbeddedPostgres.spawnLock.withLock { _ in try db.run() }
+        let db = try ChildProcess(
+            Self.binary, ["db", "--directory", folder + "/pg", "--url-file", folder + "/url"], output: .null, errors: .null)
+        defer { db.terminate() }
         var url: String?
         for _ in 0..<120 where url == nil {
             url = try? String(contentsOfFile: folder + "/url", encoding: .utf8)
@@ -63,18 +60,12 @@ struct CommandTests {
         let lines = try await CapGateRunner.migrate(url: try DatabaseURL(text), dryRun: true, logger: TestCluster.logger)
         #expect(lines.contains("would apply 0001_schema"))
         db.terminate()
-        for _ in 0..<80 where db.isRunning { try await Task.sleep(for: .milliseconds(250)) }
-        #expect(!db.isRunning)
+        #expect(await db.wait(timeout: .seconds(20)) != nil, "capgate db still runs 20 s after SIGTERM")
         #expect(!FileManager.default.fileExists(atPath: folder + "/pg/data/postmaster.pid"))
 
         let port = try EmbeddedPostgres.freePort()
-        let mock = Process()
-        mock.executableURL = URL(fileURLWithPath: Self.binary)
-        mock.arguments = ["mock", "--port", String(port)]
-        mock.standardOutput = FileHandle.nullDevice
-        mock.standardError = FileHandle.nullDevice
-        try EmbeddedPostgres.spawnLock.withLock { _ in try mock.run() }
-        defer { if mock.isRunning { mock.terminate() } }
+        let mock = try ChildProcess(Self.binary, ["mock", "--port", String(port)], output: .null, errors: .null)
+        defer { mock.terminate() }
         var status: HTTPResponseStatus?
         for _ in 0..<80 where status == nil {
             status = try? await Harness.http.execute(HTTPClientRequest(url: "http://127.0.0.1:\(port)/v1/models"), timeout: .seconds(2))
@@ -91,13 +82,8 @@ struct CommandTests {
         // while it caught the signal with Dispatch sources) has that many chances to show.
         for round in 0..<4 {
             let port = try EmbeddedPostgres.freePort()
-            let mock = Process()
-            mock.executableURL = URL(fileURLWithPath: Self.binary)
-            mock.arguments = ["mock", "--lean", "--port", String(port)]
-            mock.standardOutput = FileHandle.nullDevice
-            mock.standardError = FileHandle.nullDevice
-            try EmbeddedPostgres.spawnLock.withLock { _ in try mock.run() }
-            defer { if mock.isRunning { kill(mock.processIdentifier, SIGKILL) } }
+            let mock = try ChildProcess(Self.binary, ["mock", "--lean", "--port", String(port)], output: .null, errors: .null)
+            defer { mock.terminate(signal: SIGKILL) }
             let base = "http://127.0.0.1:\(port)"
             var models: HTTPClientResponse?
             for _ in 0..<80 where models == nil {
@@ -108,20 +94,10 @@ struct CommandTests {
             if round == 0 {
                 try await checkLeanMockAnswers(base)
             }
-            let pid = mock.processIdentifier
             mock.terminate()
-            for _ in 0..<40 where Self.alive(pid) { try await Task.sleep(for: .milliseconds(250)) }
-            #expect(!Self.alive(pid), "round \(round): still running 10 s after SIGTERM: \(Self.signalState(pid))")
+            let ended = await mock.wait(timeout: .seconds(10))
+            #expect(ended != nil, "round \(round): still running 10 s after SIGTERM: \(Self.signalState(mock.pid))")
         }
-    }
-
-    /// Whether `pid` still runs, from `/proc`: a child that exited but that Foundation has not
-    /// reaped yet (a zombie) has stopped. (`Process.isRunning` can lag behind under this suite.)
-    static func alive(_ pid: Int32) -> Bool {
-        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
-            let close = stat.lastIndex(of: ")")
-        else { return false }
-        return !stat[close...].dropFirst(2).hasPrefix("Z")
     }
 
     /// State and signal masks of `pid`, for a failure message.
@@ -159,18 +135,13 @@ struct CommandTests {
             try await h.createPlan("low", company: 100, user: 25)
             let (company, users) = try await h.createCompany(plan: "low", users: 1)
             let port = try EmbeddedPostgres.freePort()
-            let serve = Process()
-            serve.executableURL = URL(fileURLWithPath: Self.binary)
-            serve.arguments = ["serve"]
-            serve.environment = [
+            let environment = [
                 "DATABASE_URL": h.databaseURL.text, "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port),
                 "OPERATOR_TOKEN": "op_drain-operator-token-for-the-tests",
                 "LOG_LEVEL": "warning", "PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin",
             ]
-            serve.standardOutput = FileHandle.nullDevice
-            serve.standardError = FileHandle.nullDevice
-            try EmbeddedPostgres.spawnLock.withLock { _ in try serve.run() }
-            defer { if serve.isRunning { serve.terminate() } }
+            let serve = try ChildProcess(Self.binary, ["serve"], environment: environment, output: .null, errors: .null)
+            defer { serve.terminate() }
             let base = "http://127.0.0.1:\(port)"
             let ready = try await Harness.ready(base)
             try #require(ready)
@@ -182,12 +153,10 @@ struct CommandTests {
 
     /// SIGTERM to `serve` while a stream runs through it: the stream ends whole, the process
     /// exits 0, and the call is charged and settled once.
-    static func drainsOnSIGTERM(_ serve: Process, base: String, key: String, company: UUID, _ h: Harness) async throws {
+    static func drainsOnSIGTERM(_ serve: ChildProcess, base: String, key: String, company: UUID, _ h: Harness) async throws {
         let text = try await streamWhileTerminating(serve, base: base, key: key)
         #expect(text.contains("event: message_stop"))
-        for _ in 0..<120 where serve.isRunning { try await Task.sleep(for: .milliseconds(250)) }
-        #expect(!serve.isRunning)
-        #expect(serve.terminationStatus == 0)
+        #expect(await serve.wait(timeout: .seconds(30)) == 0, "serve did not exit 0 within 30 s of SIGTERM")
         #expect(
             try await h.scalar(
                 """
@@ -198,7 +167,7 @@ struct CommandTests {
 
     /// A stream of ~10 events 150 ms apart through `base`, with SIGTERM sent to `serve` once its
     /// first bytes arrived; checks that no new call is taken while it drains. The stream's text.
-    static func streamWhileTerminating(_ serve: Process, base: String, key: String) async throws -> String {
+    static func streamWhileTerminating(_ serve: ChildProcess, base: String, key: String) async throws -> String {
         var request = HTTPClientRequest(url: base + "/v1/messages")
         request.method = .POST
         request.headers.add(name: "x-api-key", value: key)
@@ -268,21 +237,14 @@ struct CommandTests {
             let ci = "ci-" + UUID().uuidString
             let deploy = "deploy-" + UUID().uuidString
             let log = FileManager.default.temporaryDirectory.appendingPathComponent("capgate-tokens-\(UUID().uuidString).log")
-            FileManager.default.createFile(atPath: log.path, contents: nil)
             defer { try? FileManager.default.removeItem(at: log) }
-            let output = try FileHandle(forWritingTo: log)
-            let serve = Process()
-            serve.executableURL = URL(fileURLWithPath: Self.binary)
-            serve.arguments = ["serve"]
-            serve.environment = [
+            let environment = [
                 "DATABASE_URL": h.databaseURL.text, "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port),
                 "OPERATOR_TOKENS": "ci:\(ci),deploy:\(deploy)", "LOG_LEVEL": "warning",
                 "PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin",
             ]
-            serve.standardOutput = output
-            serve.standardError = output
-            try EmbeddedPostgres.spawnLock.withLock { _ in try serve.run() }
-            defer { if serve.isRunning { serve.terminate() } }
+            let serve = try ChildProcess(Self.binary, ["serve"], environment: environment, output: .file(log.path), errors: .sameAsOutput)
+            defer { serve.terminate() }
             let base = "http://127.0.0.1:\(port)"
             try #require(try await Harness.ready(base))
             for (token, status) in [(ci, 200), (deploy, 200), (deploy + "x", 401), ("ci:" + ci, 401)] {
@@ -293,8 +255,7 @@ struct CommandTests {
                 #expect(Int(reply.status.code) == status, "token \(token.prefix(4))…")
             }
             serve.terminate()
-            for _ in 0..<120 where serve.isRunning { try await Task.sleep(for: .milliseconds(250)) }
-            try output.close()
+            _ = await serve.wait(timeout: .seconds(30))
             let text = String(decoding: try Data(contentsOf: log), as: UTF8.self)
             // The two failures are logged (SPEC §7), with the client and without the token.
             #expect(text.components(separatedBy: "operator authentication failed").count - 1 == 2, "\(text)")

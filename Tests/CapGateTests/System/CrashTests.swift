@@ -79,27 +79,27 @@ struct CrashTests {
                 ]
                 let keys = made.users.map(\.key)
                 let first = try SpoolTests.startServe(environment)
-                defer { if first.isRunning { kill(first.processIdentifier, SIGKILL) } }
+                defer { first.terminate(signal: SIGKILL) }
                 try #require(try await SpoolTests.waitReady(base))
                 async let before = Self.load(h, keys: keys, base: base, until: ContinuousClock.now + .seconds(3))
                 try await Task.sleep(for: .seconds(2))
-                kill(first.processIdentifier, SIGKILL)
-                first.waitUntilExit()
+                first.terminate(signal: SIGKILL)
+                await first.wait()
                 let seenBefore = await before
 
                 let restarted = ContinuousClock.now
                 var debug = environment
                 debug["LOG_LEVEL"] = "debug"
                 let second = try SpoolTests.startServe(debug, log: "/tmp/crash-second.log")
-                defer { if second.isRunning { second.terminate() } }
+                defer { second.terminate() }
                 try #require(try await SpoolTests.waitReady(base))
                 let readyAt = ContinuousClock.now - restarted
                 let seenAfter = await Self.load(h, keys: keys, base: base, until: ContinuousClock.now + .seconds(2))
                 let ready = ContinuousClock.now - restarted
                 second.terminate()
-                second.waitUntilExit()
+                let stopped = await second.wait(timeout: .seconds(60))
                 #expect(ready < .seconds(30), "the second gateway took \(ready) to serve again (healthz after \(readyAt))")
-                #expect(second.terminationStatus == 0)
+                #expect(stopped == 0, "the second gateway did not exit 0 within 60 s of SIGTERM")
 
                 #expect(seenBefore.contains(200))
                 #expect(seenAfter.allSatisfy { $0 == 200 })

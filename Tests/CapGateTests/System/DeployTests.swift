@@ -81,13 +81,8 @@ struct DeployTests {
             "chgrp", [Self.group, root.path + "/etc/capgate", root.path + "/etc/capgate/capgate.json"], environment: [:])
 
         let mockPort = try EmbeddedPostgres.freePort()
-        let mock = Process()
-        mock.executableURL = URL(fileURLWithPath: binary)
-        mock.arguments = ["mock", "--port", String(mockPort)]
-        mock.standardOutput = FileHandle.nullDevice
-        mock.standardError = FileHandle.nullDevice
-        try EmbeddedPostgres.spawnLock.withLock { _ in try mock.run() }
-        defer { if mock.isRunning { mock.terminate() } }
+        let mock = try ChildProcess(binary, ["mock", "--port", String(mockPort)], output: .null, errors: .null)
+        defer { mock.terminate() }
 
         let name = "deploy_" + UUID().uuidString.prefix(8).lowercased()
         let url = try await offPool { try TestCluster.shared.get().createDatabase(name) }
@@ -113,15 +108,9 @@ struct DeployTests {
         #expect(refused == 2, "\(refusedOut)")
         #expect(refusedOut.contains("database.timeout"), "\(refusedOut)")
 
-        let serve = Process()
-        serve.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
-        serve.arguments = Self.setpriv + [binary, "serve"]
-        serve.environment = environment
-        serve.currentDirectoryURL = URL(fileURLWithPath: state)
-        serve.standardOutput = FileHandle.nullDevice
-        serve.standardError = FileHandle.nullDevice
-        try EmbeddedPostgres.spawnLock.withLock { _ in try serve.run() }
-        defer { if serve.isRunning { serve.terminate() } }
+        let serve = try ChildProcess(
+            "/usr/bin/setpriv", Self.setpriv + [binary, "serve"], environment: environment, directory: state, output: .null, errors: .null)
+        defer { serve.terminate() }
         let base = "http://127.0.0.1:\(port)"
         try #require(try await Harness.ready(base), "the installed capgate serve did not become ready")
         let (after, afterOut) = try await Self.asUnit(binary, ["check-config"], environment: environment, folder: state)
@@ -153,11 +142,9 @@ struct DeployTests {
     ) async throws -> (
         Int32, String
     ) {
-        try await offPool {
-            try SDKTests.runBlocking(
-                URL(fileURLWithPath: "/usr/bin/setpriv"), setpriv + [binary] + arguments, environment: environment,
-                folder: URL(fileURLWithPath: folder))
-        }
+        try await SDKTests.run(
+            URL(fileURLWithPath: "/usr/bin/setpriv"), setpriv + [binary] + arguments, environment: environment,
+            folder: URL(fileURLWithPath: folder))
     }
 
     /// The variables an `EnvironmentFile=` sets: `NAME=value` lines, `#` comments skipped.

@@ -124,9 +124,8 @@ struct DevCommandTests {
             }, uniquingKeysWith: { a, _ in a })
         #expect(budgets == ["free": "5/1", "low": "null/null", "medium": "100/20", "high": "null/null"], "\(plans)")
 
-        kill(process.processIdentifier, SIGINT)
-        for _ in 0..<60 where process.isRunning { try await Task.sleep(for: .milliseconds(250)) }
-        #expect(!process.isRunning, "dev did not stop on SIGINT")
+        process.terminate(signal: SIGINT)
+        #expect(await process.wait(timeout: .seconds(15)) != nil, "dev did not stop on SIGINT")
         #expect(!FileManager.default.fileExists(atPath: folder + "/.capgate/postgres/data/postmaster.pid"), "PostgreSQL still running")
     }
 

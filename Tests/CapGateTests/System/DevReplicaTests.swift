@@ -68,9 +68,8 @@ struct DevReplicaTests {
         #expect(status == 200, "no call succeeded within 20 s of the promotion:\n\(output())")
         #expect(output().contains("database failover"))
 
-        kill(process.processIdentifier, SIGINT)
-        for _ in 0..<60 where process.isRunning { try await Task.sleep(for: .milliseconds(250)) }
-        #expect(!process.isRunning, "dev did not stop on SIGINT")
+        process.terminate(signal: SIGINT)
+        #expect(await process.wait(timeout: .seconds(15)) != nil, "dev did not stop on SIGINT")
         #expect(
             !FileManager.default.fileExists(atPath: folder + "/.capgate/postgres-standby/data/postmaster.pid"),
             "the standby is still running")

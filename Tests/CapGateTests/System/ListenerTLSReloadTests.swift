@@ -42,17 +42,11 @@ struct ListenerTLSReloadTests {
     }
 
     /// Runs `capgate serve` with `environment` (plus PATH), its output in `log`.
-    static func serve(_ environment: [String: String], log: String) throws -> Process {
-        _ = FileManager.default.createFile(atPath: log, contents: nil)
-        let output = try FileHandle(forWritingTo: URL(fileURLWithPath: log))
-        let serve = Process()
-        serve.executableURL = URL(fileURLWithPath: CommandTests.binary)
-        serve.arguments = ["serve", "--config", "/nonexistent.json"]
-        serve.environment = environment.merging(["PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"]) { _, new in new }
-        serve.standardOutput = output
-        serve.standardError = output
-        try EmbeddedPostgres.spawnLock.withLock { _ in try serve.run() }
-        return serve
+    static func serve(_ environment: [String: String], log: String) throws -> ChildProcess {
+        try ChildProcess(
+            CommandTests.binary, ["serve", "--config", "/nonexistent.json"],
+            environment: environment.merging(["PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"]) { _, new in new },
+            output: .file(log), errors: .sameAsOutput)
     }
 
     /// The certificate a new connection is served, once it is `expected` (polled for 10 s).
@@ -103,11 +97,11 @@ struct ListenerTLSReloadTests {
                     "OPERATOR_TOKEN": "op_tls-reload-operator-token-for-tests", "HTTP_TLS_CERTIFICATE": files.certificate,
                     "HTTP_TLS_KEY": files.key, "SPOOL_DIRECTORY": files.folder + "/spool",
                 ], log: log)
-            defer { if serve.isRunning { serve.terminate() } }
+            defer { serve.terminate() }
             try #require(try await Harness.ready("https://127.0.0.1:\(port)"), "capgate serve did not become ready over HTTPS")
 
             let kept = try await Self.reloadWhileCalling(
-                port: port, key: users[0].key, pid: serve.processIdentifier, files: files, renewed: renewed, log: log)
+                port: port, key: users[0].key, serve: serve, files: files, renewed: renewed, log: log)
             for connection in kept {
                 #expect(connection.served == (try ListenerTLSTests.served(first)), "a kept connection keeps the certificate it began with")
                 #expect(connection.open)
@@ -115,8 +109,7 @@ struct ListenerTLSReloadTests {
             }
 
             serve.terminate()
-            for _ in 0..<120 where serve.isRunning { try await Task.sleep(for: .milliseconds(250)) }
-            #expect(serve.terminationStatus == 0)
+            #expect(await serve.wait(timeout: .seconds(30)) == 0)
             let text = try String(contentsOfFile: log, encoding: .utf8)
             let renewedSerial = try ListenerTLSTests.served(renewed).serial
             #expect(text.contains("serving HTTPS"), "\(text)")
@@ -138,7 +131,7 @@ struct ListenerTLSReloadTests {
     /// Four kept connections call on while the files are renewed and SIGHUP sent, then while a bad
     /// key is put in place and SIGHUP sent again; returns what each connection saw.
     static func reloadWhileCalling(
-        port: Int, key: String, pid: Int32, files: ListenerTLSTests.PEMFiles, renewed: TestPKI.Issued, log: String
+        port: Int, key: String, serve: ChildProcess, files: ListenerTLSTests.PEMFiles, renewed: TestPKI.Issued, log: String
     ) async throws -> [Kept] {
         let progress = Progress(connections: 4)
         return try await withThrowingTaskGroup(of: Kept.self) { group in
@@ -160,14 +153,14 @@ struct ListenerTLSReloadTests {
             defer { progress.stopped.store(true, ordering: .relaxed) }
             try await progress.wait(forMore: 2, than: [0, 0, 0, 0])
             try files.write(renewed)
-            #expect(kill(pid, SIGHUP) == 0)
+            #expect(serve.terminate(signal: SIGHUP))
             let expected = try ListenerTLSTests.served(renewed)
             #expect(try await newConnection(port: port, serves: expected) == expected, "a new connection gets the renewed certificate")
             try await progress.wait(forMore: 3, than: progress.now)
 
             // A key that is not the certificate's: the reload is refused, the renewed one stays.
             try TestPKI.shared.wrongName.key.pemRepresentation.write(toFile: files.key, atomically: true, encoding: .utf8)
-            #expect(kill(pid, SIGHUP) == 0)
+            #expect(serve.terminate(signal: SIGHUP))
             #expect(try await logged("TLS certificate not reloaded", in: log))
             #expect(try await newConnection(port: port, serves: expected) == expected, "a bad file on reload keeps the served certificate")
             try await progress.wait(forMore: 2, than: progress.now)
@@ -192,16 +185,15 @@ struct ListenerTLSReloadTests {
                     "DATABASE_URL": h.databaseURL.text, "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port),
                     "SPOOL_DIRECTORY": folder + "/spool",
                 ], log: log)
-            defer { if serve.isRunning { serve.terminate() } }
+            defer { serve.terminate() }
             let base = "http://127.0.0.1:\(port)"
             try #require(try await Harness.ready(base), "capgate serve did not become ready")
-            #expect(kill(serve.processIdentifier, SIGHUP) == 0)
+            #expect(serve.terminate(signal: SIGHUP))
             #expect(try await Self.logged("SIGHUP: nothing to reload", in: log))
             #expect(serve.isRunning)
             #expect(try await h.request(.GET, "/healthz", base: base).status == 200)
             serve.terminate()
-            for _ in 0..<120 where serve.isRunning { try await Task.sleep(for: .milliseconds(250)) }
-            #expect(serve.terminationStatus == 0)
+            #expect(await serve.wait(timeout: .seconds(30)) == 0)
         }
     }
 

@@ -24,7 +24,7 @@ struct RateLeaseTests {
                 "LOG_LEVEL": "warning", "OPERATOR_TOKEN": "op_lease-operator-token-for-the-tests", "RATE_LEASE_SECONDS": String(lease),
             ]
             let serve = try SpoolTests.startServe(environment)
-            defer { if serve.isRunning { kill(serve.processIdentifier, SIGKILL) } }
+            defer { serve.terminate(signal: SIGKILL) }
             try #require(try await SpoolTests.waitReady("http://127.0.0.1:\(port)"))
             #expect(try await h.eventually("SELECT slot_lease_seconds FROM config_versions", equals: Int64(lease)) == Int64(lease))
 
@@ -41,8 +41,8 @@ struct RateLeaseTests {
             }
             #expect(try await h.eventually("SELECT count(*) FROM rate_calls WHERE scopes & 4 <> 0", equals: 2) == 2)
             let admitted = Date()
-            kill(serve.processIdentifier, SIGKILL)
-            serve.waitUntilExit()
+            serve.terminate(signal: SIGKILL)
+            await serve.wait()
 
             // The slots stand for the dead gateway's calls: another gateway refuses a third call.
             let refused = try await h.message(key: key)

@@ -8,40 +8,28 @@ struct SDKTests {
     /// The repository root.
     static let root = PythonTools.root
 
-    /// Runs a program to completion on a thread of its own (never blocking the cooperative pool,
-    /// which serves the gateway under test in this same process); returns exit code and output.
-    static func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) async throws -> (Int32, String) {
-        try await withCheckedThrowingContinuation { continuation in
-            let thread = Thread {
-                continuation.resume(with: Result { try runBlocking(executable, arguments, environment: environment) })
-            }
-            thread.start()
-        }
-    }
-
-    static func runBlocking(_ executable: String, _ arguments: [String], environment: [String: String]) throws -> (Int32, String) {
-        try runBlocking(
+    /// Runs a program (looked up in the `PATH` of `environment` over this process's) to its end in
+    /// the repository root; its exit status, and its output and errors together. It is killed past
+    /// `timeout` (or when the test is cancelled, as its time limit does), and that throws.
+    static func run(
+        _ executable: String, _ arguments: [String], environment: [String: String] = [:], timeout: Duration = .seconds(300)
+    ) async throws -> (Int32, String) {
+        try await run(
             URL(fileURLWithPath: "/usr/bin/env"), [executable] + arguments,
-            environment: ProcessInfo.processInfo.environment.merging(environment) { _, new in new }, folder: root)
+            environment: ProcessInfo.processInfo.environment.merging(environment) { _, new in new }, folder: root, timeout: timeout,
+            name: executable)
     }
 
-    /// Runs `executable` in `folder` with exactly `environment`, blocking this thread until it
-    /// ends; its output and errors together.
-    static func runBlocking(
-        _ executable: URL, _ arguments: [String], environment: [String: String], folder: URL
-    ) throws -> (Int32, String) {
-        let process = Process()
-        process.executableURL = executable
-        process.arguments = arguments
-        process.environment = environment
-        process.currentDirectoryURL = folder
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        try EmbeddedPostgres.spawnLock.withLock { _ in try process.run() }
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+    /// Runs `executable` in `folder` with exactly `environment` to its end (a ``ChildProcess``:
+    /// its end is seen by a thread of its own, no thread of the pool blocks); its exit status, and
+    /// its output and errors together.
+    static func run(
+        _ executable: URL, _ arguments: [String], environment: [String: String], folder: URL, timeout: Duration = .seconds(300),
+        name: String? = nil
+    ) async throws -> (Int32, String) {
+        let child = try await ChildProcess.run(
+            executable.path, arguments, environment: environment, directory: folder.path, name: name, timeout: timeout)
+        return (child.status ?? ChildProcess.lostStatus, child.outputText)
     }
 
     @Test("the Anthropic Python SDK: a normal answer, a streamed answer, and APIStatusError 402 at the cap")

@@ -45,18 +45,14 @@ struct StandaloneBinaryTests {
 
         try await Harness.with(database: url) { h in
             let port = try EmbeddedPostgres.freePort()
-            let serve = Process()
-            serve.executableURL = URL(fileURLWithPath: binary)
-            serve.arguments = ["serve", "--set", "spool.directory=\(base)/spool"]
-            serve.currentDirectoryURL = URL(fileURLWithPath: cwd)
-            serve.environment = environment.merging([
+            let serveEnvironment = environment.merging([
                 "UPSTREAM_URL": h.mockURL, "HTTP_PORT": String(port), "OPERATOR_TOKEN": "op_alone-operator-token-for-the-tests",
                 "LOG_LEVEL": "warning",
             ]) { _, new in new }
-            serve.standardOutput = FileHandle.nullDevice
-            serve.standardError = FileHandle.nullDevice
-            try EmbeddedPostgres.spawnLock.withLock { _ in try serve.run() }
-            defer { if serve.isRunning { serve.terminate() } }
+            let serve = try ChildProcess(
+                binary, ["serve", "--set", "spool.directory=\(base)/spool"], environment: serveEnvironment, directory: cwd,
+                output: .null, errors: .null)
+            defer { serve.terminate() }
             let gateway = "http://127.0.0.1:\(port)"
             let ready = try await Harness.ready(gateway)
             try #require(ready, "capgate serve did not become ready (its migrations are not the database's?)")
@@ -73,8 +69,7 @@ struct StandaloneBinaryTests {
                 #expect(reply.body == expected, "\(route) is not \(file)")
             }
             serve.terminate()
-            for _ in 0..<120 where serve.isRunning { try await Task.sleep(for: .milliseconds(250)) }
-            #expect(serve.terminationStatus == 0)
+            #expect(await serve.wait(timeout: .seconds(30)) == 0)
         }
     }
 
@@ -99,15 +94,12 @@ struct StandaloneBinaryTests {
         }
     }
 
-    /// Runs `executable` in `folder` with exactly `environment`, on a thread of its own.
+    /// Runs `executable` in `folder` with exactly `environment` to its end.
     static func run(
         _ executable: String, _ arguments: [String], in folder: String, environment: [String: String]
     ) async throws -> (
         Int32, String
     ) {
-        try await offPool {
-            try SDKTests.runBlocking(
-                URL(fileURLWithPath: executable), arguments, environment: environment, folder: URL(fileURLWithPath: folder))
-        }
+        try await SDKTests.run(URL(fileURLWithPath: executable), arguments, environment: environment, folder: URL(fileURLWithPath: folder))
     }
 }
