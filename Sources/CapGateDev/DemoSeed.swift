@@ -69,34 +69,7 @@ public struct DemoSeed: Sendable {
         let memberKey = ApiKeyGenerator.make()
         let database = Database(client: client, timeout: .seconds(60), logger: logger)
         try await database.transaction { connection in
-            for p in plans {
-                try await connection.query(
-                    """
-                    INSERT INTO plans (id, name, monthly_company_cap, monthly_user_cap, price, is_default, sort_order,
-                                       monthly_company_budget, monthly_user_budget)
-                    VALUES (\(p.id), \(p.name), \(p.company), \(p.user), \(p.price)::numeric, \(p.isDefault), \(p.sort),
-                            \(p.companyBudget?.value), \(p.userBudget?.value))
-                    ON CONFLICT (id) DO NOTHING
-                    """,
-                    logger: logger
-                )
-            }
-            for (product, plan, interval) in [
-                ("skininsight.low.monthly", "low", "month"), ("skininsight.medium.monthly", "medium", "month"),
-                ("skininsight.high.monthly", "high", "month"), ("skininsight.high.yearly", "high", "year"),
-            ] {
-                try await connection.query(
-                    "INSERT INTO products (product_id, plan_id, interval) VALUES (\(product), \(plan), \(interval)) ON CONFLICT DO NOTHING",
-                    logger: logger
-                )
-            }
-            // A top-up pack (SPEC §12): 100 analyses and $5 of budget for a year.
-            try await connection.query(
-                """
-                INSERT INTO products (product_id, kind, units, budget_micros, valid_days)
-                VALUES ('skininsight.pack.100', 'topup', 100, 5000000, 365) ON CONFLICT DO NOTHING
-                """,
-                logger: logger)
+            try await seedCatalog(connection, logger: logger)
             try await seedFeatures(connection, logger: logger)
             try await seedPrices(connection, logger: logger)
             try await connection.query("INSERT INTO companies (id, name) VALUES (\(company), 'Demo Company')", logger: logger)
@@ -134,6 +107,38 @@ public struct DemoSeed: Sendable {
             companyID: company, adminID: admin, memberID: member, adminKey: adminKey.key, memberKey: memberKey.key,
             operatorToken: operatorToken
         )
+    }
+
+    /// The plans, the store's products and the top-up pack (kept if present).
+    static func seedCatalog(_ connection: PostgresConnection, logger: Logger) async throws {
+        for p in plans {
+            try await connection.query(
+                """
+                INSERT INTO plans (id, name, monthly_company_cap, monthly_user_cap, price, is_default, sort_order,
+                                   monthly_company_budget, monthly_user_budget)
+                VALUES (\(p.id), \(p.name), \(p.company), \(p.user), \(p.price)::numeric, \(p.isDefault), \(p.sort),
+                        \(p.companyBudget?.value), \(p.userBudget?.value))
+                ON CONFLICT (id) DO NOTHING
+                """,
+                logger: logger
+            )
+        }
+        for (product, plan, interval) in [
+            ("skininsight.low.monthly", "low", "month"), ("skininsight.medium.monthly", "medium", "month"),
+            ("skininsight.high.monthly", "high", "month"), ("skininsight.high.yearly", "high", "year"),
+        ] {
+            try await connection.query(
+                "INSERT INTO products (product_id, plan_id, interval) VALUES (\(product), \(plan), \(interval)) ON CONFLICT DO NOTHING",
+                logger: logger
+            )
+        }
+        // A top-up pack (SPEC §12): 100 analyses and $5 of budget for a year.
+        try await connection.query(
+            """
+            INSERT INTO products (product_id, kind, units, budget_micros, valid_days)
+            VALUES ('skininsight.pack.100', 'topup', 100, 5000000, 365) ON CONFLICT DO NOTHING
+            """,
+            logger: logger)
     }
 
     var json: JSON {
