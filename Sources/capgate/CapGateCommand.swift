@@ -9,7 +9,8 @@ struct CapGateCommand: AsyncParsableCommand {
         commandName: "capgate",
         abstract: "CapGate: a multi-tenant usage-cap gateway for AI provider calls.",
         subcommands: [
-            Serve.self, CheckConfig.self, Dev.self, Migrate.self, Rollover.self, Verify.self, Unsettled.self, Database.self, Mock.self,
+            Serve.self, CheckConfig.self, Dev.self, Migrate.self, Rollover.self, Verify.self, Unsettled.self, Ledger.self, Database.self,
+            Mock.self,
         ]
     )
 }

@@ -36,6 +36,7 @@ struct DistributableSchemaTests {
         "audit_log": "the operator's actions in one id order; company_id is NULL for global changes (plans, prices, routes)",
         "apple_notifications": "keyed by Apple's notificationUUID; company_id is NULL until the notification is matched",
         "apple_transactions": "original transaction id → company: the look-up a store notification needs to find its company",
+        "ledger_exports": "one row per exported month of the whole ledger (all companies): retention's record, no company",
     ]
 
     /// Unique keys of distributed tables without the distribution column, which Citus refuses:

@@ -137,7 +137,8 @@ public struct CapGateConfiguration: Sendable {
     public var rateLeaseSeconds: Int
     /// `ledger.retentionMonths` / `LEDGER_RETENTION_MONTHS` (SPEC §7; default: every month kept):
     /// read and checked (1–1200), not enforced yet: the ledger keeps every month, and `serve` and
-    /// `check-config` say so when it is set (issue #50: partitions, export, then drop).
+    /// `check-config` say so when it is set (issue #50: partitions and drop; the export exists,
+    /// `capgate ledger export`, ``LedgerExport``).
     public var ledgerRetentionMonths: Int?
 
     /// Every key CapGate reads, with its environment variable (used by docs and `--help`).
