@@ -7,6 +7,12 @@ import Foundation
 /// A call that gave up is never left charged: while it is still queued it is dropped from the
 /// next batch; if its batch was already in flight and commits, its charge is given back
 /// (``LateAdmissions``), as for a batch that commits after its own deadline.
+///
+/// The next batch starts as soon as the current one's statement answered
+/// (``Database/onAnswered``), while the current one waits for the acknowledgement of its commit:
+/// its row locks are released by that commit, so the next statement waits for nothing it would
+/// not wait for anyway, and the proof's round trip leaves the batch cycle. The current batch's
+/// callers are still answered only once its commit is acknowledged.
 extension MeteringStore {
     /// The default of `database.admissionQueueLimit`.
     public static let defaultAdmissionQueueLimit = 10_000
@@ -19,7 +25,12 @@ extension MeteringStore {
             late: { item, result in
                 LateAdmissions(items: [item], database: database, spool: spool).committedLate(result.map { [$0] })
             },
-            process: { items in await admitBatch(items, database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds) }
+            overlapsAtAnswer: true,
+            process: { items, release in
+                await Database.$onAnswered.withValue({ release() }) {
+                    await admitBatch(items, database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds)
+                }
+            }
         )
     }
 

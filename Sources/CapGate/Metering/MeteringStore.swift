@@ -140,12 +140,15 @@ public struct MeteringStore: Sendable {
             return items.map { _ in .failure(DatabaseError.unavailable) }
         } catch {
             guard items.count > 1 else { return [.failure(error)] }
-            var results: [Result<AdmissionRow, any Error>] = []
-            results.reserveCapacity(items.count)
-            for item in items {
-                results += await admitBatch([item], database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds)
+            // Call by call, the batch holding up the next one until its last call is done.
+            return await Database.$onAnswered.withValue(nil) {
+                var results: [Result<AdmissionRow, any Error>] = []
+                results.reserveCapacity(items.count)
+                for item in items {
+                    results += await admitBatch([item], database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds)
+                }
+                return results
             }
-            return results
         }
     }
 

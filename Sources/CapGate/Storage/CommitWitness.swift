@@ -137,6 +137,8 @@ extension PostgresConnection {
     /// statement is queued as soon as the statement answers its first message, so PostgresNIO
     /// sends it from the event loop the moment the statement's ReadyForQuery arrives, while the
     /// rows are still being read (the hot path: admissions, settlements, slot ends).
+    ///
+    /// ``Database/onAnswered`` is called once the rows are collected, before the wait for the proof.
     func committedRows<Statement: PostgresPreparedStatement>(
         _ statement: Statement, logger: Logger
     ) async throws -> [Statement.Row] where Statement.Row: Sendable {
@@ -158,6 +160,7 @@ extension PostgresConnection {
             throw witness.failure(error)
         }
         witness.receive(.answered)
+        Database.onAnswered?()
         do {
             try await acknowledged
             witness.receive(.acknowledged)
@@ -181,7 +184,8 @@ extension PostgresConnection {
     /// Runs `body` (statements in implicit transactions, or a whole explicit one) and returns its
     /// result once PostgreSQL has acknowledged their commit; throws ``CommitUnacknowledged`` when
     /// they answered (or may have run) and the acknowledgement did not come, and the statement's
-    /// own error when the server refused it (rolled back).
+    /// own error when the server refused it (rolled back). ``Database/onAnswered`` is called once
+    /// `body` returned, before the wait for the proof.
     func committed<T>(logger: Logger, _ body: (PostgresConnection) async throws -> T) async throws -> T {
         var witness = CommitWitness()
         let value: T
@@ -193,6 +197,7 @@ extension PostgresConnection {
             throw witness.failure(error)
         }
         witness.receive(.answered)
+        Database.onAnswered?()
         do {
             try await acknowledgeCommit(logger: logger)
             witness.receive(.acknowledged)

@@ -42,6 +42,14 @@ public struct Database: Sendable {
     /// The client calls use now.
     public var client: PostgresClient { source.client }
 
+    /// Called, if set for the task, when a write's statements have answered (their rows
+    /// collected) and only the acknowledgement of its commit is awaited: its row locks are
+    /// released by the commit that precedes that acknowledgement, so whoever started the write
+    /// may start the next one that would wait on them (the admission queue starts its next
+    /// batch). Called at most once per write, never on a write that ended without an answer;
+    /// the write's own caller is still answered only once the commit is acknowledged.
+    @TaskLocal public static var onAnswered: (@Sendable () -> Void)?
+
     public init(client: PostgresClient, timeout: Duration, logger: Logger) {
         self.source = .fixed(client)
         self.timeout = timeout

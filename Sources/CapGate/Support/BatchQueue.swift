@@ -9,7 +9,11 @@ import Synchronization
 /// previous batch.
 ///
 /// `process` receives the items in arrival order and returns one result per item, in the same
-/// order. At most one batch is in flight per queue.
+/// order. At most one batch is in flight per queue, unless the queue overlaps at the answer
+/// (``init(maxBatch:waitLimit:queueLimit:rejection:late:overlapsAtAnswer:process:)``): then the
+/// next batch may start once the current one called its ``BatchRelease`` (its statement
+/// answered, only the acknowledgement of its commit is awaited), and at most one batch is ever
+/// before its release. Callers are answered when `process` returns, in either case.
 ///
 /// Waits are bounded: a submitted item that has waited `waitLimit` since it arrived gives up
 /// (its caller gets ``BatchQueueRejection/waitedTooLong``) however long the queue, and is dropped
@@ -18,6 +22,8 @@ import Synchronization
 /// caller gets ``BatchQueueRejection/queueFull`` at once.
 public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
     public typealias Process = @Sendable ([Item]) async -> [Result<Output, any Error>]
+    /// A `process` that may call its ``BatchRelease`` to let the next batch start before it returns.
+    public typealias ReleasingProcess = @Sendable ([Item], BatchRelease) async -> [Result<Output, any Error>]
     /// Receives the result of an item whose caller had given up (``BatchQueueRejection/waitedTooLong``)
     /// while its batch was in flight.
     public typealias Late = @Sendable (Item, Result<Output, any Error>) -> Void
@@ -91,7 +97,8 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
     private let queueLimit: Int
     private let rejection: @Sendable (BatchQueueRejection) -> any Error
     private let late: Late?
-    private let process: Process
+    private let overlapsAtAnswer: Bool
+    private let process: ReleasingProcess
 
     /// - Parameters:
     ///   - gather: for fire-and-forget items (``enqueue(_:)``) only: how long an item arriving
@@ -120,13 +127,43 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
         self.queueLimit = queueLimit
         self.rejection = rejection
         self.late = late
+        self.overlapsAtAnswer = false
+        self.process = { items, _ in await process(items) }
+    }
+
+    /// A queue whose `process` gets a one-shot ``BatchRelease`` with each batch.
+    ///
+    /// - Parameters:
+    ///   - overlapsAtAnswer: true: the next batch may start as soon as the current one is
+    ///     released (or has returned, whichever comes first), while the current one still waits
+    ///     (for the acknowledgement of its commit); at most one batch is ever before its release.
+    ///     Its callers are still answered only when `process` returns. Batches may then end out
+    ///     of order, so ``flush()`` and ``processedSoFar()`` must not be used on such a queue
+    ///     (they trap). False: the release does nothing, as with the other initializer.
+    ///   - The others: as for ``init(maxBatch:gather:pace:waitLimit:queueLimit:rejection:late:process:)``
+    ///     (no gather, no pace).
+    public init(
+        maxBatch: Int, waitLimit: Duration? = nil, queueLimit: Int = .max,
+        rejection: @escaping @Sendable (BatchQueueRejection) -> any Error = { $0 }, late: Late? = nil,
+        overlapsAtAnswer: Bool, process: @escaping ReleasingProcess
+    ) {
+        precondition(maxBatch > 0 && queueLimit > 0)
+        self.maxBatch = maxBatch
+        self.gather = .zero
+        self.pace = .zero
+        self.waitLimit = waitLimit
+        self.queueLimit = queueLimit
+        self.rejection = rejection
+        self.late = late
+        self.overlapsAtAnswer = overlapsAtAnswer
         self.process = process
     }
 
     /// Queues `item` and returns its result once the batch holding it has been processed.
     ///
-    /// When nothing is in flight the caller processes its item itself, at once (no hop to another
-    /// task); what queues meanwhile is then drained by a new task.
+    /// When nothing is in flight (or, overlapping at the answer, nothing is before its release)
+    /// the caller processes its item itself, at once (no hop to another task); what queues
+    /// meanwhile is then drained by a new task, from the release on.
     public func submit(_ item: Item) async throws -> Output {
         let leads = state.withLock { state -> Bool in
             if state.running { return false }
@@ -137,18 +174,31 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
             return true
         }
         guard leads else { return try await wait(for: item) }
-        let result = await process([item]).first ?? .failure(BatchQueueError.missingResult)
+        let release = makeRelease()
+        let result = await process([item], release).first ?? .failure(BatchQueueError.missingResult)
+        // Released before: the lead was handed over then.
+        if release.claim() { handOver() }
+        return try result.get()
+    }
+
+    /// The release of a batch about to start: it hands the lead over (``handOver()``) when
+    /// overlapping at the answer; it does nothing otherwise.
+    private func makeRelease() -> BatchRelease {
+        guard overlapsAtAnswer else { return BatchRelease(nil) }
+        return BatchRelease { self.handOver() }
+    }
+
+    /// The batch that led (before its answer) is released or has ended: what queued meanwhile
+    /// is drained by a new task, or the queue is idle and the next item's caller leads.
+    private func handOver() {
         let (more, waiters) = state.withLock { state -> (Bool, [CheckedContinuation<Void, Never>]) in
             if !state.pending.isEmpty { return (true, []) }
             state.running = false
             defer { state.idleWaiters = [] }
             return (false, state.idleWaiters)
         }
-        if more {
-            Task { await self.drain() }
-        }
+        if more { startDrain(gather: .zero) }
         for waiter in waiters { waiter.resume() }
-        return try result.get()
     }
 
     /// Queues `item` without waiting for it.
@@ -228,6 +278,7 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
     /// not hold it up (unlike ``flush()``, which waits for an idle queue). For a read that must
     /// see what was queued before it.
     public func processedSoFar() async {
+        precondition(!overlapsAtAnswer, "processedSoFar() on a queue whose batches may end out of order")
         await withCheckedContinuation { continuation in
             let done = state.withLock { state -> Bool in
                 if state.processed >= state.queued { return true }
@@ -240,6 +291,7 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
 
     /// Returns when nothing is queued or in flight (for an orderly shutdown).
     public func flush() async {
+        precondition(!overlapsAtAnswer, "flush() on a queue whose batches may still run after it is idle")
         await withCheckedContinuation { continuation in
             let idle = state.withLock { state -> Bool in
                 if !state.running && state.pending.isEmpty { return true }
@@ -279,64 +331,76 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
         }
     }
 
-    /// Processes batches until the queue is empty.
+    /// Processes batches until the queue is empty (or, overlapping at the answer, until a batch
+    /// released the lead to another task before it ended).
     private func drain() async {
         while true {
-            let (batch, scanned, idle) = state.withLock { state -> ([Entry], Int, [CheckedContinuation<Void, Never>]) in
-                // Up to maxBatch items, in arrival order; submitted items whose caller gave up are
-                // dropped (never processed).
-                var batch: [Entry] = []
-                batch.reserveCapacity(min(state.pending.count, maxBatch))
-                var scanned = 0
-                for entry in state.pending {
-                    if batch.count == maxBatch { break }
-                    scanned += 1
-                    if entry.id != 0 {
-                        guard state.waiters[entry.id] != nil else { continue }
-                        state.waiters[entry.id]?.taken = true
-                        state.waiting -= 1
-                    }
-                    batch.append(entry)
-                }
-                state.pending.removeFirst(scanned)
-                if batch.isEmpty {
-                    // Nothing left (a batch stops short of maxBatch only at the queue's end).
-                    state.running = false
-                    defer { state.idleWaiters = [] }
-                    return ([], scanned, state.idleWaiters)
-                }
-                state.batches += 1
-                state.items += batch.count
-                state.largest = max(state.largest, batch.count)
-                return (batch, scanned, [])
-            }
+            let (batch, scanned, idle) = state.withLock { take(&$0) }
             if batch.isEmpty {
                 for waiter in state.withLock({ Self.markProcessed(scanned, &$0) }) { waiter.resume() }
                 for waiter in idle { waiter.resume() }
                 return
             }
             let started = ContinuousClock.now
-            let results = await process(batch.map(\.item))
-            let (reached, answered) = state.withLock { state -> ([CheckedContinuation<Void, Never>], [Waiter?]) in
-                let answered = batch.map { entry in entry.id == 0 ? nil : state.waiters.removeValue(forKey: entry.id) }
-                return (Self.markProcessed(scanned, &state), answered)
-            }
-            for waiter in reached { waiter.resume() }
-            for (index, entry) in batch.enumerated() where entry.id != 0 {
-                let result = index < results.count ? results[index] : .failure(BatchQueueError.missingResult)
-                guard let waiter = answered[index] else {
-                    // Its caller gave up while the batch was in flight.
-                    late?(entry.item, result)
-                    continue
-                }
-                if let loop = waiter.loop, !loop.inEventLoop {
-                    loop.execute { waiter.continuation.resume(with: result) }
-                } else {
-                    waiter.continuation.resume(with: result)
-                }
-            }
+            let release = makeRelease()
+            let results = await process(batch.map(\.item), release)
+            deliver(results, of: batch, scanned: scanned)
+            // Released before it ended: the lead went to another task then (never without overlap).
+            guard release.claim() else { return }
             if pace > .zero, ContinuousClock.now < started + pace {
                 try? await Task.sleep(until: started + pace)
+            }
+        }
+    }
+
+    /// Takes the next batch: up to maxBatch items, in arrival order; submitted items whose caller
+    /// gave up are dropped (never processed). An empty batch leaves the queue idle, and returns
+    /// the ``flush()`` waiters to resume.
+    private func take(_ state: inout State) -> ([Entry], Int, [CheckedContinuation<Void, Never>]) {
+        var batch: [Entry] = []
+        batch.reserveCapacity(min(state.pending.count, maxBatch))
+        var scanned = 0
+        for entry in state.pending {
+            if batch.count == maxBatch { break }
+            scanned += 1
+            if entry.id != 0 {
+                guard state.waiters[entry.id] != nil else { continue }
+                state.waiters[entry.id]?.taken = true
+                state.waiting -= 1
+            }
+            batch.append(entry)
+        }
+        state.pending.removeFirst(scanned)
+        if batch.isEmpty {
+            // Nothing left (a batch stops short of maxBatch only at the queue's end).
+            state.running = false
+            defer { state.idleWaiters = [] }
+            return ([], scanned, state.idleWaiters)
+        }
+        state.batches += 1
+        state.items += batch.count
+        state.largest = max(state.largest, batch.count)
+        return (batch, scanned, [])
+    }
+
+    /// Hands each submitted item of `batch` its result: to its caller, on the caller's loop, or
+    /// to `late` when the caller gave up while the batch was in flight.
+    private func deliver(_ results: [Result<Output, any Error>], of batch: [Entry], scanned: Int) {
+        let (reached, answered) = state.withLock { state -> ([CheckedContinuation<Void, Never>], [Waiter?]) in
+            let answered = batch.map { entry in entry.id == 0 ? nil : state.waiters.removeValue(forKey: entry.id) }
+            return (Self.markProcessed(scanned, &state), answered)
+        }
+        for waiter in reached { waiter.resume() }
+        for (index, entry) in batch.enumerated() where entry.id != 0 {
+            let result = index < results.count ? results[index] : .failure(BatchQueueError.missingResult)
+            guard let waiter = answered[index] else {
+                late?(entry.item, result)
+                continue
+            }
+            if let loop = waiter.loop, !loop.inEventLoop {
+                loop.execute { waiter.continuation.resume(with: result) }
+            } else {
+                waiter.continuation.resume(with: result)
             }
         }
     }
@@ -349,6 +413,29 @@ public final class BatchQueue<Item: Sendable, Output: Sendable>: Sendable {
         let reached = state.markWaiters.filter { $0.mark <= processed }.map(\.continuation)
         state.markWaiters.removeAll { $0.mark <= processed }
         return reached
+    }
+}
+
+/// Given to each batch's `process` by a ``BatchQueue``: calling it says the batch no longer holds
+/// up the next one (an admission: its statement answered, and only the acknowledgement of its
+/// commit is awaited). Only the first call, or the batch's end if it comes first, counts.
+public final class BatchRelease: Sendable {
+    private let claimed = Atomic(false)
+    /// nil: a queue that does not overlap; the release does nothing (the batch's end still claims).
+    private let handOver: (@Sendable () -> Void)?
+
+    init(_ handOver: (@Sendable () -> Void)?) {
+        self.handOver = handOver
+    }
+
+    /// Lets the queue start its next batch (once; later calls do nothing).
+    public func callAsFunction() {
+        if let handOver, claim() { handOver() }
+    }
+
+    /// True for the first of the release and the batch's end.
+    func claim() -> Bool {
+        claimed.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged
     }
 }
 
