@@ -42,7 +42,8 @@ struct LateAdmissions: Sendable {
         database.logger.warning(
             "an admission committed after its callers were answered 503; giving its charges back",
             metadata: ["request_ids": "\(requestIDs)"])
-        Task { await giveBack(charges) }
+        // Not the batch's own write: it must not release the admission queue (Database.onAnswered).
+        Task { await Database.$onAnswered.withValue(nil) { await giveBack(charges) } }
     }
 
     /// Called with the admission statement's error: when the statement may have run (the
@@ -54,20 +55,26 @@ struct LateAdmissions: Sendable {
             "an admission ended without a known outcome (connection broken, or abandoned at database.timeout); looking for its charges to give them back",
             metadata: ["request_ids": "\(requestIDs)"])
         Task {
-            try? await Task.sleep(until: sent + database.timeout + .seconds(1))
-            do {
-                await giveBack(try await findCharges())
-            } catch DatabaseError.unavailable {
-                PendingWrites(database: database, spool: spool).later(
-                    .giveBack(
-                        keyHashes: items.compactMap { $0.keyHash.map { Data($0.readableBytesView) } },
-                        companies: items.compactMap { $0.keyHash == nil ? $0.request.companyID : nil },
-                        requestIDs: items.map(\.request.requestID), since: items.map(\.request.at).min() ?? Date()))
-            } catch {
-                database.logger.error(
-                    "could not look up the charges of an interrupted admission; these calls may stay charged without having been forwarded",
-                    metadata: ["request_ids": "\(requestIDs)"])
-            }
+            // Not the batch's own write: it must not release the admission queue (Database.onAnswered).
+            await Database.$onAnswered.withValue(nil) { await lookForCharges() }
+        }
+    }
+
+    /// Waits past the admission's deadline, then gives back what the ledger holds of its charges.
+    private func lookForCharges() async {
+        try? await Task.sleep(until: sent + database.timeout + .seconds(1))
+        do {
+            await giveBack(try await findCharges())
+        } catch DatabaseError.unavailable {
+            PendingWrites(database: database, spool: spool).later(
+                .giveBack(
+                    keyHashes: items.compactMap { $0.keyHash.map { Data($0.readableBytesView) } },
+                    companies: items.compactMap { $0.keyHash == nil ? $0.request.companyID : nil },
+                    requestIDs: items.map(\.request.requestID), since: items.map(\.request.at).min() ?? Date()))
+        } catch {
+            database.logger.error(
+                "could not look up the charges of an interrupted admission; these calls may stay charged without having been forwarded",
+                metadata: ["request_ids": "\(requestIDs)"])
         }
     }
 
