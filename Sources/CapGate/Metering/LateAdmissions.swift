@@ -42,8 +42,7 @@ struct LateAdmissions: Sendable {
         database.logger.warning(
             "an admission committed after its callers were answered 503; giving its charges back",
             metadata: ["request_ids": "\(requestIDs)"])
-        // Not the batch's own write: it must not release the admission queue (Database.onAnswered).
-        Task { await Database.$onAnswered.withValue(nil) { await giveBack(charges) } }
+        Task { await giveBack(charges) }
     }
 
     /// Called with the admission statement's error: when the statement may have run (the
@@ -54,10 +53,7 @@ struct LateAdmissions: Sendable {
         database.logger.warning(
             "an admission ended without a known outcome (connection broken, or abandoned at database.timeout); looking for its charges to give them back",
             metadata: ["request_ids": "\(requestIDs)"])
-        Task {
-            // Not the batch's own write: it must not release the admission queue (Database.onAnswered).
-            await Database.$onAnswered.withValue(nil) { await lookForCharges() }
-        }
+        Task { await lookForCharges() }
     }
 
     /// Waits past the admission's deadline, then gives back what the ledger holds of its charges.

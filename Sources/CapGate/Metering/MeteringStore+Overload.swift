@@ -9,7 +9,7 @@ import Foundation
 /// (``LateAdmissions``), as for a batch that commits after its own deadline.
 ///
 /// The next batch starts as soon as the current one's statement answered
-/// (``Database/onAnswered``), while the current one waits for the acknowledgement of its commit:
+/// (`admitBatch`'s `answered`), while the current one waits for the acknowledgement of its commit:
 /// its row locks are released by that commit, so the next statement waits for nothing it would
 /// not wait for anyway, and the proof's round trip leaves the batch cycle. The current batch's
 /// callers are still answered only once its commit is acknowledged.
@@ -27,9 +27,8 @@ extension MeteringStore {
             },
             overlapsAtAnswer: true,
             process: { items, release in
-                await Database.$onAnswered.withValue({ release() }) {
-                    await admitBatch(items, database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds)
-                }
+                await admitBatch(
+                    items, database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds, answered: { release() })
             }
         )
     }

@@ -122,15 +122,19 @@ public struct MeteringStore: Sendable {
     /// forwarded.
     ///
     /// The transaction does not count the slots of calls that ended on this gateway and are not
-    /// written yet (`slotEnds`).
+    /// written yet (`slotEnds`). `answered` is called when the statement has answered and only
+    /// the acknowledgement of its commit is awaited (the admission queue starts its next batch);
+    /// not when the batch is retried call by call, which holds the next batch up until it ends.
     static func admitBatch(
-        _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool? = nil, slotEnds: SlotEnds? = nil
+        _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool? = nil, slotEnds: SlotEnds? = nil,
+        answered: (@Sendable () -> Void)? = nil
     ) async -> [Result<AdmissionRow, any Error>] {
         GatewayMetrics.admissionBatch(size: items.count)
         let ended = slotEnds?.excluded() ?? []
         do {
             let started = ContinuousClock.now
-            let rows = try await runAdmitBatch(items, database: database, relaxed: relaxed, spool: spool, ended: ended)
+            let rows = try await runAdmitBatch(
+                items, database: database, relaxed: relaxed, spool: spool, ended: ended, answered: answered)
             GatewayMetrics.admissionBatch(duration: ContinuousClock.now - started)
             guard rows.count == items.count else {
                 throw DatabaseError.other("capgate_admit_batch returned \(rows.count) rows for \(items.count) calls")
@@ -141,25 +145,26 @@ public struct MeteringStore: Sendable {
         } catch {
             guard items.count > 1 else { return [.failure(error)] }
             // Call by call, the batch holding up the next one until its last call is done.
-            return await Database.$onAnswered.withValue(nil) {
-                var results: [Result<AdmissionRow, any Error>] = []
-                results.reserveCapacity(items.count)
-                for item in items {
-                    results += await admitBatch([item], database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds)
-                }
-                return results
+            var results: [Result<AdmissionRow, any Error>] = []
+            results.reserveCapacity(items.count)
+            for item in items {
+                results += await admitBatch([item], database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds)
             }
+            return results
         }
     }
 
     static func runAdmitBatch(
-        _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool?, ended: [Int64] = []
+        _ items: [AdmissionItem], database: Database, relaxed: Bool, spool: Spool?, ended: [Int64] = [],
+        answered: (@Sendable () -> Void)? = nil
     ) async throws -> [AdmissionRow] {
         if items.count == 1 {
-            return try await runAdmitOne(items[0], database: database, relaxed: relaxed, spool: spool, ended: ended)
+            return try await runAdmitOne(
+                items[0], database: database, relaxed: relaxed, spool: spool, ended: ended, answered: answered)
         }
         return try await runAdmission(
-            items, AdmitBatchStatement(items: items, relaxed: relaxed, ended: ended), database: database, spool: spool)
+            items, AdmitBatchStatement(items: items, relaxed: relaxed, ended: ended), database: database, spool: spool,
+            answered: answered)
     }
 
     /// Runs an admission statement for `items`. Its rows are the decision, but a call is forwarded
@@ -169,10 +174,12 @@ public struct MeteringStore: Sendable {
     /// deadline, or one not acknowledged (the outcome unknown), has its charges given back
     /// (``LateAdmissions``).
     static func runAdmission<Statement: PostgresPreparedStatement>(
-        _ items: [AdmissionItem], _ statement: Statement, database: Database, spool: Spool?
+        _ items: [AdmissionItem], _ statement: Statement, database: Database, spool: Spool?,
+        answered: (@Sendable () -> Void)? = nil
     ) async throws -> [AdmissionRow] where Statement.Row == AdmissionRow {
         let late = LateAdmissions(items: items, database: database, spool: spool)
-        return try await database.write(statement: statement, lateResult: late.committedLate, failed: late.interrupted(by:))
+        return try await database.write(
+            statement: statement, lateResult: late.committedLate, failed: late.interrupted(by:), answered: answered)
     }
 
     /// A batch of one runs the single-call function (`capgate_admit`, over `capgate_charge`):
@@ -180,10 +187,12 @@ public struct MeteringStore: Sendable {
     /// a quarter of the work of the array version (measured: 0.3 ms against 1.1 ms), which is
     /// what a lone call on an idle gateway waits for.
     static func runAdmitOne(
-        _ item: AdmissionItem, database: Database, relaxed: Bool, spool: Spool?, ended: [Int64] = []
+        _ item: AdmissionItem, database: Database, relaxed: Bool, spool: Spool?, ended: [Int64] = [],
+        answered: (@Sendable () -> Void)? = nil
     ) async throws -> [AdmissionRow] {
         let rows = try await runAdmission(
-            [item], AdmitStatement(item: item, relaxed: relaxed, ended: ended), database: database, spool: spool)
+            [item], AdmitStatement(item: item, relaxed: relaxed, ended: ended), database: database, spool: spool,
+            answered: answered)
         guard rows.count == 1 else { throw DatabaseError.other("the admission returned \(rows.count) rows") }
         return rows
     }

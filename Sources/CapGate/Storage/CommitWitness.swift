@@ -138,9 +138,10 @@ extension PostgresConnection {
     /// sends it from the event loop the moment the statement's ReadyForQuery arrives, while the
     /// rows are still being read (the hot path: admissions, settlements, slot ends).
     ///
-    /// ``Database/onAnswered`` is called once the rows are collected, before the wait for the proof.
+    /// `answered` is called once the rows are collected, before the wait for the proof (never
+    /// when the statement failed).
     func committedRows<Statement: PostgresPreparedStatement>(
-        _ statement: Statement, logger: Logger
+        _ statement: Statement, logger: Logger, answered: (@Sendable () -> Void)? = nil
     ) async throws -> [Statement.Row] where Statement.Row: Sendable {
         var witness = CommitWitness()
         let rows: AsyncThrowingMapSequence<PostgresRowSequence, Statement.Row>
@@ -160,7 +161,7 @@ extension PostgresConnection {
             throw witness.failure(error)
         }
         witness.receive(.answered)
-        Database.onAnswered?()
+        answered?()
         do {
             try await acknowledged
             witness.receive(.acknowledged)
@@ -184,8 +185,7 @@ extension PostgresConnection {
     /// Runs `body` (statements in implicit transactions, or a whole explicit one) and returns its
     /// result once PostgreSQL has acknowledged their commit; throws ``CommitUnacknowledged`` when
     /// they answered (or may have run) and the acknowledgement did not come, and the statement's
-    /// own error when the server refused it (rolled back). ``Database/onAnswered`` is called once
-    /// `body` returned, before the wait for the proof.
+    /// own error when the server refused it (rolled back).
     func committed<T>(logger: Logger, _ body: (PostgresConnection) async throws -> T) async throws -> T {
         var witness = CommitWitness()
         let value: T
@@ -197,7 +197,6 @@ extension PostgresConnection {
             throw witness.failure(error)
         }
         witness.receive(.answered)
-        Database.onAnswered?()
         do {
             try await acknowledgeCommit(logger: logger)
             witness.receive(.acknowledged)

@@ -42,14 +42,6 @@ public struct Database: Sendable {
     /// The client calls use now.
     public var client: PostgresClient { source.client }
 
-    /// Called, if set for the task, when a write's statements have answered (their rows
-    /// collected) and only the acknowledgement of its commit is awaited: its row locks are
-    /// released by the commit that precedes that acknowledgement, so whoever started the write
-    /// may start the next one that would wait on them (the admission queue starts its next
-    /// batch). Called at most once per write, never on a write that ended without an answer;
-    /// the write's own caller is still answered only once the commit is acknowledged.
-    @TaskLocal public static var onAnswered: (@Sendable () -> Void)?
-
     public init(client: PostgresClient, timeout: Duration, logger: Logger) {
         self.source = .fixed(client)
         self.timeout = timeout
@@ -142,14 +134,18 @@ public struct Database: Sendable {
     }
 
     /// ``write(lateResult:failed:_:)`` of one prepared statement: its rows, once its commit is
-    /// acknowledged (``PostgresConnection/committedRows(_:logger:)``, the proof statement queued
-    /// behind it).
+    /// acknowledged (``PostgresConnection/committedRows(_:logger:answered:)``, the proof statement
+    /// queued behind it). `answered` is called when the rows have come and only the
+    /// acknowledgement is awaited (its row locks are released by the commit before it): the
+    /// admission queue starts its next batch then.
     public func write<Statement: PostgresPreparedStatement>(
         statement: Statement, lateResult: (@Sendable (Result<[Statement.Row], any Error>) -> Void)? = nil,
-        failed: (@Sendable (any Error) -> Void)? = nil
+        failed: (@Sendable (any Error) -> Void)? = nil, answered: (@Sendable () -> Void)? = nil
     ) async throws -> [Statement.Row] where Statement.Row: Sendable {
         let logger = self.logger
-        return try await write(lateResult: lateResult, failed: failed, commit: { try await $0.committedRows(statement, logger: logger) })
+        return try await write(
+            lateResult: lateResult, failed: failed,
+            commit: { try await $0.committedRows(statement, logger: logger, answered: answered) })
     }
 
     /// ``write(lateResult:failed:_:)`` with the acknowledged commit made by `commit` (which calls
