@@ -16,9 +16,9 @@ struct AdmissionEquivalenceTests {
     /// shows no counters: the batch reads them for the whole batch at once, the single call not
     /// at all, and neither is shown.)
     static func summary(_ row: AdmissionRow) -> String {
-        guard row.auth == "ok" else { return row.auth }
-        if row.decision == "unknown_user" { return "unknown_user" }
-        if row.decision == "no_active_plan" {
+        guard row.caller.auth == .ok else { return row.caller.auth.rawValue }
+        if row.decision == .unknownUser { return "unknown_user" }
+        if row.decision == .noActivePlan {
             return "no_active_plan "
                 + (row.upgrade.map { "\($0.upgrade.plan) \($0.upgrade.companyLimit ?? -1)/\($0.upgrade.userLimit ?? -1)" } ?? "")
         }
@@ -31,7 +31,7 @@ struct AdmissionEquivalenceTests {
         }
         func counter(_ c: CostState.Counter?) -> String { c.map { "\($0.used)+\($0.held)/\($0.limit.map(String.init) ?? "∞")" } ?? "-" }
         let cost = row.cost.map {
-            "hold=\($0.hold.map(String.init) ?? "-") cost=\(counter($0.company)) \(counter($0.user)) \(row.budgetScope ?? "-")"
+            "hold=\($0.hold.map(String.init) ?? "-") cost=\(counter($0.company)) \(counter($0.user)) \(row.budgetScope?.rawValue ?? "-")"
         }
         func count(_ n: Int64?) -> String { n.map(String.init) ?? "-" }
         func counts(_ c: RateState.Counts?) -> String {
@@ -43,9 +43,10 @@ struct AdmissionEquivalenceTests {
                 + "\(counts($0.counts)) feature \(counts($0.feature?.counts))"
         }
         return [
-            row.auth, row.decision ?? "-", row.ledgerID == nil ? "no ledger" : "ledger",
-            "company=\(row.companyUsed ?? -1)/\(row.companyCap ?? -1)",
-            "user=\(row.userUsed ?? -1)/\(row.userCap ?? -1)", feature ?? "no feature", upgrade ?? "no upgrade", cost ?? "no cost",
+            row.caller.auth.rawValue, row.decision?.rawValue ?? "-", row.ledgerID == nil ? "no ledger" : "ledger",
+            "company=\(row.period.companyUsed ?? -1)/\(row.period.companyCap ?? -1)",
+            "user=\(row.period.userUsed ?? -1)/\(row.period.userCap ?? -1)", feature ?? "no feature", upgrade ?? "no upgrade",
+            cost ?? "no cost",
             rate ?? "no rate",
         ].joined(separator: " ")
     }
@@ -118,7 +119,7 @@ struct AdmissionEquivalenceTests {
             }
             #expect(singleState == batchedState, "seed \(seed)")
             // The sequence exercised what it is for: charges, every kind of refusal, offers.
-            let decisions = Set(single.compactMap(\.decision))
+            let decisions = Set(single.compactMap(\.decision?.rawValue))
             for expected in [
                 "charged", "company_cap", "user_cap", "no_active_plan", "unknown_user", "unknown_feature",
                 "feature_not_in_plan", "feature_limit_exceeded", "budget_exceeded", "unpriced_model", "max_tokens_required",
@@ -128,7 +129,7 @@ struct AdmissionEquivalenceTests {
             }
             #expect(single.contains { $0.upgrade?.featureLimit != nil }, "seed \(seed): no feature upgrade offer")
             for scope in ["company", "user"] {
-                #expect(single.contains { $0.budgetScope == scope }, "seed \(seed): no \(scope) budget refusal")
+                #expect(single.contains { $0.budgetScope?.rawValue == scope }, "seed \(seed): no \(scope) budget refusal")
             }
             let windows = Set(single.compactMap { $0.rate?.refused })
             #expect(windows.count >= 3, "seed \(seed): rate windows refused: \(windows)")
@@ -147,6 +148,11 @@ struct AdmissionEquivalenceTests {
             #expect(try await h.scalar("SELECT count(*) FROM usage_ledger") == 0, "the runs were rolled back")
         }
     }
+
+    /// The prompt bounds the calls draw from (in the order the seeded sequences were made with).
+    static let prompts: [CostBound.Prompt] = [
+        .cannotBound, .wholeWindow, .tokens(100), .tokens(500), .tokens(1_000), .tokens(3_000), .tokens(5_000), .tokens(20_000),
+    ]
 
     /// The fixtures (plans, features, budgets, prices, companies, callers) and a random sequence of
     /// 800 calls over them, then two that each budget refuses.
@@ -251,10 +257,10 @@ struct AdmissionEquivalenceTests {
                 method: "POST", route: "/v1/messages", model: "m\(i % 3)", feature: features.randomElement(using: &random)!,
                 requestID: String(format: "req_%05d", i), at: at,
                 bound: CostBound(
-                    promptTokens: [-2, -1, 100, 500, 1_000, 3_000, 5_000, 20_000].randomElement(using: &random)!,
-                    maxTokens: [-1, 16, 1_000, 8_000].randomElement(using: &random)!,
+                    prompt: Self.prompts.randomElement(using: &random)!,
+                    maxTokens: ([nil, 16, 1_000, 8_000] as [Int64?]).randomElement(using: &random)!,
                     cache: [.none, .fiveMinutes, .oneHour].randomElement(using: &random)!,
-                    window: [0, 0, 0, 1_000_000].randomElement(using: &random)!))
+                    window: ([nil, nil, nil, 1_000_000] as [Int64?]).randomElement(using: &random)!))
             return AdmissionItem(keyHash: caller.key.map(ApiKeyGenerator.hash), request: request)
         }
         // Calls that reach what the sequence may have left: a's cap and both of its grants, f's
@@ -268,7 +274,7 @@ struct AdmissionEquivalenceTests {
                     let request = AdmissionRequest(
                         companyID: company.company, userID: user.id, units: 1, method: "POST", route: "/v1/messages", model: "m0",
                         requestID: "req_fill_\(company.company.text.prefix(8))_\(k)_\(j)", at: at,
-                        bound: CostBound(promptTokens: Int64(prompt), maxTokens: Int64(maxTokens), cache: .none, window: 0))
+                        bound: CostBound(prompt: .tokens(Int64(prompt)), maxTokens: Int64(maxTokens), cache: .none, window: nil))
                     items.append(AdmissionItem(keyHash: nil, request: request))
                 }
             }
@@ -276,18 +282,19 @@ struct AdmissionEquivalenceTests {
         // Two calls that each budget refuses whatever came before: a hold over the 50,000 of d's
         // second user (the company's 2,000,000 still has room: its users can hold at most
         // 1,050,000), and a whole 1M window at $3 (3,000,000) over the company's.
-        for (i, (user, prompt, window)) in [(d.users[1].id, 20_000, 0), (d.users[0].id, -1, 1_000_000)].enumerated() {
+        let tail: [(UUID, CostBound.Prompt, Int64?)] = [(d.users[1].id, .tokens(20_000), nil), (d.users[0].id, .wholeWindow, 1_000_000)]
+        for (i, (user, prompt, window)) in tail.enumerated() {
             let request = AdmissionRequest(
                 companyID: d.company, userID: user, units: 1, method: "POST", route: "/v1/messages", model: "m0",
                 requestID: "req_tail\(i)", at: at,
-                bound: CostBound(promptTokens: Int64(prompt), maxTokens: 8_000, cache: .none, window: Int64(window)))
+                bound: CostBound(prompt: prompt, maxTokens: 8_000, cache: .none, window: window))
             items.append(AdmissionItem(keyHash: nil, request: request))
         }
         for i in 0..<3 {
             let request = AdmissionRequest(
                 companyID: burst.company, userID: burst.users[0].id, units: 1, method: "POST", route: "/v1/messages",
                 model: "m0", feature: "analysis", requestID: "req_burst\(i)", at: at,
-                bound: CostBound(promptTokens: 100, maxTokens: 16, cache: .none, window: 0))
+                bound: CostBound(prompt: .tokens(100), maxTokens: 16, cache: .none, window: nil))
             items.append(AdmissionItem(keyHash: nil, request: request))
         }
         return items + (try await splitCalls(h))
@@ -312,7 +319,7 @@ struct AdmissionEquivalenceTests {
         return (0..<6).map { k in
             let request = AdmissionRequest(
                 companyID: g.company, userID: g.users[k % 2].id, units: 3, method: "POST", route: "/v1/messages", model: "m0",
-                requestID: "req_split_\(k)", at: at, bound: CostBound(promptTokens: 5_000, maxTokens: 8_000, cache: .none, window: 0))
+                requestID: "req_split_\(k)", at: at, bound: CostBound(prompt: .tokens(5_000), maxTokens: 8_000, cache: .none, window: nil))
             return AdmissionItem(keyHash: nil, request: request)
         }
     }

@@ -43,7 +43,7 @@ struct BatchAdmissionTests {
     static func decisions(_ results: [Result<AdmissionRow, any Error>]) -> [String] {
         results.map { result in
             switch result {
-            case .success(let row): row.decision ?? row.auth
+            case .success(let row): row.decision?.rawValue ?? row.caller.auth.rawValue
             case .failure: "error"
             }
         }
@@ -75,7 +75,7 @@ struct BatchAdmissionTests {
                         "unknown_user",
                     ])
                 let rows = results.compactMap { try? $0.get() }
-                #expect(rows.map(\.companyUsed) == [1, 2, nil, 3, 3, 4, 5, 5, 5, nil])
+                #expect(rows.map(\.period.companyUsed) == [1, 2, nil, 3, 3, 4, 5, 5, 5, nil])
                 #expect(Set(rows.compactMap(\.ledgerID)).count == 5)
             }
             #expect(try await h.scalar("SELECT used FROM company_usage WHERE company_id = '\(company.text)'") == 5)

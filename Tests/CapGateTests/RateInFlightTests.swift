@@ -228,21 +228,21 @@ struct RateInFlightTests {
                 }
                 // Alone (capgate_admit): the slot is taken; a second call waits for it.
                 let first = await admit([users[0].key], on: ends)
-                #expect(first.map { $0?.decision } == ["charged"])
-                #expect(await admit([users[0].key], on: ends).map { $0?.decision } == ["rate_limited"])
+                #expect(first.map { $0?.decision } == [.charged])
+                #expect(await admit([users[0].key], on: ends).map { $0?.decision } == [.rateLimited])
                 ends.add(try ended(first[0]))
                 let second = await admit([users[0].key], on: ends)
-                #expect(second.map { $0?.decision } == ["charged"])
+                #expect(second.map { $0?.decision } == [.charged])
                 #expect(try await h.scalar(slots) == 2)  // the first's row stays until its end is written
 
                 // In a batch (capgate_admit_batch): both users' ended slots not counted.
                 let other = await admit([users[1].key], on: ends)
-                #expect(other.map { $0?.decision } == ["charged"])
+                #expect(other.map { $0?.decision } == [.charged])
                 ends.add([try ended(second[0]), try ended(other[0])])
                 // Another gateway counts the rows until they are written.
-                #expect(await admit([users[0].key]).map { $0?.decision } == ["rate_limited"])
+                #expect(await admit([users[0].key]).map { $0?.decision } == [.rateLimited])
                 let batch = await admit([users[0].key, users[1].key], on: ends)
-                #expect(batch.map { $0?.decision } == ["charged", "charged"])
+                #expect(batch.map { $0?.decision } == [.charged, .charged])
                 #expect(try await h.scalar(slots) == 5)
                 #expect(Set(ends.excluded()) == Set([first[0], second[0], other[0]].compactMap { $0?.ledgerID }))
                 await ends.flush()
@@ -268,7 +268,7 @@ struct RateInFlightTests {
             let (company, users) = try await h.createCompany(plan: "p", users: 1)
             try await BatchAdmissionTests.withMetering(h) { _, database in
                 let ends = SlotEnds(database: database, gather: .milliseconds(10), retry: .milliseconds(200))
-                func admit() async -> String? {
+                func admit() async -> Admission.Decision? {
                     await MeteringStore.admitBatch(
                         [BatchAdmissionTests.call(key: users[0].key)], database: database, relaxed: false, slotEnds: ends
                     )
@@ -291,7 +291,7 @@ struct RateInFlightTests {
                 await ends.flush()
                 #expect(ends.excluded() == [first])
                 #expect(try await h.scalar("SELECT count(*) FROM rate_calls WHERE ledger_id = \(first)") == 1)
-                #expect(await admit() == "charged")  // its slot is free for this gateway meanwhile
+                #expect(await admit() == .charged)  // its slot is free for this gateway meanwhile
                 try await h.exec(definition)
                 #expect(try await h.eventually("SELECT count(*) FROM rate_calls WHERE ledger_id = \(first)", equals: 0) == 0)
                 for _ in 0..<50 where !ends.excluded().isEmpty { try await Task.sleep(for: .milliseconds(20)) }

@@ -89,8 +89,8 @@ struct TopUpSplitTests {
             let rows = try await h.db.withConnection { connection in
                 try await connection.execute(AdmitBatchStatement(items: items, relaxed: false), logger: TestCluster.logger).collect()
             }
-            #expect(rows.map(\.decision) == ["charged", "charged", "charged", "company_cap"])
-            #expect(rows.map(\.companyUsed) == [5, 10, 12, 12])
+            #expect(rows.map(\.decision) == [.charged, .charged, .charged, .companyCap])
+            #expect(rows.map(\.period.companyUsed) == [5, 10, 12, 12])
             #expect(try await used(h, company) == 12)
             #expect(try await h.grant("g1").units == 3)
             #expect(

@@ -55,21 +55,24 @@ struct PromptBoundTests {
 
     @Test("the bound: bytes + overhead + images, the whole window with a document, none with server tools or a batch")
     func bound() throws {
-        func tokens(_ bytes: Int, _ shape: PromptShape) -> Int64 {
+        func tokens(_ bytes: Int, _ shape: PromptShape) -> CostBound.Prompt {
             CostBound(
                 bodyBytes: bytes, shape: shape, maxTokens: 64, overheadTokens: 1_000, imageTokens: 5_000, largeWindow: false
-            ).promptTokens
+            ).prompt
         }
-        #expect(tokens(500, PromptShape()) == 1_500)
-        #expect(tokens(500, PromptShape(images: 3)) == 16_500)
-        #expect(tokens(500, PromptShape(documents: 1)) == CostBound.wholeWindow)
-        #expect(tokens(1, PromptShape(images: Int.max / 2)) == CostBound.wholeWindow)
-        #expect(tokens(500, PromptShape(serverTools: true)) == CostBound.cannotBound)
-        #expect(tokens(500, PromptShape(batch: true)) == CostBound.cannotBound)
+        #expect(tokens(500, PromptShape()) == .tokens(1_500))
+        #expect(tokens(500, PromptShape(images: 3)) == .tokens(16_500))
+        #expect(tokens(500, PromptShape(documents: 1)) == .wholeWindow)
+        #expect(tokens(1, PromptShape(images: Int.max / 2)) == .wholeWindow)
+        #expect(tokens(500, PromptShape(serverTools: true)) == .cannotBound)
+        #expect(tokens(500, PromptShape(batch: true)) == .cannotBound)
         let cached = CostBound(
             bodyBytes: 10, shape: PromptShape(cached: true, cachedLong: true), maxTokens: nil, overheadTokens: 0,
             imageTokens: 0, largeWindow: true)
-        #expect(cached.cache == .oneHour && cached.maxTokens == CostBound.absent && cached.window == 1_000_000)
+        #expect(cached.cache == .oneHour && cached.maxTokens == nil && cached.window == 1_000_000)
+        let plain = CostBound(
+            bodyBytes: 10, shape: PromptShape(), maxTokens: 32, overheadTokens: 0, imageTokens: 0, largeWindow: false)
+        #expect(plain.cache == CostBound.Cache.none && plain.maxTokens == 32 && plain.window == nil)
     }
 
     /// The bound of `body` with the default `costs.*` (1,000 overhead, the published tool figures).
@@ -85,15 +88,15 @@ struct PromptBoundTests {
     func providerTools() throws {
         // Custom tools: only their bytes, plus the tool-use system prompt (346).
         let custom = #"{"tools":[{"name":"f","input_schema":{}},{"type":"custom","name":"g"}]}"#
-        #expect(try Self.bound(custom).promptTokens == Int64(custom.utf8.count + 1_000 + 346))
+        #expect(try Self.bound(custom).prompt == .tokens(Int64(custom.utf8.count + 1_000 + 346)))
         #expect(try Self.shape(custom).toolTypes.isEmpty && (try Self.shape(custom)).tools == 2)
         // bash (245) and the text editor (700), and computer use (735 + 499), escaped as the provider reads them.
         let client =
             #"{"tools":[{"type":"bash_20250124","name":"bash"},{"typ\u0065":"text_editor_20250728"},{"type":"computer_20250124"}]}"#
-        #expect(try Self.bound(client).promptTokens == Int64(client.utf8.count + 1_000 + 346 + 245 + 700 + 1_234))
+        #expect(try Self.bound(client).prompt == .tokens(Int64(client.utf8.count + 1_000 + 346 + 245 + 700 + 1_234)))
         #expect(try Self.bound(client).unknownTool == nil)
         // No tools: no tool-use system prompt.
-        #expect(try Self.bound(#"{"model":"m"}"#).promptTokens == Int64(13 + 1_000))
+        #expect(try Self.bound(#"{"model":"m"}"#).prompt == .tokens(Int64(13 + 1_000)))
         for (body, type) in [
             (#"{"tools":[{"type":"web_search_20250305","name":"web_search"}]}"#, "web_search_20250305"),
             (#"{"tools":[{"typ\u0065":"code_execution_20250825"}]}"#, "code_execution_20250825"),
@@ -101,7 +104,7 @@ struct PromptBoundTests {
             (#"{"tools":[{"type":"memory_20250818"}]}"#, "memory_20250818"),
         ] {
             let bound = try Self.bound(body)
-            #expect(bound.promptTokens == CostBound.cannotBound && bound.unknownTool == type, "\(body)")
+            #expect(bound.prompt == .cannotBound && bound.unknownTool == type, "\(body)")
         }
         // An operator's list: a new version added, a figure raised.
         let settings = try #require(CostSettings.toolOverhead(parsing: #"{"bash_20990101": 300, "tool_choice": 400}"#))
@@ -109,7 +112,7 @@ struct PromptBoundTests {
         let held = CostBound(
             bodyBytes: newer.utf8.count, shape: try Self.shape(newer), maxTokens: 64, overheadTokens: 1_000, imageTokens: 5_000,
             largeWindow: false, toolOverhead: settings)
-        #expect(held.promptTokens == Int64(newer.utf8.count + 1_000 + 400 + 300) && held.unknownTool == nil)
+        #expect(held.prompt == .tokens(Int64(newer.utf8.count + 1_000 + 400 + 300)) && held.unknownTool == nil)
         #expect(settings["text_editor_20250728"] == 700)
         for bad in [#"[]"#, #"{"bash": -1}"#, #"{"bash": 1.5}"#, #"{"bash": "245"}"#, #"{"": 1}"#, #"{"a":1,"a":2}"#, "nope"] {
             #expect(CostSettings.toolOverhead(parsing: bad) == nil, "\(bad)")

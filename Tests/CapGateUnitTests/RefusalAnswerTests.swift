@@ -62,7 +62,7 @@ struct RefusalAnswerTests {
         var state = Self.state(companyUsed: 5)
         let dayEnd = Self.now.addingTimeInterval(600)
         state.feature = FeatureState(
-            id: "analysis", name: "Analysis", refused: "user.day", message: nil, dayStart: dayEnd.addingTimeInterval(-86_400),
+            id: "analysis", name: "Analysis", refused: .init(.user, .day), message: nil, dayStart: dayEnd.addingTimeInterval(-86_400),
             dayEnd: dayEnd, values: [(10, nil), (3, nil), (4, 50), (2, 2)])
         state.feature?.upgradeLimit = 20
         let error = Responder.error(for: .featureLimit(feature: "analysis"), state: state, now: Self.now)

@@ -110,8 +110,9 @@ BEGIN
                                            p_cache, p_window));
     r.role := v_role;
     IF r.decision = 'charged' THEN
+        -- The row capgate_charge just wrote, created_at p_at: the time finds its month's partition.
         UPDATE usage_ledger l SET idempotency_key = p_idempotency_key
-         WHERE l.company_id = v_company AND l.id = r.ledger_id;
+         WHERE l.company_id = v_company AND l.id = r.ledger_id AND l.created_at = p_at;
     ELSIF v_claim = 'retry' THEN
         -- Refused: the key stays as it was (its last attempt failed).
         UPDATE idempotency_keys ik SET state = 'failed'

@@ -19,8 +19,12 @@
 -- part of the hold, the grant's the rest. A part NULL with its grant set (before 0020) is the whole.
 -- A charge replayed under 0009's rules (ledger rows written before 0010) stands until every
 -- attempt at it failed (usage_ledger_attempts).
+-- The ledger is partitioned by month of created_at (0026): p_created_at, the row's created_at as
+-- the caller read it (`capgate unsettled` has it), narrows the first look-up to the row's month
+-- (a second either side, for a time that went through a client's clock type); NULL looks in every
+-- month, an index probe each. The later look-ups give the row's exact time, found by the first.
 CREATE FUNCTION capgate_refund(p_company uuid, p_ledger_id bigint, p_upstream_status integer,
-                               p_request_id text DEFAULT NULL)
+                               p_request_id text DEFAULT NULL, p_created_at timestamptz DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
 -- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
@@ -36,7 +40,13 @@ DECLARE
     v_g_held bigint;
     v_g_cost bigint;
 BEGIN
-    SELECT * INTO l FROM usage_ledger WHERE company_id = p_company AND id = p_ledger_id;
+    IF p_created_at IS NULL THEN
+        SELECT * INTO l FROM usage_ledger WHERE company_id = p_company AND id = p_ledger_id;
+    ELSE
+        SELECT * INTO l FROM usage_ledger
+         WHERE company_id = p_company AND id = p_ledger_id
+           AND created_at BETWEEN p_created_at - interval '1 second' AND p_created_at + interval '1 second';
+    END IF;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -45,7 +55,8 @@ BEGIN
          WHERE company_id = p_company AND user_id = l.user_id AND key = l.idempotency_key
            AND request_id = l.request_id AND state = 'in_flight';
     END IF;
-    SELECT * INTO l FROM usage_ledger WHERE company_id = p_company AND id = p_ledger_id FOR UPDATE;
+    SELECT * INTO l FROM usage_ledger
+     WHERE company_id = p_company AND id = p_ledger_id AND created_at = l.created_at FOR UPDATE;
     PERFORM 1 FROM company_usage WHERE company_id = p_company AND period_id = l.period_id FOR UPDATE;
     IF l.outcome <> 'charged' THEN
         RETURN false;
@@ -121,7 +132,7 @@ BEGIN
     END IF;
     UPDATE usage_ledger
        SET outcome = 'refunded', upstream_status = p_upstream_status, settled_at = clock_timestamp()
-     WHERE company_id = p_company AND id = p_ledger_id;
+     WHERE company_id = p_company AND id = p_ledger_id AND created_at = l.created_at;
     RETURN true;
 END;
 $$;

@@ -1,5 +1,8 @@
 -- Every company at once, in one transaction, under the same advisory lock as `capgate rollover`
--- (for pg_cron: SELECT * FROM capgate_rollover();).
+-- (for pg_cron: SELECT * FROM capgate_rollover();). Then the ledger's partitions of the current
+-- month and the two after it are made if missing (capgate_ledger_partitions_ahead), as `capgate
+-- rollover` does; a lock it cannot have within its second leaves them to the next run (a warning),
+-- never undoes the rollover.
 CREATE FUNCTION capgate_rollover(p_at timestamptz DEFAULT now())
 RETURNS TABLE (moved integer, to_default integer, without_plan integer, unchanged integer)
 LANGUAGE plpgsql AS $$
@@ -22,6 +25,11 @@ BEGIN
             unchanged := unchanged + 1;
         END IF;
     END LOOP;
+    BEGIN
+        PERFORM capgate_ledger_partitions_ahead(2);
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE WARNING 'ledger partitions not made (a lock was busy): the next rollover tries again';
+    END;
     RETURN NEXT;
 END;
 $$;

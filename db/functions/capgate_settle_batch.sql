@@ -38,6 +38,10 @@
 -- company there, before any window row. (A call's concurrency slot is freed apart, by
 -- capgate_rate_end.)
 --
+-- The ledger is partitioned by month of created_at (0026): the batch's ids are found by an index
+-- probe of each month's primary key; the update of step 1 then gives each row's time, as read under
+-- its lock, so it touches the row's month only.
+--
 -- Returns the settled calls that cost more than their hold (the provider billed past the bound).
 CREATE FUNCTION capgate_settle_batch(
     p_company uuid[], p_ledger bigint[], p_upstream_status integer[], p_input_tokens bigint[], p_output_tokens bigint[],
@@ -118,7 +122,8 @@ BEGIN
           FROM (
             SELECT x.*, CASE WHEN x.open THEN coalesce(x.usage_cost, x.hold) END AS cost
               FROM (
-                SELECT l2.company_id, l2.id, l2.hold_micros AS hold, s.status, s.input, s.output, s.w5, s.w1, s.rd,
+                SELECT l2.company_id, l2.id, l2.created_at AS row_at, l2.hold_micros AS hold, s.status, s.input, s.output,
+                       s.w5, s.w1, s.rd,
                        (l2.cost_source IS NULL AND l2.units > 0) AS open, s.rate,
                        CASE WHEN s.rate >= 0 AND l2.units > 0 AND (l2.rate_scopes & 27) <> 0 AND l2.rate_tokens <> s.rate
                             THEN s.rate - l2.rate_tokens END AS tok,
@@ -139,7 +144,7 @@ BEGIN
                    FOR UPDATE OF l2
               ) x
           ) o
-         WHERE l.company_id = o.company_id AND l.id = o.id
+         WHERE l.company_id = o.company_id AND l.id = o.id AND l.created_at = o.row_at
         RETURNING l.company_id, l.id, l.period_id, l.user_id, l.cost_grant_id, o.open, o.hold, o.cost,
                   CASE WHEN l.cost_grant_id IS NOT NULL THEN coalesce(l.cost_grant_part, o.hold) END AS part,
                   coalesce(l.feature, '') AS feature, l.rate_minute, l.rate_scopes, o.tok

@@ -31,7 +31,7 @@ extension CompanyUsage: Encodable {
         var c = encoder.container(keyedBy: CodingKeys.self)
         try c.encode(company, forKey: .company)
         let grants = JSON.array(self.grants.map { $0.json(at: at) })
-        let usage = cost.adding(to: state.json(scope: "company", includeUser: false, features: companyFeatures))
+        let usage = cost.adding(to: state.json(scope: .company, includeUser: false, features: companyFeatures))
         try c.encode(usage.adding("grants", grants), forKey: .usage)
         try c.encode(companyFeatures, forKey: .features)
         try c.encode(users, forKey: .users)
@@ -110,7 +110,7 @@ extension CallerUsage: Encodable {
     /// with the read's `cost` (`company` and `user`).
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.singleValueContainer()
-        let usage = cost.adding(to: state.json(scope: "user", features: .array(features.map { $0.json(user: user) })))
+        let usage = cost.adding(to: state.json(scope: .user, features: .array(features.map { $0.json(user: user) })))
             .adding("grants", .array(grants.map { $0.json(at: at) }))
         guard case .object(var fields) = usage else { return try c.encode(usage) }
         // The rate windows (SPEC §14): an empty list when the plan sets none.

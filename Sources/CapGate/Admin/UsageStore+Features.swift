@@ -46,11 +46,6 @@ extension UsageStore {
         return (.entitled(usage), row.periodStart)
     }
 
-    typealias FeatureRow = (
-        String, String, Bool, Bool, Bool, Int64?, Int64?, Int64?, Int64?, Date?, Date?, Date?, Int64, Int64, [UUID], [Int64], [Int64],
-        Date?
-    )
-
     /// The rows behind both reads: the plan's active features (`only` nil), or the feature `only`
     /// whether or not it is in the plan. Counters are found by their keys (SPEC §8: a day starts
     /// at midnight in the company's zone, computed by `capgate_day_start`; a period window starts
@@ -67,11 +62,11 @@ extension UsageStore {
                   FROM plan_periods pp JOIN companies c ON c.id = pp.company_id
                  WHERE pp.company_id = \(company) AND pp.started_at <= \(at) AND pp.ends_at > \(at)
             )
-            SELECT f.id, f.name, f.is_active, e.feature_id IS NOT NULL, coalesce(e.enabled, false),
+            SELECT f.id, f.name, f.is_active, e.feature_id IS NOT NULL AS in_plan, coalesce(e.enabled, false) AS enabled,
                    e.daily_limit, e.period_limit, e.user_daily_limit, e.user_period_limit, p.day_start, p.day_end, p.ends_at,
-                   coalesce(cd.used, 0), coalesce(cp.used, 0),
-                   coalesce(u.ids, '{}'::uuid[]), coalesce(u.day, '{}'::bigint[]), coalesce(u.period, '{}'::bigint[]),
-                   p.started_at
+                   coalesce(cd.used, 0) AS company_day, coalesce(cp.used, 0) AS company_period,
+                   coalesce(u.ids, '{}'::uuid[]) AS user_ids, coalesce(u.day, '{}'::bigint[]) AS user_day,
+                   coalesce(u.period, '{}'::bigint[]) AS user_period, p.started_at
               FROM features f
               LEFT JOIN p ON true
               LEFT JOIN plan_features e ON e.plan_id = p.plan_id AND e.feature_id = f.id
@@ -99,19 +94,37 @@ extension UsageStore {
             logger: logger
         )
         var out: [(name: String, isActive: Bool, inPlan: Bool, periodStart: Date?, usage: FeatureUsage?)] = []
-        for try await r in rows.decode(FeatureRow.self) {
-            var usage: FeatureUsage? = nil
-            if r.3, let dayStart = r.9, let dayEnd = r.10, let periodEnd = r.11 {
-                var users: [UUID: FeatureUsage.Used] = [:]
-                for (i, id) in r.14.enumerated() where i < r.15.count && i < r.16.count {
-                    users[id] = FeatureUsage.Used(day: r.15[i], period: r.16[i])
-                }
-                usage = FeatureUsage(
-                    id: r.0, name: r.1, enabled: r.4, dailyLimit: r.5, periodLimit: r.6, userDailyLimit: r.7, userPeriodLimit: r.8,
-                    dayStart: dayStart, dayEnd: dayEnd, periodEnd: periodEnd, company: .init(day: r.12, period: r.13), users: users)
-            }
-            out.append((name: r.1, isActive: r.2, inPlan: r.3, periodStart: r.17, usage: usage))
+        for try await row in rows {
+            let r = row.makeRandomAccess()
+            let inPlan: Bool = try r.column("in_plan")
+            let usage: FeatureUsage? = try inPlan ? FeatureUsage(row: r) : nil
+            let name: String = try r.column("name")
+            let isActive: Bool = try r.column("is_active")
+            let periodStart: Date? = try r.column("started_at")
+            out.append((name: name, isActive: isActive, inPlan: inPlan, periodStart: periodStart, usage: usage))
         }
         return out
+    }
+}
+
+extension FeatureUsage {
+    /// A feature of ``UsageStore/featureRows(on:company:user:only:at:)`` that is in the plan, read
+    /// by name; nil without a period (no day or period window to count in).
+    init?(row r: PostgresRandomAccessRow) throws {
+        guard let dayStart: Date = try r.column("day_start"), let dayEnd: Date = try r.column("day_end"),
+            let periodEnd: Date = try r.column("ends_at")
+        else { return nil }
+        let ids: [UUID] = try r.column("user_ids")
+        let days: [Int64] = try r.column("user_day")
+        let periods: [Int64] = try r.column("user_period")
+        var users: [UUID: FeatureUsage.Used] = [:]
+        for (i, id) in ids.enumerated() where i < days.count && i < periods.count {
+            users[id] = FeatureUsage.Used(day: days[i], period: periods[i])
+        }
+        self.init(
+            id: try r.column("id"), name: try r.column("name"), enabled: try r.column("enabled"), dailyLimit: try r.column("daily_limit"),
+            periodLimit: try r.column("period_limit"), userDailyLimit: try r.column("user_daily_limit"),
+            userPeriodLimit: try r.column("user_period_limit"), dayStart: dayStart, dayEnd: dayEnd, periodEnd: periodEnd,
+            company: .init(day: try r.column("company_day"), period: try r.column("company_period")), users: users)
     }
 }

@@ -132,7 +132,7 @@ public struct UsageStore: Sendable {
                        l.method, l.route, l.model, l.feature, l.outcome, l.upstream_status, l.request_id, l.idempotency_key,
                        l.settled_at,
                        CASE WHEN l.cache_write_5m_tokens IS NOT NULL OR l.cache_write_1h_tokens IS NOT NULL
-                            THEN coalesce(l.cache_write_5m_tokens, 0) + coalesce(l.cache_write_1h_tokens, 0) END,
+                            THEN coalesce(l.cache_write_5m_tokens, 0) + coalesce(l.cache_write_1h_tokens, 0) END AS cache_write_tokens,
                        l.cache_read_tokens, l.hold_micros, l.cost_micros, l.cost_source
                   FROM usage_ledger l
                   JOIN plan_periods pp ON pp.company_id = l.company_id AND pp.id = l.period_id
@@ -144,22 +144,8 @@ public struct UsageStore: Sendable {
                 logger: logger
             )
             var out: [Event] = []
-            for try await r in rows.decode(
-                (
-                    Int64, Date, UUID, Date, Date, Int32, Int64?, Int64?, String, String, String?, String?, String, Int32?, String, String?,
-                    Date?, Int64?, Int64?, Int64?, Int64?, String?
-                ).self)
-            {
-                out.append(
-                    Event(
-                        id: r.0, createdAt: r.1, companyID: company, userID: r.2, periodStart: r.3, periodEnd: r.4, units: r.5,
-                        inputTokens: r.6, outputTokens: r.7, method: r.8, route: r.9, model: r.10, feature: r.11, outcome: r.12,
-                        upstreamStatus: r.13, requestID: r.14, idempotencyKey: r.15,
-                        settlement: .of(outcome: r.12, settledAt: r.16, upstreamStatus: r.13, createdAt: r.1, now: now, grace: grace),
-                        cacheWriteTokens: r.17, cacheReadTokens: r.18, hold: r.19.map(Micros.init), cost: r.20.map(Micros.init),
-                        costSource: r.21
-                    )
-                )
+            for try await row in rows {
+                out.append(try Event(row: row.makeRandomAccess(), company: company, now: now, grace: grace))
             }
             return out
         }
@@ -199,5 +185,27 @@ public struct UsageStore: Sendable {
             }
             return out
         }
+    }
+}
+
+extension UsageStore.Event {
+    /// A row of ``UsageStore/events(company:from:to:after:limit:feature:newestFirst:now:grace:)``,
+    /// read by name; its settlement as it stands at `now`.
+    init(row r: PostgresRandomAccessRow, company: UUID, now: Date, grace: TimeInterval) throws {
+        let createdAt: Date = try r.column("created_at")
+        let outcome: String = try r.column("outcome")
+        let upstreamStatus: Int32? = try r.column("upstream_status")
+        let settledAt: Date? = try r.column("settled_at")
+        self.init(
+            id: try r.column("id"), createdAt: createdAt, companyID: company, userID: try r.column("user_id"),
+            periodStart: try r.column("started_at"), periodEnd: try r.column("ends_at"), units: try r.column("units"),
+            inputTokens: try r.column("input_tokens"), outputTokens: try r.column("output_tokens"), method: try r.column("method"),
+            route: try r.column("route"), model: try r.column("model"), feature: try r.column("feature"), outcome: outcome,
+            upstreamStatus: upstreamStatus, requestID: try r.column("request_id"), idempotencyKey: try r.column("idempotency_key"),
+            settlement: .of(
+                outcome: outcome, settledAt: settledAt, upstreamStatus: upstreamStatus, createdAt: createdAt, now: now, grace: grace),
+            cacheWriteTokens: try r.column("cache_write_tokens"), cacheReadTokens: try r.column("cache_read_tokens"),
+            hold: try r.column("hold_micros", as: Int64?.self).map(Micros.init),
+            cost: try r.column("cost_micros", as: Int64?.self).map(Micros.init), costSource: try r.column("cost_source"))
     }
 }

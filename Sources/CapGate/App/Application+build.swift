@@ -107,7 +107,7 @@ struct GatewayParts {
     }
 
     /// The gateway's periodic work beside the calls: purges, flushes, lease renewal,
-    /// notifications, metrics refreshes, the rollover.
+    /// notifications, metrics refreshes, the ledger's partitions, the rollover.
     static func jobs(
         configuration: CapGateConfiguration, database: Database, metering: MeteringStore, keyUsage: KeyUsage, billing: BillingStore,
         logger: Logger
@@ -148,6 +148,8 @@ struct GatewayParts {
             PeriodicJob(interval: .seconds(3600)) {
                 _ = try? await NotificationStore(database: database).purge(olderThanDays: retentionDays)
             })
+        // The ledger's months (docs/ledger.md): the current one and two ahead, at start and hourly.
+        jobs.append(LedgerPartitions(database: database).job(interval: .seconds(3600), logger: logger))
         if configuration.billingRolloverInterval > 0 {
             jobs.append(billing.rolloverJob(interval: .seconds(configuration.billingRolloverInterval), logger: logger))
         }

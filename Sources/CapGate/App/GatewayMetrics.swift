@@ -96,8 +96,10 @@ public enum GatewayMetrics {
         }.recordNanoseconds(duration.nanoseconds)
     }
 
-    static func refund(reason: String) {
-        cached(\.refunds, reason) { Metrics.Counter(label: "capgate_refunds_total", dimensions: [("reason", reason)]) }.increment()
+    static func refund(reason: RefundReason) {
+        cached(\.refunds, reason.rawValue) {
+            Metrics.Counter(label: "capgate_refunds_total", dimensions: [("reason", reason.rawValue)])
+        }.increment()
     }
 
     private static let costOverHoldCounter: Metrics.Counter = registered {

@@ -92,12 +92,12 @@ public struct Authenticator: Sendable {
     }
 
     /// The 401 for a key the database did not accept.
-    static func keyError(_ auth: String) -> GatewayError {
-        switch auth {
-        case "revoked_key": GatewayError.authentication("This API key was revoked. Ask your administrator for a new one.")
-        case "expired_key": GatewayError.authentication("This API key has expired. Ask your administrator for a new one.")
-        case "disabled_user": GatewayError.authentication("This user is disabled. Ask your administrator to enable it.")
-        default: GatewayError.authentication("Unknown API key. Check the key, or ask your administrator for a new one.")
+    static func keyError(_ check: KeyCheck) -> GatewayError {
+        switch check {
+        case .revokedKey: GatewayError.authentication("This API key was revoked. Ask your administrator for a new one.")
+        case .expiredKey: GatewayError.authentication("This API key has expired. Ask your administrator for a new one.")
+        case .disabledUser: GatewayError.authentication("This user is disabled. Ask your administrator to enable it.")
+        case .unknownKey, .ok: GatewayError.authentication("Unknown API key. Check the key, or ask your administrator for a new one.")
         }
     }
 
@@ -116,14 +116,14 @@ public struct Authenticator: Sendable {
             for try await row in rows.decode((UUID, UUID, String, Bool, Bool, [String]?, Bool, UUID).self) { return Optional(row) }
             return nil
         }
-        guard let (company, user, role, disabled, revoked, features, expired, keyID) = row else { throw Self.keyError("unknown_key") }
-        if revoked { throw Self.keyError("revoked_key") }
-        if expired { throw Self.keyError("expired_key") }
+        guard let (company, user, role, disabled, revoked, features, expired, keyID) = row else { throw Self.keyError(.unknownKey) }
+        if revoked { throw Self.keyError(.revokedKey) }
+        if expired { throw Self.keyError(.expiredKey) }
         keyUsage?.record(keyID)
-        if disabled { throw Self.keyError("disabled_user") }
+        if disabled { throw Self.keyError(.disabledUser) }
         return .user(
             UserIdentity(
-                companyID: company, userID: user, role: UserIdentity.Role(rawValue: role) ?? .member, credential: .apiKey,
+                companyID: company, userID: user, role: UserIdentity.Role(sql: role), credential: .apiKey,
                 features: features))
     }
 
@@ -169,7 +169,7 @@ public struct Authenticator: Sendable {
         if disabled { throw GatewayError.authentication("This user is disabled. Ask your administrator to enable it.") }
         return .user(
             UserIdentity(
-                companyID: companyID, userID: userID, role: UserIdentity.Role(rawValue: role) ?? .member, credential: .jwt,
+                companyID: companyID, userID: userID, role: UserIdentity.Role(sql: role), credential: .jwt,
                 features: features))
     }
 

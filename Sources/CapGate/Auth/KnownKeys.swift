@@ -47,7 +47,7 @@ public final class KnownKeys: Sendable {
             return fresh.company
         }
         let database = self.database
-        let auth = try await database.run { client -> (String, UUID?, UUID?) in
+        let auth = try await database.run { client -> (KeyCheck, UUID?, UUID?) in
             let rows = try await client.query(
                 """
                 SELECT CASE WHEN k.revoked_at IS NOT NULL THEN 'revoked_key' WHEN k.expires_at <= now() THEN 'expired_key'
@@ -57,10 +57,10 @@ public final class KnownKeys: Sendable {
                 """,
                 logger: database.logger
             )
-            for try await (auth, company, id) in rows.decode((String, UUID, UUID).self) { return (auth, company, id) }
-            return ("unknown_key", nil, nil)
+            for try await (auth, company, id) in rows.decode((String, UUID, UUID).self) { return (KeyCheck(sql: auth), company, id) }
+            return (.unknownKey, nil, nil)
         }
-        guard auth.0 == "ok", let company = auth.1, let id = auth.2 else { throw Authenticator.keyError(auth.0) }
+        guard auth.0 == .ok, let company = auth.1, let id = auth.2 else { throw Authenticator.keyError(auth.0) }
         usage?.record(id)
         let until = now + lifetime
         known.withLock { known in

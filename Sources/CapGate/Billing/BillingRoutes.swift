@@ -44,7 +44,7 @@ extension BillingStore {
         PeriodicJob(interval: interval) {
             do {
                 let summary = try await rollover(at: Date(), dryRun: false, wait: false)
-                if summary.moved > 0 || summary.withoutPlan > 0 {
+                if summary.moved > 0 || summary.withoutPlan > 0 || !summary.partitionsMade.isEmpty || summary.partitionsFailure != nil {
                     logger.info("scheduled rollover", metadata: ["summary": "\(summary)"])
                 }
             } catch {

@@ -11,11 +11,18 @@ extension BillingStore {
         public var unchanged = 0
         public var skippedLocked = false
         public var dryRun = false
+        /// The ledger's monthly partitions the run made ahead (``LedgerPartitions``), by name.
+        public var partitionsMade: [String] = []
+        /// Why the partitions could not be made (a lock busy for a second, no right to create a
+        /// table); the periods moved all the same, and the gateways' hourly job tries again.
+        public var partitionsFailure: String? = nil
 
         public var description: String {
             if skippedLocked { return "another rollover is running; nothing done" }
             var text = "moved \(moved) companies, \(toDefault) to default plan, \(unchanged) unchanged"
             if withoutPlan > 0 { text += ", \(withoutPlan) left without a plan (no default plan)" }
+            if !partitionsMade.isEmpty { text += ", made ledger partitions \(partitionsMade.joined(separator: " "))" }
+            if let partitionsFailure { text += ", ledger partitions not made (\(partitionsFailure))" }
             if dryRun { text += " (dry run: nothing changed)" }
             return text
         }
@@ -30,6 +37,10 @@ extension BillingStore {
     /// Auto-renewing periods keep their plan; cancelled or expired ones move to the default
     /// plan, or to no plan when there is none. Bounds come from the anchor, so missed months
     /// are caught up in one step, and a second run finds nothing to do.
+    ///
+    /// Then (not in a dry run) the ledger's partitions of the current month and the
+    /// ``LedgerPartitions/monthsAhead`` after it, by the clock (`at` moves periods only), are made
+    /// if missing; a failure to make them is told in the summary, not thrown (the periods moved).
     public func rollover(at: Date, dryRun: Bool, wait: Bool = true) async throws -> RolloverSummary {
         try await database.run { client in
             try await client.withConnection { connection in
@@ -65,6 +76,14 @@ extension BillingStore {
                         } catch {
                             _ = try? await connection.query("ROLLBACK", logger: logger)
                             throw error
+                        }
+                    }
+                    if !dryRun {
+                        do {
+                            summary.partitionsMade = try await LedgerPartitions.makeAhead(
+                                on: connection, months: LedgerPartitions.monthsAhead, at: Date(), logger: logger)
+                        } catch {
+                            summary.partitionsFailure = Migrator.describe(error)
                         }
                     }
                     _ = try await connection.query("SELECT pg_advisory_unlock(\(Self.rolloverLockKey))", logger: logger).collect()

@@ -15,7 +15,7 @@ import PostgresNIO
 ///   charged as its cost (`cost_micros` = the hold, `cost_source` `hold`, as for an answer whose
 ///   usage cannot be known), and the company's and the user's counters move it from `cost_held`
 ///   to `cost_used` in the same transaction.
-/// - refund: `capgate_refund(company, id, NULL, NULL)` gives the units back to both counters,
+/// - refund: `capgate_refund(company, id, NULL, NULL, created_at)` gives the units back to both counters,
 ///   marks the row refunded, and marks its Idempotency-Key failed so a retry is a new attempt.
 ///
 /// A charged row without `settled_at` is `pending` for ``defaultGrace`` after its `created_at`
@@ -212,15 +212,20 @@ public struct UnsettledCharges: Sendable {
     /// a top-up grant held (SPEC §12, `cost_grant_part`; NULL: the whole) moves in the grant instead
     /// of the company counter.
     func keep(_ row: Row, on connection: PostgresConnection, olderThan: TimeInterval) async throws -> Acted? {
+        let (from, to) = Self.month(of: row)
         let found = try await connection.query(
-            "SELECT period_id, user_id, cost_grant_id, cost_grant_part FROM usage_ledger WHERE company_id = \(row.company) AND id = \(row.id)",
+            """
+            SELECT period_id, user_id, cost_grant_id, cost_grant_part FROM usage_ledger
+             WHERE company_id = \(row.company) AND id = \(row.id) AND created_at BETWEEN \(from) AND \(to)
+            """,
             logger: logger
         ).decode((Int64, UUID, Int64?, Int64?).self).collect()
         guard let (period, user, grant, grantPart) = found.first else { return nil }
         let open = try await connection.query(
             """
             SELECT CASE WHEN cost_source IS NULL THEN hold_micros END FROM usage_ledger
-             WHERE company_id = \(row.company) AND id = \(row.id) AND outcome = 'charged' AND settled_at IS NULL
+             WHERE company_id = \(row.company) AND id = \(row.id) AND created_at BETWEEN \(from) AND \(to)
+               AND outcome = 'charged' AND settled_at IS NULL
                AND created_at <= clock_timestamp() - \(olderThan) * interval '1 second'
                FOR UPDATE
             """,
@@ -233,7 +238,7 @@ public struct UnsettledCharges: Sendable {
             """
             UPDATE usage_ledger SET settled_at = clock_timestamp(), cost_micros = COALESCE(\(held), cost_micros),
                    cost_source = CASE WHEN \(held)::bigint IS NULL THEN cost_source ELSE 'hold' END
-             WHERE company_id = \(row.company) AND id = \(row.id)
+             WHERE company_id = \(row.company) AND id = \(row.id) AND created_at BETWEEN \(from) AND \(to)
             """,
             logger: logger)
         if let held, held > 0 {
@@ -269,10 +274,12 @@ public struct UnsettledCharges: Sendable {
     /// seconds; `company` narrows the look-up to one company.
     public func refund(_ ids: [Int64], company: UUID? = nil, olderThan: TimeInterval = defaultGrace) async throws -> [Resolution] {
         try await resolve(ids, company: company, olderThan: olderThan, action: .refund) { connection, row in
+            let (from, to) = Self.month(of: row)
             let rows = try await connection.query(
                 """
-                SELECT capgate_refund(l.company_id, l.id, NULL, NULL) FROM usage_ledger l
-                 WHERE l.company_id = \(row.company) AND l.id = \(row.id) AND l.outcome = 'charged' AND l.settled_at IS NULL
+                SELECT capgate_refund(l.company_id, l.id, NULL, NULL, l.created_at) FROM usage_ledger l
+                 WHERE l.company_id = \(row.company) AND l.id = \(row.id) AND l.created_at BETWEEN \(from) AND \(to)
+                   AND l.outcome = 'charged' AND l.settled_at IS NULL
                    AND l.created_at <= clock_timestamp() - \(olderThan) * interval '1 second'
                 """,
                 logger: logger
@@ -284,6 +291,14 @@ public struct UnsettledCharges: Sendable {
 
     /// What an operator asked for.
     enum Action { case keep, refund }
+
+    /// A second either side of the row's `created_at` as it was read: the ledger is partitioned
+    /// by month of `created_at` (docs/ledger.md), so a look-up by id that also gives this range
+    /// reads the row's month only (the id alone probes every month's index). A `Date` carries
+    /// the microseconds of a `timestamptz` to within a microsecond, hence not `=`.
+    static func month(of row: Row) -> (from: Date, to: Date) {
+        (row.createdAt.addingTimeInterval(-1), row.createdAt.addingTimeInterval(1))
+    }
 
     typealias Row = (id: Int64, company: UUID, outcome: String, settledAt: Date?, status: Int32?, createdAt: Date)
 

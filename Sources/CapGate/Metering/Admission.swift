@@ -44,7 +44,7 @@ public struct AdmissionRequest: Sendable {
 
 /// What the admission transaction decided.
 public struct Admission: Sendable {
-    public enum Decision: String, Sendable {
+    public enum Decision: String, Sendable, CaseIterable {
         /// Charged now; `ledgerID` is the new ledger row.
         case charged
         case companyCap = "company_cap"
@@ -90,8 +90,8 @@ public struct Admission: Sendable {
     public var ledgerID: Int64?
     public var periodID: Int64?
     public var state: UsageState
-    /// Whose budget refused a ``Decision/budgetExceeded``: company | user.
-    public var budgetScope: String? = nil
+    /// Whose budget refused a ``Decision/budgetExceeded``.
+    public var budgetScope: Refusal.Scope? = nil
     /// The stored answer of an ``Decision/idempotencyReplay``.
     public var answer: StoredAnswer?
 }
@@ -111,25 +111,17 @@ public struct AdmissionItem: Sendable {
     public var request: AdmissionRequest
 }
 
-/// What an admission function answered for one call (a `capgate_admitted` row).
+/// What an admission function answered for one call (a `capgate_admitted` row), typed: read in
+/// parts of a few columns each (Storage/AdmittedRow.swift).
 public struct AdmissionRow: Sendable {
-    /// ok | unknown_key | revoked_key | expired_key | disabled_user
-    var auth: String
-    var companyID: UUID?
-    var userID: UUID?
-    var role: String?
-    /// An ``Admission/Decision`` raw value; nil unless `auth` is ok.
-    var decision: String?
+    /// The credential's check, and its company, user and role when it is ok.
+    var caller: AdmittedCaller
+    /// Nil unless `caller.auth` is ok.
+    var decision: Admission.Decision?
+    /// The ledger row of a charge.
     var ledgerID: Int64?
-    var periodID: Int64?
-    var plan: String?
-    var planName: String?
-    var start: Date?
-    var end: Date?
-    var companyUsed: Int64?
-    var companyCap: Int64?
-    var userUsed: Int64?
-    var userCap: Int64?
+    /// The plan period and its unit counters.
+    var period: AdmittedPeriod
     /// The call's feature and its windows (nil without a feature).
     var feature: FeatureState? = nil
     /// The stored answer, for `idempotency_replay`.
@@ -138,8 +130,8 @@ public struct AdmissionRow: Sendable {
     var upgrade: UpgradeOffer? = nil
     /// The cost counters and the call's hold (nil before the counters were reached).
     var cost: CostState? = nil
-    /// Whose budget refused a `budget_exceeded`: company | user.
-    var budgetScope: String? = nil
+    /// Whose budget refused a `budget_exceeded`.
+    var budgetScope: Refusal.Scope? = nil
     /// The call's rate windows (SPEC §14), once it reached them (nil: none set, or refused before).
     var rate: RateState? = nil
 }
@@ -162,13 +154,22 @@ struct Settlement: Sendable {
     /// the real count in the same transaction.
     var endsInWindows = false
 
-    /// The settlement's count for this call's token windows: the real tokens (input, cache writes
-    /// and reads, output), -1 when the usage is not known (the hold stays), -3 when it is in none.
-    var windowTokens: Int64 {
-        guard endsInWindows else { return -3 }
-        guard usage.known else { return -1 }
+    /// What the settlement writes in the call's token windows.
+    enum WindowTokens: Sendable, Equatable {
+        /// The call holds nothing in a token window.
+        case notHeld
+        /// The usage is not known: the hold stays.
+        case unknown
+        /// The real tokens: input, cache writes and reads, output.
+        case count(Int64)
+    }
+
+    /// The settlement's count for this call's token windows.
+    var windowTokens: WindowTokens {
+        guard endsInWindows else { return .notHeld }
+        guard usage.known else { return .unknown }
         let counts = [usage.inputTokens, usage.outputTokens, usage.cacheWrite5m, usage.cacheWrite1h, usage.cacheRead]
-        return counts.reduce(Int64(0)) { $0 + max(0, $1 ?? 0) }
+        return .count(counts.reduce(Int64(0)) { $0 + max(0, $1 ?? 0) })
     }
 }
 

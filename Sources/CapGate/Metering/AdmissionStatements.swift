@@ -6,76 +6,11 @@ import PostgresNIO
 // them once, then only binds and executes (measured with pgbench, one call: 0.63 ms as an
 // unnamed statement, 0.47 ms prepared). Parameter types come from the functions' signatures.
 
-/// The columns of `capgate_admitted` (db/functions/capgate_admission.type.sql), in order.
-let admittedColumns = """
-    item, auth, company_id, user_id, role, decision, ledger_id, period_id, plan_id, plan_name, period_start, period_end,
-    company_used, company_cap, user_used, user_cap, feature_id, feature_name, feature_refused, feature_message,
-    day_start, day_end, fc_period_used, fc_period_limit, fc_day_used, fc_day_limit, fu_period_used, fu_period_limit,
-    fu_day_used, fu_day_limit, answer_status, answer_type, answer_body, upgrade_plan, upgrade_company_cap, upgrade_user_cap,
-    upgrade_feature_limit, hold, budget_scope, cc_used, cc_held, cc_limit, uc_used, uc_held, uc_limit,
-    rate_refused, rate_minute, rate_tokens, company_rpm, company_tpm, user_rpm, user_tpm, user_concurrency, cr_calls, cr_tokens,
-    ur_calls, ur_tokens, u_slots, f_company_rpm, f_company_tpm, f_user_rpm, f_user_tpm, f_user_concurrency, fcr_calls,
-    fcr_tokens, fur_calls, fur_tokens, fu_slots
-    """
-
-extension AdmissionRow {
-    /// A `capgate_admitted` row.
-    init(admitted row: PostgresRow) throws {
-        let c = try row.decode(
-            (
-                Int32, String, UUID?, UUID?, String?, String?, Int64?, Int64?, String?, String?, Date?, Date?,
-                Int64?, Int64?, Int64?, Int64?, String?, String?, String?, String?,
-                Date?, Date?, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?,
-                Int64?, Int64?, Int32?, String?, ByteBuffer?, String?, Int64?, Int64?, Int64?,
-                Int64?, String?, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?,
-                String?, Date?, Int64?, Int32?, Int64?, Int32?, Int64?, Int32?, Int64?, Int64?,
-                Int64?, Int64?, Int64?, Int32?, Int64?, Int32?, Int64?, Int32?, Int64?, Int64?,
-                Int64?, Int64?, Int64?
-            ).self)
-        self.init(
-            auth: c.1, companyID: c.2, userID: c.3, role: c.4, decision: c.5, ledgerID: c.6, periodID: c.7, plan: c.8,
-            planName: c.9, start: c.10, end: c.11, companyUsed: c.12, companyCap: c.13, userUsed: c.14, userCap: c.15)
-        feature = FeatureState(
-            id: c.16, name: c.17, refused: c.18, message: c.19, dayStart: c.20, dayEnd: c.21,
-            values: [(c.22, c.23), (c.24, c.25), (c.26, c.27), (c.28, c.29)])
-        if let status = c.30 {
-            answer = StoredAnswer(status: Int(status), contentType: c.31, body: c.32 ?? ByteBuffer())
-        }
-        if let plan = c.33 {
-            upgrade = UpgradeOffer(upgrade: .init(plan: plan, companyLimit: c.34, userLimit: c.35), featureLimit: c.36)
-        }
-        budgetScope = c.38
-        if c.39 != nil || c.42 != nil {
-            cost = CostState(
-                company: c.39.map { CostState.Counter(used: $0, held: c.40 ?? 0, limit: c.41) },
-                user: c.42.map { CostState.Counter(used: $0, held: c.43 ?? 0, limit: c.44) }, hold: c.37)
-        }
-        if let minute = c.46 {
-            let featureLimits = RateState.Limits(
-                companyRPM: c.58.map(Int64.init), companyTPM: c.59, userRPM: c.60.map(Int64.init), userTPM: c.61,
-                userConcurrency: c.62.map(Int64.init))
-            let refused = c.45.map { $0.hasPrefix("feature.") ? (String($0.dropFirst(8)), true) : ($0, false) }
-            rate = RateState(
-                limits: .init(
-                    companyRPM: c.48.map(Int64.init), companyTPM: c.49, userRPM: c.50.map(Int64.init), userTPM: c.51,
-                    userConcurrency: c.52.map(Int64.init)),
-                minute: minute,
-                counts: .init(companyCalls: c.53, companyTokens: c.54, userCalls: c.55, userTokens: c.56, userInFlight: c.57),
-                feature: featureLimits.isEmpty || c.16 == nil
-                    ? nil
-                    : .init(
-                        id: c.16 ?? "", limits: featureLimits,
-                        counts: .init(companyCalls: c.63, companyTokens: c.64, userCalls: c.65, userTokens: c.66, userInFlight: c.67)),
-                refused: refused.flatMap { RateState.Window(rawValue: $0.0) }, refusedFeature: refused?.1 ?? false, tokens: c.47)
-        }
-    }
-}
-
 /// `capgate_admit`: one call without an Idempotency-Key: the API key's hash (looked up in the
 /// same transaction) or a verified token's company and user.
 struct AdmitStatement: PostgresPreparedStatement {
     static let sql = """
-        SELECT \(admittedColumns)
+        SELECT \(AdmittedColumn.selectList)
           FROM capgate_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
         """
     typealias Row = AdmissionRow
@@ -111,12 +46,13 @@ struct AdmitStatement: PostgresPreparedStatement {
 }
 
 extension CostBound {
-    /// `p_prompt, p_max_tokens, p_cache, p_window` of the admission functions.
+    /// `p_prompt, p_max_tokens, p_cache, p_window` of the admission functions (their "absent"
+    /// values in SQLValues.swift).
     func append(to bindings: inout PostgresBindings) {
-        bindings.append(promptTokens)
-        bindings.append(maxTokens)
+        bindings.append(promptParameter)
+        bindings.append(maxTokensParameter)
         bindings.append(cache.rawValue)
-        bindings.append(window)
+        bindings.append(windowParameter)
     }
 }
 
@@ -124,7 +60,7 @@ extension CostBound {
 /// (or a verified token's company and user), the key's claim and the admission, one call.
 struct AdmitIdempotentStatement: PostgresPreparedStatement {
     static let sql = """
-        SELECT \(admittedColumns)
+        SELECT \(AdmittedColumn.selectList)
           FROM capgate_admit_idempotent($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
         """
     typealias Row = AdmissionRow
@@ -163,7 +99,7 @@ struct AdmitIdempotentStatement: PostgresPreparedStatement {
 /// UUID, -1 for the routes version).
 struct AdmitBatchStatement: PostgresPreparedStatement {
     static let sql = """
-        SELECT \(admittedColumns)
+        SELECT \(AdmittedColumn.selectList)
           FROM capgate_admit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) ORDER BY item
         """
     typealias Row = AdmissionRow
@@ -187,10 +123,10 @@ struct AdmitBatchStatement: PostgresPreparedStatement {
         bindings.append(items.map { $0.request.routesVersion ?? -1 })
         bindings.append(items.map(\.request.at))
         bindings.append(relaxed)
-        bindings.append(items.map(\.request.bound.promptTokens))
-        bindings.append(items.map(\.request.bound.maxTokens))
+        bindings.append(items.map(\.request.bound.promptParameter))
+        bindings.append(items.map(\.request.bound.maxTokensParameter))
         bindings.append(items.map(\.request.bound.cache.rawValue))
-        bindings.append(items.map(\.request.bound.window))
+        bindings.append(items.map(\.request.bound.windowParameter))
         bindings.append(ended)
         return bindings
     }
@@ -219,7 +155,7 @@ struct SettleBatchStatement: PostgresPreparedStatement {
         bindings.append(items.map { $0.usage.cacheWrite1h ?? -1 })
         bindings.append(items.map { $0.usage.cacheRead ?? -1 })
         bindings.append(items.map(\.usage.known))
-        bindings.append(items.map(\.windowTokens))
+        bindings.append(items.map(\.windowTokens.parameter))
         return bindings
     }
 

@@ -7,8 +7,20 @@ public struct FeatureState: Sendable {
     public enum Window: String, Sendable {
         case day, period
     }
-    public enum Scope: String, Sendable {
-        case company, user
+    /// Whose window: the company's or the user's.
+    public typealias Scope = Refusal.Scope
+    /// Which of the four windows: a scope's day or period.
+    public struct Kind: Sendable, Hashable {
+        public var scope: Scope
+        public var window: Window
+
+        public init(_ scope: Scope, _ window: Window) {
+            self.scope = scope
+            self.window = window
+        }
+
+        /// The order the admission locks the counters in, and the order of their columns.
+        static let lockOrder = [Kind(.company, .period), Kind(.company, .day), Kind(.user, .period), Kind(.user, .day)]
     }
     /// One window of one scope.
     public struct Counter: Sendable {
@@ -16,6 +28,8 @@ public struct FeatureState: Sendable {
         public var scope: Scope
         public var used: Int64
         public var limit: Int64?
+
+        public var kind: Kind { Kind(scope, window) }
 
         /// The RateLimit policy name, e.g. `feature.analysis.user-day`.
         func policy(feature: String) -> String {
@@ -35,19 +49,10 @@ public struct FeatureState: Sendable {
     /// The limit of the refused window in the plan ``UsageState/upgrade`` names (nil: unlimited there).
     public var upgradeLimit: Int64?
 
-    /// From the `feature_*`, `day_*`, `fc_*` and `fu_*` columns of a `capgate_admitted` row.
-    init?(
-        id: String?, name: String?, refused: String?, message: String?, dayStart: Date?, dayEnd: Date?,
-        values: [(used: Int64?, limit: Int64?)]
-    ) {
-        guard let id else { return nil }
-        self.init(id: id, name: name ?? id, refused: refused, message: message, dayStart: dayStart, dayEnd: dayEnd, values: values)
-    }
-
-    /// `values` in the lock order (company period, company day, user period, user day), a window
-    /// with neither used nor limit left out; `refused` as `<scope>.<window>` (`company.day`, …).
+    /// `values` in the lock order (``Kind/lockOrder``), a window with neither used nor limit left
+    /// out; `refused`: the window that refused the call, nil when none did.
     init(
-        id: String, name: String, refused: String?, message: String?, dayStart: Date?, dayEnd: Date?,
+        id: String, name: String, refused: Kind?, message: String?, dayStart: Date?, dayEnd: Date?,
         values: [(used: Int64?, limit: Int64?)]
     ) {
         self.id = id
@@ -55,16 +60,12 @@ public struct FeatureState: Sendable {
         self.dayStart = dayStart
         self.dayEnd = dayEnd
         self.message = message
-        let kinds: [(Window, Scope)] = [(.period, .company), (.day, .company), (.period, .user), (.day, .user)]
-        counters = zip(kinds, values).compactMap { kind, value in
+        counters = zip(Kind.lockOrder, values).compactMap { kind, value in
             guard value.used != nil || value.limit != nil else { return nil }
-            return Counter(window: kind.0, scope: kind.1, used: value.used ?? 0, limit: value.limit)
+            return Counter(window: kind.window, scope: kind.scope, used: value.used ?? 0, limit: value.limit)
         }
         if let refused {
-            let parts = refused.split(separator: ".")
-            if parts.count == 2, let scope = Scope(rawValue: String(parts[0])), let window = Window(rawValue: String(parts[1])) {
-                self.refused = counters.first { $0.scope == scope && $0.window == window }
-            }
+            self.refused = counters.first { $0.kind == refused }
         }
     }
 

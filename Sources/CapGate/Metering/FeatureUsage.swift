@@ -70,11 +70,11 @@ public struct FeatureUsage: Sendable {
     /// the `usage.feature` object and the RateLimit fields; `refused` is nil when all fit.
     public func check(units: Int64, user: UUID) -> FeatureState {
         let mine = used(by: user)
-        let windows: [(name: String, used: Int64, limit: Int64?)] = [
-            ("company.period", company.period, periodLimit), ("company.day", company.day, dailyLimit),
-            ("user.period", mine.period, userPeriodLimit), ("user.day", mine.day, userDailyLimit),
+        let windows: [(kind: FeatureState.Kind, used: Int64, limit: Int64?)] = [
+            (.init(.company, .period), company.period, periodLimit), (.init(.company, .day), company.day, dailyLimit),
+            (.init(.user, .period), mine.period, userPeriodLimit), (.init(.user, .day), mine.day, userDailyLimit),
         ]
-        let refused = windows.first { window in window.limit.map { window.used + units > $0 } ?? false }?.name
+        let refused = windows.first { window in window.limit.map { window.used + units > $0 } ?? false }?.kind
         // Every window is reported (used 0 for a window never charged), so the RateLimit fields
         // name each bounded limit.
         return FeatureState(

@@ -33,10 +33,10 @@ struct LateAdmissions: Sendable {
     @Sendable func committedLate(_ result: Result<[AdmissionRow], any Error>) {
         guard case .success(let rows) = result else { return }
         let charges = zip(items, rows).compactMap { item, row -> Charge? in
-            guard row.decision.flatMap(Admission.Decision.init(rawValue:))?.admitted == true, let ledger = row.ledgerID else {
+            guard row.decision?.admitted == true, let ledger = row.ledgerID else {
                 return nil
             }
-            return (row.companyID ?? item.request.companyID, ledger, item.request.requestID)
+            return (row.caller.companyID ?? item.request.companyID, ledger, item.request.requestID)
         }
         guard !charges.isEmpty else { return }
         database.logger.warning(
@@ -99,7 +99,7 @@ struct LateAdmissions: Sendable {
                     database: database)
                 if done {
                     refunded += 1
-                    GatewayMetrics.refund(reason: "late_admission")
+                    GatewayMetrics.refund(reason: .lateAdmission)
                 }
             } catch DatabaseError.unavailable {
                 PendingWrites(database: database, spool: spool).later(

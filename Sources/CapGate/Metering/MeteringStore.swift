@@ -80,7 +80,7 @@ public struct MeteringStore: Sendable {
     /// Admits a call whose company and user come from a verified token: exact under any concurrency.
     public func admit(_ r: AdmissionRequest) async throws -> Admission {
         let row = try await admissionRow(AdmissionItem(keyHash: nil, request: r))
-        guard let decisionText = row.decision, let decision = Admission.Decision(rawValue: decisionText) else {
+        guard let decision = row.decision else {
             throw DatabaseError.other("capgate_admit_batch returned no decision")
         }
         return complete(decision: decision, row: row)
@@ -90,13 +90,11 @@ public struct MeteringStore: Sendable {
     /// Throws the 401 when the key is unknown, revoked or its user disabled.
     public func admit(key: String, _ r: AdmissionRequest) async throws -> (UserIdentity, Admission) {
         let row = try await admissionRow(AdmissionItem(keyHash: ApiKeyGenerator.hash(key), request: r))
-        guard row.auth == "ok", let company = row.companyID, let user = row.userID, let decisionText = row.decision,
-            let decision = Admission.Decision(rawValue: decisionText)
-        else {
-            throw Authenticator.keyError(row.auth)
+        let caller = row.caller
+        guard caller.auth == .ok, let company = caller.companyID, let user = caller.userID, let decision = row.decision else {
+            throw Authenticator.keyError(caller.auth)
         }
-        let identity = UserIdentity(
-            companyID: company, userID: user, role: UserIdentity.Role(rawValue: row.role ?? "") ?? .member, credential: .apiKey)
+        let identity = UserIdentity(companyID: company, userID: user, role: caller.role ?? .member, credential: .apiKey)
         return (identity, complete(decision: decision, row: row))
     }
 
@@ -199,10 +197,12 @@ public struct MeteringStore: Sendable {
 
     /// Builds the admission result from its row (a refusal's upgrade offer included).
     func complete(decision: Admission.Decision, row: AdmissionRow) -> Admission {
+        let period = row.period
         var state = UsageState(
-            plan: row.plan.map { UsageState.PlanRef(id: $0, name: row.planName ?? $0) },
-            periodStart: row.start, periodEnd: row.end,
-            companyUsed: row.companyUsed ?? 0, companyLimit: row.companyCap, userUsed: row.userUsed ?? 0, userLimit: row.userCap
+            plan: period.plan.map { UsageState.PlanRef(id: $0, name: period.planName ?? $0) },
+            periodStart: period.start, periodEnd: period.end,
+            companyUsed: period.companyUsed ?? 0, companyLimit: period.companyCap, userUsed: period.userUsed ?? 0,
+            userLimit: period.userCap
         )
         state.feature = row.feature
         state.cost = row.cost
@@ -216,7 +216,7 @@ public struct MeteringStore: Sendable {
             state.userUsed = 0
         }
         return Admission(
-            decision: decision, ledgerID: row.ledgerID, periodID: row.periodID, state: state, budgetScope: row.budgetScope,
+            decision: decision, ledgerID: row.ledgerID, periodID: period.periodID, state: state, budgetScope: row.budgetScope,
             answer: row.answer)
     }
 
@@ -377,7 +377,7 @@ public struct MeteringStore: Sendable {
     func upgradeOffer(
         _ decision: Admission.Decision, plan: String?, feature: String?, refused: FeatureState.Counter?
     ) async throws -> UpgradeOffer? {
-        let window = refused.map { "\($0.scope.rawValue).\($0.window.rawValue)" }
+        let window = refused?.kind.sql
         return try await database.run { client in
             let rows = try await client.query(
                 """

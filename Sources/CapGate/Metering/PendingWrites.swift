@@ -38,7 +38,7 @@ struct PendingWrites: Sendable {
             if try await MeteringStore.refund(
                 companyID: company, ledgerID: ledger, requestID: requestID, upstreamStatus: status, database: database)
             {
-                GatewayMetrics.refund(reason: "spooled")
+                GatewayMetrics.refund(reason: .spooled)
             }
         case .settle(let company, let ledger, let status, let input, let output, let write5m, let write1h, let read, let known):
             let usage = ProviderUsage(
@@ -60,7 +60,7 @@ struct PendingWrites: Sendable {
                     companyID: charge.company, ledgerID: charge.ledger, requestID: charge.requestID, upstreamStatus: nil,
                     database: database)
                 {
-                    GatewayMetrics.refund(reason: "late_admission")
+                    GatewayMetrics.refund(reason: .lateAdmission)
                 }
             }
         }

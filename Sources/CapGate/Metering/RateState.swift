@@ -14,7 +14,7 @@ public struct RateState: Sendable, Equatable {
         case userConcurrency = "user-concurrency"
 
         /// Whose window it is: the company's or the user's.
-        var scope: String { self == .companyRPM || self == .companyTPM ? "company" : "user" }
+        var scope: Refusal.Scope { self == .companyRPM || self == .companyTPM ? .company : .user }
     }
 
     /// The five limits of a plan or an entitlement; nil: none.

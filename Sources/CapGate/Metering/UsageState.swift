@@ -55,10 +55,10 @@ public struct UsageState: Sendable {
     /// object and the upgrade's `feature_limit`; for a usage read with the plan's `features`
     /// (SPEC §8, see ``FeatureUsage``).
     public func json(
-        scope: String, includeUser: Bool = true, featureRefusal: Bool = false, features: JSON? = nil,
+        scope: Refusal.Scope, includeUser: Bool = true, featureRefusal: Bool = false, features: JSON? = nil,
         budgetRefusal: Refusal.Scope? = nil, rateRefusal: Bool = false, now: Date = Date()
     ) -> JSON {
-        var fields: [JSON.Field] = [.init("scope", .string(scope))]
+        var fields: [JSON.Field] = [.init("scope", .string(scope.rawValue))]
         fields.append(.init("plan", plan.map { .obj(["id": .string($0.id), "name": .string($0.name)]) } ?? .null))
         if let periodStart, let periodEnd {
             fields.append(.init("period", .obj(["start": JSON(periodStart), "end": JSON(periodEnd)])))
@@ -81,7 +81,7 @@ public struct UsageState: Sendable {
                     .init(
                         "feature",
                         .obj([
-                            "id": .string(feature.id), "name": .string(feature.name), "window": .null, "scope": .string(scope),
+                            "id": .string(feature.id), "name": .string(feature.name), "window": .null, "scope": .string(scope.rawValue),
                             "used": .int(0), "limit": .int(0), "remaining": .int(0), "reset_at": .null,
                         ])))
             }

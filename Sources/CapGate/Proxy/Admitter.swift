@@ -124,7 +124,7 @@ struct Admitter: Sendable {
     /// The refusal an admission decided, nil for a charge (or a replay).
     static func refusal(
         _ decision: Admission.Decision, cost: CallCost, credential: UserIdentity.Credential, maxKeptBytes: Int,
-        scope: String? = nil, model: String? = nil, rate: RateState? = nil, unknownTool: String? = nil
+        scope: Refusal.Scope? = nil, model: String? = nil, rate: RateState? = nil, unknownTool: String? = nil
     ) -> Refusal? {
         let feature = cost.feature ?? "this feature"
         switch decision {
@@ -139,7 +139,7 @@ struct Admitter: Sendable {
         case .featureLimitExceeded: return .featureLimit(feature: feature)
         case .featureNotBound: return .notBound(feature: feature, bound: nil, credential: credential)
         case .idempotencyInFlight, .idempotencyNotKept, .idempotencyMismatch: return .idempotency(decision, maxKeptBytes: maxKeptBytes)
-        case .budgetExceeded: return .budget(scope == "user" ? .user : .company)
+        case .budgetExceeded: return .budget(scope ?? .company)
         case .unpricedModel: return .unpricedModel(model)
         case .maxTokensRequired: return .maxTokensRequired
         case .unboundedCall: return .unboundedCall(unknownTool: unknownTool)

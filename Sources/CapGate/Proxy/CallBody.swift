@@ -97,30 +97,36 @@ public struct CostBound: Sendable, Equatable {
         case oneHour = 2
     }
 
-    /// The most prompt tokens the call can be billed for before the window caps them;
-    /// ``wholeWindow`` with a document block, ``cannotBound`` for a body the price book cannot bound.
-    public var promptTokens: Int64
-    /// The body's `max_tokens`, or ``absent``.
-    public var maxTokens: Int64
+    /// The most prompt tokens the call can be billed for before the window caps them.
+    public enum Prompt: Sendable, Equatable {
+        /// At most this many (before the model's context window caps them).
+        case tokens(Int64)
+        /// A document block: the whole context window.
+        case wholeWindow
+        /// A body the price book cannot bound (server tools, a batch, a tool type not listed,
+        /// a body that is not JSON): held nowhere, refused where a budget applies.
+        case cannotBound
+    }
+
+    public var prompt: Prompt
+    /// The body's `max_tokens`; nil: none.
+    public var maxTokens: Int64?
     public var cache: Cache
     /// The larger context window the request enables (``largeWindow`` with the provider's 1M
-    /// context beta), else 0: the price book's.
-    public var window: Int64
+    /// context beta); nil: the price book's.
+    public var window: Int64?
     /// The first provider-defined tool type of the body that `costs.toolOverheadTokens` does not
     /// list (the call then cannot be bounded); named in the 400 where a budget applies.
     public var unknownTool: String? = nil
 
-    public static let wholeWindow: Int64 = -1
-    public static let cannotBound: Int64 = -2
-    public static let absent: Int64 = -1
     /// The context window the provider's `context-1m-…` beta enables.
     public static let largeWindow: Int64 = 1_000_000
 
     /// A call nothing is known of: held nowhere, refused where a budget applies.
-    public static let unbounded = CostBound(promptTokens: cannotBound, maxTokens: absent, cache: .none, window: 0)
+    public static let unbounded = CostBound(prompt: .cannotBound, maxTokens: nil, cache: .none, window: nil)
 
-    public init(promptTokens: Int64, maxTokens: Int64, cache: Cache, window: Int64) {
-        self.promptTokens = promptTokens
+    public init(prompt: Prompt, maxTokens: Int64?, cache: Cache, window: Int64?) {
+        self.prompt = prompt
         self.maxTokens = maxTokens
         self.cache = cache
         self.window = window
@@ -137,21 +143,21 @@ public struct CostBound: Sendable, Equatable {
         bodyBytes: Int, shape: PromptShape, maxTokens: Int64?, overheadTokens: Int, imageTokens: Int, largeWindow: Bool,
         toolOverhead: [String: Int] = CostSettings.publishedToolOverhead
     ) {
-        self.maxTokens = maxTokens ?? Self.absent
+        self.maxTokens = maxTokens
         cache = shape.cachedLong ? .oneHour : shape.cached ? .fiveMinutes : .none
-        window = largeWindow ? Self.largeWindow : 0
+        window = largeWindow ? Self.largeWindow : nil
         var tools = shape.tools > 0 ? toolOverhead["tool_choice"] ?? 0 : 0
         for type in shape.toolTypes {
             if let tokens = toolOverhead[type] { tools += tokens } else if unknownTool == nil { unknownTool = type }
         }
         if !shape.bounded || unknownTool != nil {
-            promptTokens = Self.cannotBound
+            prompt = .cannotBound
         } else if shape.documents > 0 {
-            promptTokens = Self.wholeWindow
+            prompt = .wholeWindow
         } else {
             let (images, overflowA) = Int64(imageTokens).multipliedReportingOverflow(by: Int64(shape.images))
             let (sum, overflowB) = Int64(bodyBytes + overheadTokens + tools).addingReportingOverflow(images)
-            promptTokens = overflowA || overflowB ? Self.wholeWindow : sum
+            prompt = overflowA || overflowB ? .wholeWindow : .tokens(sum)
         }
     }
 

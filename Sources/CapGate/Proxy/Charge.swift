@@ -36,7 +36,7 @@ struct Charge: Sendable {
     /// idempotent and replayed until the database takes it, across restarts), so a call that
     /// failed upstream while PostgreSQL was down does not stay charged.
     @discardableResult
-    func refund(status: Int?, reason: String, logger: Logger) async -> Bool {
+    func refund(status: Int?, reason: RefundReason, logger: Logger) async -> Bool {
         do {
             guard try await metering.refund(companyID: companyID, ledgerID: ledgerID, requestID: requestID, upstreamStatus: status)
             else { return false }
@@ -48,7 +48,7 @@ struct Charge: Sendable {
             return false
         } catch {
             // The ledger row stays charged; `capgate verify` and the operator see it.
-            logger.error("refund failed", metadata: ["ledger_id": "\(ledgerID)", "reason": "\(reason)"])
+            logger.error("refund failed", metadata: ["ledger_id": "\(ledgerID)", "reason": "\(reason.rawValue)"])
             return false
         }
     }

@@ -25,7 +25,7 @@ struct Forwarder: Sendable {
     func forward(_ call: Call, _ admitted: AdmittedCall, logger: Logger, record: RequestRecord) async throws -> Answer {
         // Past its share the call waits its turn (within upstream.timeout) while other companies' go on.
         guard await share.acquire(for: admitted.user.companyID, timeout: upstream.waitLimit) else {
-            await admitted.charge?.refund(status: nil, reason: "share", logger: logger)
+            await admitted.charge?.refund(status: nil, reason: .share, logger: logger)
             throw GatewayError.overloaded(
                 "Your company has as many calls in flight to the AI provider as its share of this gateway allows; you were not charged. Try again shortly."
             )
@@ -61,8 +61,7 @@ struct Forwarder: Sendable {
         } catch {
             ticket.release()
             let timedOut = (error as? UpstreamError)?.isTimeout ?? false
-            if let charge = admitted.charge, await charge.refund(status: nil, reason: timedOut ? "timeout" : "unreachable", logger: logger)
-            {
+            if let charge = admitted.charge, await charge.refund(status: nil, reason: timedOut ? .timeout : .unreachable, logger: logger) {
                 record.update { $0.decision = "refunded" }
             }
             record.update { $0.upstreamMillis = (ContinuousClock.now - started).milliseconds }

@@ -140,12 +140,12 @@ extension Responder {
     /// run: the refusing scope, and for a feature's refusal its `feature` object.
     static func usage(for refusal: Refusal?, state: UsageState, now: Date = Date()) -> JSON {
         switch refusal {
-        case .noActivePlan, .featureNotInPlan: state.json(scope: "company", featureRefusal: refusal != .noActivePlan)
-        case .cap(let scope): state.json(scope: scope.rawValue)
-        case .featureLimit: state.json(scope: state.feature?.refused?.scope.rawValue ?? "company", featureRefusal: true)
-        case .budget(let scope): state.json(scope: scope.rawValue, budgetRefusal: scope)
+        case .noActivePlan, .featureNotInPlan: state.json(scope: .company, featureRefusal: refusal != .noActivePlan)
+        case .cap(let scope): state.json(scope: scope)
+        case .featureLimit: state.json(scope: state.feature?.refused?.scope ?? .company, featureRefusal: true)
+        case .budget(let scope): state.json(scope: scope, budgetRefusal: scope)
         case .rate(let window): state.json(scope: window.scope, rateRefusal: true, now: now)
-        default: state.json(scope: "user")
+        default: state.json(scope: .user)
         }
     }
 

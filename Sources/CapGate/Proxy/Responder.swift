@@ -27,7 +27,7 @@ struct Responder: Sendable {
         var headers = Self.returnedHeaders(head.headers)
         guard (200..<300).contains(answer.status) else {
             var state = admitted.state
-            if let charge = admitted.charge, await charge.refund(status: answer.status, reason: "upstream_status", logger: logger) {
+            if let charge = admitted.charge, await charge.refund(status: answer.status, reason: .upstreamStatus, logger: logger) {
                 record.update { $0.decision = "refunded" }
                 state = state.refunded(units: admitted.units)
             }

@@ -112,14 +112,20 @@ struct FeatureStore: Sendable {
         plan_id, feature_id, enabled, daily_limit, period_limit, user_daily_limit, user_period_limit, message, company_rpm::bigint,
         company_tpm, user_rpm::bigint, user_tpm, user_concurrency::bigint
         """
-    typealias EntitlementRow = (String, String, Bool, Int64?, Int64?, Int64?, Int64?, String?, Int64?, Int64?, Int64?, Int64?, Int64?)
 
-    static func entitlementJSON(_ r: EntitlementRow) -> JSON {
-        .obj([
-            "plan_id": .string(r.0), "feature_id": .string(r.1), "enabled": .bool(r.2), "daily_limit": JSON(r.3),
-            "period_limit": JSON(r.4), "user_daily_limit": JSON(r.5), "user_period_limit": JSON(r.6), "message": JSON(r.7),
-            "company_rpm": JSON(r.8), "company_tpm": JSON(r.9), "user_rpm": JSON(r.10), "user_tpm": JSON(r.11),
-            "user_concurrency": JSON(r.12),
+    /// A row of ``entitlementColumns``, read by name.
+    static func entitlementJSON(_ row: PostgresRow) throws -> JSON {
+        let r = row.makeRandomAccess()
+        let rate = try RateState.Limits(columnsOf: r)
+        return .obj([
+            "plan_id": .string(try r.column("plan_id")), "feature_id": .string(try r.column("feature_id")),
+            "enabled": .bool(try r.column("enabled")), "daily_limit": JSON(try r.column("daily_limit", as: Int64?.self)),
+            "period_limit": JSON(try r.column("period_limit", as: Int64?.self)),
+            "user_daily_limit": JSON(try r.column("user_daily_limit", as: Int64?.self)),
+            "user_period_limit": JSON(try r.column("user_period_limit", as: Int64?.self)),
+            "message": JSON(try r.column("message", as: String?.self)), "company_rpm": JSON(rate.companyRPM),
+            "company_tpm": JSON(rate.companyTPM), "user_rpm": JSON(rate.userRPM), "user_tpm": JSON(rate.userTPM),
+            "user_concurrency": JSON(rate.userConcurrency),
         ])
     }
 
@@ -134,7 +140,7 @@ struct FeatureStore: Sendable {
                   FROM plan_features pf JOIN features f ON f.id = pf.feature_id
                  WHERE pf.plan_id = \(plan) ORDER BY f.sort_order, f.id
                 """, logger: logger)
-            return try await rows.decode(EntitlementRow.self).collect().map(Self.entitlementJSON)
+            return try await rows.collect().map(Self.entitlementJSON)
         }
     }
 
@@ -143,7 +149,7 @@ struct FeatureStore: Sendable {
             let rows = try await client.query(
                 "SELECT \(unescaped: Self.entitlementColumns) FROM plan_features WHERE plan_id = \(plan) AND feature_id = \(feature)",
                 logger: logger)
-            return try await rows.decode(EntitlementRow.self).collect().first.map(Self.entitlementJSON)
+            return try await rows.collect().first.map(Self.entitlementJSON)
         }
     }
 
@@ -167,7 +173,7 @@ struct FeatureStore: Sendable {
                         updated_at = now()
                     RETURNING \(unescaped: Self.entitlementColumns)
                     """, logger: logger)
-                let stored = try await rows.decode(EntitlementRow.self).collect().first.map(Self.entitlementJSON) ?? .null
+                let stored = try await rows.collect().first.map(Self.entitlementJSON) ?? .null
                 let after = try await AuditLog.snapshot(target, on: connection, logger: logger)
                 return (
                     stored,
@@ -190,7 +196,7 @@ struct FeatureStore: Sendable {
                 DELETE FROM plan_features WHERE plan_id = \(plan) AND feature_id = \(feature)
                 RETURNING \(unescaped: Self.entitlementColumns)
                 """, logger: logger)
-            guard let removed = try await rows.decode(EntitlementRow.self).collect().first.map(Self.entitlementJSON) else {
+            guard let removed = try await rows.collect().first.map(Self.entitlementJSON) else {
                 return (nil, nil)
             }
             return (

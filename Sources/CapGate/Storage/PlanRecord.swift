@@ -1,4 +1,5 @@
 import Foundation
+import PostgresNIO
 
 /// A plan as the operator API shows it (SPEC §5), read by ``TenantStore``.
 public struct PlanRecord: Sendable, Equatable {
@@ -22,12 +23,17 @@ public struct PlanRecord: Sendable, Equatable {
     public var rate = RateState.Limits()
 
     /// A row of ``TenantStore/planColumns`` (the price read as `price::text`, so exactly).
-    init(_ r: TenantStore.PlanRow) throws {
-        guard let price = Self.decimal(r.4) else { throw DatabaseError.other("plan \(r.0): price '\(r.4)' is not a decimal") }
+    init(row r: PostgresRandomAccessRow) throws {
+        let id: String = try r.column("id")
+        let text: String = try r.column("price")
+        guard let price = Self.decimal(text) else { throw DatabaseError.other("plan \(id): price '\(text)' is not a decimal") }
         self.init(
-            id: r.0, name: r.1, monthlyCompanyCap: r.2, monthlyUserCap: r.3, price: price, currency: r.5, isDefault: r.6,
-            isActive: r.7, sortOrder: r.8, monthlyCompanyBudget: r.9.map(Micros.init), monthlyUserBudget: r.10.map(Micros.init))
-        rate = RateState.Limits(companyRPM: r.11, companyTPM: r.12, userRPM: r.13, userTPM: r.14, userConcurrency: r.15)
+            id: id, name: try r.column("name"), monthlyCompanyCap: try r.column("monthly_company_cap"),
+            monthlyUserCap: try r.column("monthly_user_cap"), price: price, currency: try r.column("currency"),
+            isDefault: try r.column("is_default"), isActive: try r.column("is_active"), sortOrder: try r.column("sort_order"),
+            monthlyCompanyBudget: try r.column("monthly_company_budget", as: Int64?.self).map(Micros.init),
+            monthlyUserBudget: try r.column("monthly_user_budget", as: Int64?.self).map(Micros.init))
+        rate = try RateState.Limits(columnsOf: r)
     }
 
     public init(

@@ -82,28 +82,36 @@ public struct PriceStore: Sendable {
           FROM prices ORDER BY model COLLATE "C", effective_from
         """
 
-    /// The rows of ``select``.
+    /// The rows of ``select``, read by name.
     static func rows(_ rows: PostgresRowSequence) async throws -> [PriceRecord] {
         var book: [PriceRecord] = []
-        for try await r in rows.decode(
-            (String, Date, Int32, Int64, Int64, Int64, Int64, Int64, Int32?, Int64?, Int64?, Int64?, Int64?, Int64?).self)
-        {
+        for try await row in rows {
+            let r = row.makeRandomAccess()
+            let model: String = try r.column("model")
+            guard let rates = try Self.rates(r, prefix: "") else { throw DatabaseError.other("the price of \(model) has NULL rates") }
             var tier: PriceRecord.LongPrompt?
-            if let threshold = r.8, let input = r.9, let output = r.10, let write5m = r.11, let write1h = r.12, let read = r.13 {
-                tier = PriceRecord.LongPrompt(
-                    thresholdTokens: threshold,
-                    rates: PriceRecord.Rates(
-                        input: Micros(input), output: Micros(output), cacheWrite5m: Micros(write5m), cacheWrite1h: Micros(write1h),
-                        cacheRead: Micros(read)))
+            if let threshold = try r.column("long_prompt_threshold", as: Int32?.self), let long = try Self.rates(r, prefix: "long_prompt_")
+            {
+                tier = PriceRecord.LongPrompt(thresholdTokens: threshold, rates: long)
             }
             book.append(
                 PriceRecord(
-                    model: r.0, effectiveFrom: r.1, contextWindow: r.2,
-                    rates: PriceRecord.Rates(
-                        input: Micros(r.3), output: Micros(r.4), cacheWrite5m: Micros(r.5), cacheWrite1h: Micros(r.6),
-                        cacheRead: Micros(r.7)),
-                    longPrompt: tier))
+                    model: model, effectiveFrom: try r.column("effective_from"), contextWindow: try r.column("context_window"),
+                    rates: rates, longPrompt: tier))
         }
         return book
+    }
+
+    /// The five rates of a row (`input`, `output`, `cache_write_5m`, `cache_write_1h`,
+    /// `cache_read`, after `prefix`), in micro-dollars; nil when one is NULL.
+    static func rates(_ r: PostgresRandomAccessRow, prefix: String) throws -> PriceRecord.Rates? {
+        guard let input = try r.column(prefix + "input", as: Int64?.self), let output = try r.column(prefix + "output", as: Int64?.self),
+            let write5m = try r.column(prefix + "cache_write_5m", as: Int64?.self),
+            let write1h = try r.column(prefix + "cache_write_1h", as: Int64?.self),
+            let read = try r.column(prefix + "cache_read", as: Int64?.self)
+        else { return nil }
+        return PriceRecord.Rates(
+            input: Micros(input), output: Micros(output), cacheWrite5m: Micros(write5m), cacheWrite1h: Micros(write1h),
+            cacheRead: Micros(read))
     }
 }

@@ -20,18 +20,13 @@ public struct TenantStore: Sendable {
         user_concurrency::bigint
         """
 
-    /// A row of ``planColumns`` (budgets in micro-dollars, then the rate limits of SPEC §14).
-    typealias PlanRow = (
-        String, String, Int64?, Int64?, String, String, Bool, Bool, Int32, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?
-    )
-
     public func plans() async throws -> [PlanRecord] {
         try await database.run { client in
             var out: [PlanRecord] = []
             let rows = try await client.query(
                 PostgresQuery(unsafeSQL: "SELECT \(Self.planColumns) FROM plans ORDER BY sort_order, id"), logger: logger)
-            for try await r in rows.decode(PlanRow.self) {
-                out.append(try PlanRecord(r))
+            for try await row in rows {
+                out.append(try PlanRecord(row: row.makeRandomAccess()))
             }
             return out
         }
@@ -42,8 +37,8 @@ public struct TenantStore: Sendable {
             let rows = try await client.query(
                 "SELECT \(unescaped: Self.planColumns) FROM plans WHERE id = \(id)", logger: logger
             )
-            for try await r in rows.decode(PlanRow.self) {
-                return try PlanRecord(r)
+            for try await row in rows {
+                return try PlanRecord(row: row.makeRandomAccess())
             }
             return nil
         }

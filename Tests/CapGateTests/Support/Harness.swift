@@ -72,6 +72,7 @@ struct Harness: Sendable {
         let operatorToken = "op-test-" + UUID().uuidString
         var mockIterator = mockPort.makeAsyncIterator()
         var flags: [String: String] = [:]
+        let spoolFolder = NSTemporaryDirectory() + "capgate-spool-" + UUID().uuidString
         let (gatewayPort, gatewayContinuation) = AsyncStream.makeStream(of: Int.self)
         let db = PostgresClient(configuration: url.clientConfiguration(maxConnections: 4), backgroundLogger: logger)
 
@@ -98,7 +99,7 @@ struct Harness: Sendable {
                 // concurrency tests run. Tests of the timeout itself set their own.
                 "database.timeout": "30",
                 // Each gateway its own spool (a shared one would hold other tests' writes).
-                "spool.directory": NSTemporaryDirectory() + "capgate-spool-" + UUID().uuidString,
+                "spool.directory": spoolFolder,
             ]
             flags.merge(settings) { _, new in new }
             let configuration = try await CapGateConfiguration.load(flags: flags, environment: [:], file: "/nonexistent/capgate.json")
@@ -140,6 +141,9 @@ struct Harness: Sendable {
             }
             defer { watchdog.cancel() }
             try await group.waitForAll()
+            // The default spool folder is the harness's own (one empty folder per test otherwise
+            // stays in the temporary directory); a test's own spool.directory is left to it.
+            if settings["spool.directory"] == nil { try? FileManager.default.removeItem(atPath: spoolFolder) }
             if let failure { throw failure }
         }
     }

@@ -80,7 +80,7 @@ struct CommitAcknowledgementTests {
                         request: AdmissionRequest(
                             companyID: batched, userID: batchUsers[0].id, units: 1, method: "POST", route: "/v1/messages",
                             model: "claude-test", requestID: "req_commit_ack_\(i)", at: Date(),
-                            bound: CostBound(promptTokens: -1, maxTokens: 16, cache: .none, window: 0)))
+                            bound: CostBound(prompt: .wholeWindow, maxTokens: 16, cache: .none, window: nil)))
                 }, database: batchDatabase, relaxed: false)
             try await Task.sleep(for: .milliseconds(1_500))
             let waiting = try await offPool {
@@ -100,7 +100,7 @@ struct CommitAcknowledgementTests {
             #expect(idempotentReply.status == 503, "\(idempotentReply.status): \(idempotentReply.body)")
             #expect(batchResults.count == 3)
             for result in batchResults {
-                if case .success(let row) = result { Issue.record("a batch call was taken as admitted: \(row.decision ?? "")") }
+                if case .success(let row) = result { Issue.record("a batch call was taken as admitted: \(row.decision?.rawValue ?? "")") }
             }
             // Nothing was forwarded.
             #expect(h.mock.served.count == servedBefore)
