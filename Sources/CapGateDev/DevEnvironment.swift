@@ -27,7 +27,12 @@ public enum DevEnvironment {
             configuration.databaseURL = started.1?.url.text ?? started.0.url.text
         }
         defer {
+            // The stop's steps are logged with their times, so a slow Ctrl-C says where it waited.
+            let stopping = ContinuousClock.now
             if let replicaSet { replicaSet.stop() } else { embedded?.stop() }
+            if embedded != nil {
+                logger.info("embedded PostgreSQL stopped", metadata: ["took": "\(ContinuousClock.now - stopping)"])
+            }
         }
 
         let url = try DatabaseURL(configuration.databaseURL!)
@@ -64,6 +69,7 @@ public enum DevEnvironment {
                 services: services.map { .init(service: $0) }, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         )
         try await group.run()
+        logger.info("gateway stopped; stopping the embedded PostgreSQL")
     }
 
     /// The embedded cluster under `folder`: one primary, or with `replica` a primary and its
