@@ -49,6 +49,51 @@ struct KeyLifecycleTests {
         }
     }
 
+    @Test(
+        "the key rule's order, written once (capgate_key_check): revoked before expired before disabled, the same on the proxy, the idempotent call, a batch and a batch of one"
+    )
+    func keyRuleOrder() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("p", company: nil, user: nil)
+            let (_, users) = try await h.createCompany(plan: "p", users: 4)
+            let (revokedAndExpired, expiredAndDisabled, disabled, valid) = (users[0], users[1], users[2], users[3])
+            try await h.exec("UPDATE api_keys SET revoked_at = now() WHERE user_id = '\(revokedAndExpired.id.text)'")
+            for user in [revokedAndExpired, expiredAndDisabled] { try await Self.expire(h, user: user.id) }
+            for user in [expiredAndDisabled, disabled] { try await h.exec("UPDATE users SET disabled = true WHERE id = '\(user.id.text)'") }
+            let unknown = "cg_" + String(repeating: "x", count: 43)
+            let keys = [revokedAndExpired.key, expiredAndDisabled.key, disabled.key, unknown, valid.key]
+            let expected = ["revoked_key", "expired_key", "disabled_user", "unknown_key", "charged"]
+            let words = ["revoked", "expired", "disabled", "Unknown API key"]
+
+            // Through the gateway: the key check before the body, then the admission's own.
+            for (index, key) in keys.enumerated() {
+                let variants: [[(String, String)]] = [[], [("idempotency-key", "order-\(index)")]]
+                for headers in variants {
+                    let call = try await h.message(key: key, headers: headers)
+                    if index < words.count {
+                        #expect(call.status == 401, "\(expected[index]) \(headers)")
+                        #expect(call.json["error"]?["message"]?.stringValue?.contains(words[index]) == true, "\(call.json)")
+                    } else {
+                        #expect(call.status == 200)
+                    }
+                }
+            }
+            // The admission functions themselves (the gateway's cache bypassed): the batch and
+            // the single-call function answer the same.
+            try await BatchAdmissionTests.withMetering(h) { _, database in
+                let batch = await MeteringStore.admitBatch(
+                    keys.map { BatchAdmissionTests.call(key: $0) }, database: database, relaxed: false)
+                #expect(BatchAdmissionTests.decisions(batch) == expected)
+                for (key, answer) in zip(keys, expected) {
+                    let one = await MeteringStore.admitBatch([BatchAdmissionTests.call(key: key)], database: database, relaxed: false)
+                    #expect(BatchAdmissionTests.decisions(one) == [answer], "\(answer)")
+                }
+            }
+            // Charged: the valid key's two gateway calls, its batch call and its call alone.
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'") == 4)
+        }
+    }
+
     @Test("create with name and expires_at; list shows every field and no secret; a key created with a past expires_at is 401 'expired'")
     func createAndList() async throws {
         try await Harness.with { h in

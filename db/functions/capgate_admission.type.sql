@@ -9,7 +9,8 @@
 --   the call cannot be held: no price for its model, no max_tokens, or a body the price book cannot
 --   bound; all three 400, nothing changed; the same two where a token window applies, SPEC §14) |
 --   rate_limited (SPEC §14, after the budgets: rate_refused names the window).
--- auth: ok | unknown_key | revoked_key | disabled_user (everything after role is NULL unless ok).
+-- auth: capgate_key_check's answer, ok | unknown_key | revoked_key | expired_key |
+--   disabled_user (everything after role is NULL unless ok).
 -- feature_refused: the limit that refused, company.period | company.day | user.period | user.day.
 -- fc_*: the company's feature counters, fu_*: the user's (used after the call, and the limit).
 -- upgrade_*: a refusal's upgrade offer (capgate_upgrade_offer), so a 402 needs no second round trip.

@@ -18,21 +18,22 @@ SET jit = off
 AS $$
 DECLARE
     r capgate_admitted;
-    v_revoked boolean;
-    v_expired boolean;   -- expires_at has passed (SPEC §13)
-    v_disabled boolean;
+    v_auth text;
     v_role text;
     v_bound text[];
 BEGIN
     IF p_key_hash IS NOT NULL THEN
-        SELECT k.company_id, k.user_id, u.role, k.revoked_at IS NOT NULL, u.disabled, k.features, k.expires_at <= p_at
-          INTO p_company, p_user, v_role, v_revoked, v_disabled, v_bound, v_expired
+        SELECT k.company_id, k.user_id, u.role, k.features,
+               capgate_key_check(true, k.revoked_at, k.expires_at, u.disabled, p_at)
+          INTO p_company, p_user, v_role, v_bound, v_auth
           FROM api_keys k JOIN users u ON u.company_id = k.company_id AND u.id = k.user_id
          WHERE k.key_hash = p_key_hash;
-        IF NOT FOUND OR v_revoked OR v_disabled OR v_expired THEN
+        IF NOT FOUND THEN
+            v_auth := capgate_key_check(false, NULL, NULL, NULL, p_at);
+        END IF;
+        IF v_auth <> 'ok' THEN
             r.item := 1;
-            r.auth := CASE WHEN v_revoked IS NULL THEN 'unknown_key' WHEN v_revoked THEN 'revoked_key'
-                           WHEN v_expired THEN 'expired_key' ELSE 'disabled_user' END;
+            r.auth := v_auth;
             RETURN NEXT r;
             RETURN;
         END IF;

@@ -182,11 +182,8 @@ BEGIN
                   FROM (
                     SELECT i.ord, i.at, i.units, i.feature, i.stale,
                            CASE WHEN i.kh IS NULL THEN 'ok'
-                                WHEN k.company_id IS NULL THEN 'unknown_key'
-                                WHEN k.revoked_at IS NOT NULL THEN 'revoked_key'
-                                WHEN k.expires_at <= i.at THEN 'expired_key'
-                                WHEN u.disabled THEN 'disabled_user'
-                                ELSE 'ok' END AS auth,
+                                ELSE capgate_key_check(k.company_id IS NOT NULL, k.revoked_at, k.expires_at, u.disabled, i.at)
+                                END AS auth,
                            coalesce(k.company_id, i.co) AS company,
                            coalesce(k.user_id, i.us) AS member,
                            u.role,

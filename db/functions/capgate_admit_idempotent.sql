@@ -18,9 +18,7 @@ DECLARE
     v_company uuid;
     v_user uuid;
     v_role text;
-    v_revoked boolean;
-    v_expired boolean;   -- expires_at has passed (SPEC §13)
-    v_disabled boolean;
+    v_auth text;
     v_bound text[];
     v_claim text;          -- new | retry (after a failure) | expired (older than the lifetime)
     k idempotency_keys%ROWTYPE;
@@ -28,21 +26,16 @@ DECLARE
 BEGIN
     r.item := 1;
     IF p_key_hash IS NOT NULL THEN
-        SELECT ak.company_id, ak.user_id, u.role, ak.revoked_at IS NOT NULL, u.disabled, ak.features,
-               ak.expires_at <= p_at
-          INTO v_company, v_user, v_role, v_revoked, v_disabled, v_bound, v_expired
+        SELECT ak.company_id, ak.user_id, u.role, ak.features,
+               capgate_key_check(true, ak.revoked_at, ak.expires_at, u.disabled, p_at)
+          INTO v_company, v_user, v_role, v_bound, v_auth
           FROM api_keys ak JOIN users u ON u.company_id = ak.company_id AND u.id = ak.user_id
          WHERE ak.key_hash = p_key_hash;
         IF NOT FOUND THEN
-            r.auth := 'unknown_key';
-        ELSIF v_revoked THEN
-            r.auth := 'revoked_key';
-        ELSIF v_expired THEN
-            r.auth := 'expired_key';
-        ELSIF v_disabled THEN
-            r.auth := 'disabled_user';
+            v_auth := capgate_key_check(false, NULL, NULL, NULL, p_at);
         END IF;
-        IF r.auth IS NOT NULL THEN
+        IF v_auth <> 'ok' THEN
+            r.auth := v_auth;
             RETURN NEXT r;
             RETURN;
         END IF;

@@ -106,21 +106,22 @@ public struct Authenticator: Sendable {
         let row = try await database.run { client in
             let rows = try await client.query(
                 """
-                SELECT k.company_id, k.user_id, u.role, u.disabled, k.revoked_at IS NOT NULL, k.features,
-                       coalesce(k.expires_at <= now(), false), k.id
+                SELECT k.company_id, k.user_id, u.role, k.features, k.id,
+                       capgate_key_check(true, k.revoked_at, k.expires_at, u.disabled, now())
                   FROM api_keys k JOIN users u ON u.company_id = k.company_id AND u.id = k.user_id
                  WHERE k.key_hash = \(hash)
                 """,
                 logger: database.logger
             )
-            for try await row in rows.decode((UUID, UUID, String, Bool, Bool, [String]?, Bool, UUID).self) { return Optional(row) }
+            for try await row in rows.decode((UUID, UUID, String, [String]?, UUID, String).self) { return Optional(row) }
             return nil
         }
-        guard let (company, user, role, disabled, revoked, features, expired, keyID) = row else { throw Self.keyError(.unknownKey) }
-        if revoked { throw Self.keyError(.revokedKey) }
-        if expired { throw Self.keyError(.expiredKey) }
-        keyUsage?.record(keyID)
-        if disabled { throw Self.keyError(.disabledUser) }
+        guard let (company, user, role, features, keyID, checked) = row else { throw Self.keyError(.unknownKey) }
+        let check = KeyCheck(sql: checked)
+        // A disabled user's valid key was still used (its last_used_at says so); a revoked or
+        // expired one was not.
+        if check == .ok || check == .disabledUser { keyUsage?.record(keyID) }
+        guard check == .ok else { throw Self.keyError(check) }
         return .user(
             UserIdentity(
                 companyID: company, userID: user, role: UserIdentity.Role(sql: role), credential: .apiKey,

@@ -1,5 +1,6 @@
-/// Whether an API key may be used now, as the admission transaction (or the key check before a
-/// body is read) found it; anything but ``ok`` is a 401 (``Authenticator/keyError(_:)``).
+/// Whether an API key may be used now, as `capgate_key_check` (the rule's one place) answered it in
+/// the admission transaction or the key check before a body is read, whichever asked first;
+/// anything but ``ok`` is a 401 (``Authenticator/keyError(_:)``).
 public enum KeyCheck: String, Sendable, CaseIterable {
     case ok
     case unknownKey = "unknown_key"

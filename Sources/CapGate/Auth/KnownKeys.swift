@@ -50,8 +50,7 @@ public final class KnownKeys: Sendable {
         let auth = try await database.run { client -> (KeyCheck, UUID?, UUID?) in
             let rows = try await client.query(
                 """
-                SELECT CASE WHEN k.revoked_at IS NOT NULL THEN 'revoked_key' WHEN k.expires_at <= now() THEN 'expired_key'
-                            WHEN u.disabled THEN 'disabled_user' ELSE 'ok' END, k.company_id, k.id
+                SELECT capgate_key_check(true, k.revoked_at, k.expires_at, u.disabled, now()), k.company_id, k.id
                   FROM api_keys k JOIN users u ON u.company_id = k.company_id AND u.id = k.user_id
                  WHERE k.key_hash = \(hash)
                 """,
