@@ -12,6 +12,7 @@ Prints one table and writes BENCHMARKS.md.
 Every process it starts listens on 127.0.0.1 only, and is stopped by its PID at the end.
 """
 import argparse
+import json
 import math
 import os
 import platform
@@ -108,11 +109,32 @@ def cpu_per_call(before, after, requests):
     return result
 
 
-def wrk(url, connections, seconds, keys_file=None, stream=False, per_call=False):
+def conversation_body(size):
+    """A Messages body of about `size` bytes shaped as the SDK sends a long conversation: a system
+    prompt, then user and assistant turns of prose (escaped quotes and newlines, non-ASCII text),
+    ending with the user's question."""
+    prose = ('The quarterly report says revenue grew 12 %, "ahead of plan".\n'
+             'Kundenzufriedenheit stieg; les coûts ont baissé — see table 3.\n')
+    def text(n):
+        return prose * max(1, -(-n // len(prose.encode())))
+    system = text(min(2048, size // 8))
+    turns, used = [], len(system) + 120
+    while used < size:
+        content = text(min(4096, size - used))
+        turns.append({"role": ("user", "assistant")[len(turns) % 2], "content": content})
+        used += len(json.dumps(content, ensure_ascii=False).encode()) + 32
+    if len(turns) % 2 == 0:
+        turns.append({"role": "user", "content": "Hello"})
+    return json.dumps({"model": "claude-bench", "max_tokens": 16, "system": system, "messages": turns},
+                      ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def wrk(url, connections, seconds, keys_file=None, stream=False, per_call=False, body_file=None):
     """One wrk run. `per_call` (concurrency 1): also every call's latency as measured (wrk's own
-    percentiles are corrected for coordinated omission) and the disk's fsync stalls meanwhile."""
+    percentiles are corrected for coordinated omission) and the disk's fsync stalls meanwhile.
+    `body_file`: the body to send (``conversation_body``), else the one-line "Hello" call."""
     threads = max(1, min(2, connections))
-    env = {"KEYS_FILE": keys_file or "", "STREAM": "1" if stream else "0"}
+    env = {"KEYS_FILE": keys_file or "", "STREAM": "1" if stream else "0", "BODY_FILE": body_file or ""}
     latency_file = os.path.join(WORK, "latency")
     if per_call:
         env["LATENCY_FILE"] = latency_file
@@ -293,10 +315,11 @@ def verify(url):
     return result.returncode == 0, result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr.strip()
 
 
-def rss_kb(pid):
+def rss_kb(pid, field="VmRSS"):
+    """`field` of /proc/PID/status in KiB: VmRSS now, VmHWM the peak since the process started."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
 
@@ -325,6 +348,9 @@ def main():
                         help="seed bench/rate-rpm.sql: the company's and the user's call windows only (no token window, no concurrency limit)")
     parser.add_argument("--quick", action="store_true",
                         help="only the rows a change is compared on: many companies c=1 and c=64, one hot company c=64 (no relaxed or info gateway)")
+    parser.add_argument("--bodies", default="",
+                        help="comma-separated body sizes in bytes (e.g. 1024,16384,131072): only rows of many companies at c=1 and c=64 with a "
+                             "conversation body of each size (system prompt and turns, as the SDK sends), and the gateway's peak RSS after each size")
     parser.add_argument("--ab", choices=sorted(AB_SETTINGS),
                         help="one stack, caps only and the setting alternating run by run (the setting's seed file or statement re-run to "
                              "turn it on, its columns set to NULL to turn it off): each pair of adjacent runs gives a ratio, and their median is reported")
@@ -337,7 +363,7 @@ def main():
         raise SystemExit(f"{BIN} missing: run `swift build -c release --product capgate` (bench/run does)")
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK, exist_ok=True)
-    results = {"wrk": [], "pgbench": [], "batched": [], "ledger": [], "verify": [], "soak": [], "notifications": None, "ab": []}
+    results = {"wrk": [], "pgbench": [], "batched": [], "ledger": [], "verify": [], "soak": [], "notifications": None, "ab": [], "reader": []}
     try:
         # PostgreSQL: durable commits (synchronous_commit=on, fsync on), sized for this machine.
         settings = {"shared_buffers": "1GB", "synchronous_commit": "on", "max_connections": "300",
@@ -406,8 +432,20 @@ def main():
         if args.quick:
             scenarios = [("many companies", 1, many_keys, False), ("many companies", 64, many_keys, False),
                          ("one hot company", 64, hot_keys, False)]
+        # Real-sized bodies (issue #51): each size at c=1 and c=64, smallest first, so the
+        # gateway's peak RSS (VmHWM) read after each size is that size's peak.
+        body_of = {}
+        if args.bodies:
+            scenarios = []
+            for size in [int(x) for x in args.bodies.split(",") if x.strip()]:
+                name = f"many companies, {size / 1024:g} KB body"
+                path = os.path.join(WORK, f"body-{size}.json")
+                with open(path, "wb") as f:
+                    f.write(conversation_body(size))
+                body_of[name] = path
+                scenarios += [(name, 1, many_keys, False), (name, 64, many_keys, False)]
         gateways = {name: through for name, _, _, _ in scenarios}
-        if args.durability == "durable" and not args.quick:
+        if args.durability == "durable" and not args.quick and not args.bodies:
             # The opt-in relaxed mode beside the durable default: a second gateway on the same
             # database with database.durability = relaxed.
             relaxed_port = free_port()
@@ -438,6 +476,7 @@ def main():
         # first timed checkpoint's flush (p99 stalls of 100+ ms at c=1 on this shared disk) out
         # of the scenarios. A long-running database carries no such backlog.
         psql(url, "CHECKPOINT")
+        peak_before = rss_kb(gateway.pid, "VmHWM")
         if receiver:
             # A backlog for the deliverer to send while every scenario is measured: each row is
             # claimed, signed, POSTed and marked in transactions of its own beside the admissions.
@@ -478,17 +517,29 @@ def main():
             # Direct and through CapGate alternate `repeats` times; the run with the median
             # requests/s of each is reported, with the spread of all runs.
             ds, gs = [], []
+            body = body_of.get(name)
             for _ in range(args.repeats):
-                ds.append(wrk(direct, c, args.seconds, None, stream, per_call=c == 1))
-                gs.append(wrk(gateways[name], c, args.seconds, keys, stream, per_call=c == 1))
+                ds.append(wrk(direct, c, args.seconds, None, stream, per_call=c == 1, body_file=body))
+                gs.append(wrk(gateways[name], c, args.seconds, keys, stream, per_call=c == 1, body_file=body))
             d, g = median_run(ds), median_run(gs)
             ok, line = verify(url)
             results["verify"].append((f"{name} c={c}", ok, line))
             row = {"scenario": name, "c": c, "direct": d, "capgate": g}
+            if body:
+                row["body_bytes"] = os.path.getsize(body)
+                row["peak_kb"] = rss_kb(gateway.pid, "VmHWM")
+                row["peak_before_kb"] = peak_before
             results["wrk"].append(row)
             log(f"{name:28} c={c:<3} direct {d['rps']:9.0f} rps p50 {d['p50_ms']:.3f} p99 {d['p99_ms']:.3f} | "
                 f"capgate {g['rps']:8.0f} rps p50 {g['p50_ms']:.3f} p99 {g['p99_ms']:.3f} non2xx {g['non2xx']} | verify {'ok' if ok else 'MISMATCH'}")
 
+        if body_of:
+            # The body reader alone, in one process, against Foundation's JSONSerialization.
+            out = subprocess.run([BIN, "bench-reader", "--seconds", "2"] + list(dict.fromkeys(body_of.values())),
+                                 capture_output=True, text=True, check=True).stdout
+            for m in re.finditer(r"RESULT reader=(\S+) bytes=(\d+) reads=(\d+) mbps=([\d.]+)", out):
+                results["reader"].append((m.group(1), int(m.group(2)), float(m.group(4))))
+                log(f"reader {m.group(1):30} {int(m.group(2)):7} bytes: {float(m.group(4)):8.1f} MB/s")
         for script, label in [] if args.only_http else [("admit_many.sql", "1,000 companies"), ("admit_hot.sql", "one hot company")]:
             for clients in [1, 8, 32, 64]:
                 tps, latency = pgbench(url, script, clients, args.pgbench_seconds)
@@ -624,6 +675,28 @@ def write_report(args, results, settings):
             lines.append(f"| {r['scenario']} | {r['c']} | {median(r['ratios']):.3f} | {mean:.3f} ({lo:.3f}–{hi:.3f}) | "
                          + " / ".join(f"{x:.3f}" for x in r["ratios"]) + " | "
                          + (f"{median(added):+.3f} | " + " / ".join(f"{x:+.3f}" for x in added) if added else "— | —") + " |")
+    sized = [r for r in results["wrk"] if "body_bytes" in r]
+    if sized:
+        lines += ["", "## Real-sized bodies: the gateway's memory", "",
+                  "The gateway's peak RSS (VmHWM: the most it ever held) after each size's runs, smallest size first, against its peak",
+                  "after the warm-up with one-line bodies. At c=64, 64 bodies are in flight at once: a reader that kept several copies",
+                  "of each body would grow by a multiple of 64 × the body size.", "",
+                  "| scenario | conc. | body bytes | peak RSS MiB | growth over the warm-up's peak MiB | growth / (concurrency × body) |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for r in sized:
+            growth = (r["peak_kb"] - r["peak_before_kb"]) * 1024
+            lines.append(f"| {r['scenario']} | {r['c']} | {r['body_bytes']} | {r['peak_kb'] / 1024:.1f} | {growth / 2**20:.1f} | "
+                         f"{growth / (r['c'] * r['body_bytes']):.2f} |")
+    if results["reader"]:
+        lines += ["", "## The body reader against JSONSerialization (`capgate bench-reader`, one process, 2 s each)", "",
+                  "`capgate-call-body` is what every metered call runs (the whole body checked as I-JSON, `model` and `max_tokens` built);",
+                  "`capgate-prompt-shape` the second pass a call makes when a budget or a token window applies; `capgate-whole-tree`",
+                  "builds every value; Foundation's `JSONSerialization` builds every value too, and checks less (it takes repeated",
+                  "names and lone surrogates, which CapGate refuses).", "",
+                  "| body bytes | reader | MB/s | × JSONSerialization |", "| ---: | --- | ---: | ---: |"]
+        base = {b: mbps for name, b, mbps in results["reader"] if name == "foundation-jsonserialization"}
+        for name, b, mbps in results["reader"]:
+            lines.append(f"| {b} | {name} | {mbps:.1f} | {mbps / base[b]:.2f} |" if base.get(b) else f"| {b} | {name} | {mbps:.1f} | — |")
     per_call = [r for r in results["wrk"] if "calls" in r["capgate"]]
     if per_call:
         lines += ["", "## Concurrency 1, call by call", "",

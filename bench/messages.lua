@@ -9,8 +9,19 @@ if path and path ~= "" then
   for line in io.lines(path) do keys[#keys + 1] = line end
 end
 local stream = os.getenv("STREAM") == "1"
-local body = '{"model":"claude-bench","max_tokens":16,' .. (stream and '"stream":true,' or '') ..
-  '"messages":[{"role":"user","content":"Hello"}]}'
+-- $BODY_FILE: the request body to send, read once (bench.py writes conversation bodies of
+-- several sizes, shaped as the SDK sends them). Unset: the one-line "Hello" call.
+local body_file = os.getenv("BODY_FILE")
+local body
+if body_file and body_file ~= "" then
+  local f = assert(io.open(body_file, "rb"))
+  body = f:read("*a")
+  f:close()
+  if stream then body = body:gsub('^{', '{"stream":true,', 1) end
+else
+  body = '{"model":"claude-bench","max_tokens":16,' .. (stream and '"stream":true,' or '') ..
+    '"messages":[{"role":"user","content":"Hello"}]}'
+end
 local counter = 0
 local threads = 0
 

@@ -10,7 +10,7 @@ struct CapGateCommand: AsyncParsableCommand {
         abstract: "CapGate: a multi-tenant usage-cap gateway for AI provider calls.",
         subcommands: [
             Serve.self, CheckConfig.self, Dev.self, Migrate.self, Rollover.self, Verify.self, Unsettled.self, Ledger.self, Database.self,
-            Mock.self,
+            Mock.self, BenchReader.self,
         ]
     )
 }
