@@ -348,6 +348,9 @@ def main():
                         help="seed bench/rate-rpm.sql: the company's and the user's call windows only (no token window, no concurrency limit)")
     parser.add_argument("--quick", action="store_true",
                         help="only the rows a change is compared on: many companies c=1 and c=64, one hot company c=64 (no relaxed or info gateway)")
+    parser.add_argument("--only", default="",
+                        help="keep only the rows named, as 'scenario:concurrency' separated by ';' (e.g. 'many companies:1'), "
+                             "for a longer A/B of one row")
     parser.add_argument("--bodies", default="",
                         help="comma-separated body sizes in bytes (e.g. 1024,16384,131072): only rows of many companies at c=1 and c=64 with a "
                              "conversation body of each size (system prompt and turns, as the SDK sends), and the gateway's peak RSS after each size")
@@ -444,6 +447,11 @@ def main():
                     f.write(conversation_body(size))
                 body_of[name] = path
                 scenarios += [(name, 1, many_keys, False), (name, 64, many_keys, False)]
+        if args.only:
+            wanted = {tuple(x.rsplit(":", 1)) for x in args.only.split(";") if x.strip()}
+            scenarios = [s for s in scenarios if (s[0], str(s[1])) in wanted]
+            if not scenarios:
+                raise SystemExit(f"--only {args.only!r} names no row")
         gateways = {name: through for name, _, _, _ in scenarios}
         if args.durability == "durable" and not args.quick and not args.bodies:
             # The opt-in relaxed mode beside the durable default: a second gateway on the same
