@@ -97,9 +97,7 @@ extension EmbeddedPostgres {
         let asRoot = primary.asRoot
         let directory = try usableDirectory(directory, asRoot: asRoot, logger: logger)
         let data = directory + "/data"
-        if fm.fileExists(atPath: data + "/postmaster.pid") {
-            _ = try? run(primary.binDirectory + "/pg_ctl", ["-D", data, "-m", "immediate", "-w", "stop"], asRoot: asRoot)
-        }
+        stopIfRunning(data: data, bin: primary.binDirectory, mode: "immediate", asRoot: asRoot)
         try? fm.removeItem(atPath: data)
         let passwordFile = directory + "/password"
         try primary.password.write(toFile: passwordFile, atomically: true, encoding: .utf8)
@@ -130,14 +128,6 @@ extension EmbeddedPostgres {
         try Self.run(
             binDirectory + "/psql", ["-h", dataDirectory, "-p", "\(port)", "-U", "capgate", "-d", "postgres", "-tAq", "-c", sql],
             asRoot: asRoot)
-    }
-
-    /// The postmaster's process id, from `postmaster.pid` (nil when it is not running).
-    public var postmasterPID: pid_t? {
-        guard let text = try? String(contentsOfFile: dataDirectory + "/postmaster.pid", encoding: .utf8),
-            let first = text.split(separator: "\n").first, let pid = pid_t(first.trimmingCharacters(in: .whitespaces))
-        else { return nil }
-        return pid
     }
 
     /// `kill -9` of the postmaster: the server dies as in a crash of its machine (its backends

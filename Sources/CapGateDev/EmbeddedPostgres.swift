@@ -86,9 +86,7 @@ public final class EmbeddedPostgres: Sendable {
         }
         if asRoot { try chownToPostgres(directory) }
         // A cluster left running by an earlier run of ours in this folder is stopped first.
-        if fm.fileExists(atPath: data + "/postmaster.pid") {
-            _ = try? run(bin + "/pg_ctl", ["-D", data, "-m", "fast", "-w", "stop"], asRoot: asRoot)
-        }
+        stopIfRunning(data: data, bin: bin, mode: "fast", asRoot: asRoot)
         let port = try freePort()
         let options = serverOptions(port: port, data: data, settings: settings)
         try run(bin + "/pg_ctl", ["-D", data, "-l", directory + "/postgres.log", "-o", options, "-w", "-t", "60", "start"], asRoot: asRoot)
@@ -135,14 +133,14 @@ public final class EmbeddedPostgres: Sendable {
         return DatabaseURL(host: "127.0.0.1", port: port, username: "capgate", password: password, database: name)
     }
 
-    /// Stops the cluster (fast shutdown).
+    /// Stops the cluster (fast shutdown); a postmaster already gone is skipped (``postmasterPID``).
     public func stop() {
-        _ = try? Self.run(binDirectory + "/pg_ctl", ["-D", dataDirectory, "-m", "fast", "-w", "stop"], asRoot: asRoot)
+        Self.stopIfRunning(data: dataDirectory, bin: binDirectory, mode: "fast", asRoot: asRoot)
     }
 
     /// Stops the cluster immediately, as a crash would (tests of fail-closed behaviour).
     public func kill() {
-        _ = try? Self.run(binDirectory + "/pg_ctl", ["-D", dataDirectory, "-m", "immediate", "-w", "stop"], asRoot: asRoot)
+        Self.stopIfRunning(data: dataDirectory, bin: binDirectory, mode: "immediate", asRoot: asRoot)
     }
 
     /// Starts it again on the same port (and settings) after ``stop()`` or ``kill()``.
