@@ -65,4 +65,17 @@ struct CommitWitnessTests {
         // The caller's own errors are not the connection's: passed on as they are.
         #expect(CommitWitness.event(for: DatabaseError.other("x")) == nil)
     }
+
+    @Test("an error of this side's while the statement's rows are read (a row it cannot decode) leaves the commit unknown; before sending it is the caller's own")
+    func readingFailure() {
+        struct CannotDecode: Error {}
+        var reading = CommitWitness()
+        #expect(reading.failureAfterSending(CannotDecode()) is CommitUnacknowledged)
+        #expect(!reading.isCommitted)
+        var lost = CommitWitness()
+        #expect(lost.failureAfterSending(ChannelError.ioOnClosedChannel) is CommitUnacknowledged)
+        // Before anything was sent (the bindings could not be made), it stays the caller's.
+        var before = CommitWitness()
+        #expect(before.failure(CannotDecode()) is CannotDecode)
+    }
 }

@@ -108,7 +108,6 @@ public struct MeteringStore: Sendable {
         let rows = try await Self.runAdmission(
             [item], AdmitIdempotentStatement(keyHash: item.keyHash, request: item.request, relaxed: relaxed), database: database,
             spool: spool)
-        guard rows.count == 1 else { throw DatabaseError.other("the admission returned \(rows.count) rows") }
         return rows[0]
     }
 
@@ -134,9 +133,6 @@ public struct MeteringStore: Sendable {
             let rows = try await runAdmitBatch(
                 items, database: database, relaxed: relaxed, spool: spool, ended: ended, answered: answered)
             GatewayMetrics.admissionBatch(duration: ContinuousClock.now - started)
-            guard rows.count == items.count else {
-                throw DatabaseError.other("capgate_admit_batch returned \(rows.count) rows for \(items.count) calls")
-            }
             return rows.map { .success($0) }
         } catch DatabaseError.unavailable {
             return items.map { _ in .failure(DatabaseError.unavailable) }
@@ -176,8 +172,19 @@ public struct MeteringStore: Sendable {
         answered: (@Sendable () -> Void)? = nil
     ) async throws -> [AdmissionRow] where Statement.Row == AdmissionRow {
         let late = LateAdmissions(items: items, database: database, spool: spool)
-        return try await database.write(
+        let rows = try await database.write(
             statement: statement, lateResult: late.committedLate, failed: late.interrupted(by:), answered: answered)
+        // Committed, but not one row per call: which charge is whose cannot be told, so no call
+        // is forwarded and what the ledger holds of them is given back. Never retried call by
+        // call (that would charge them again): 503, as for any commit whose outcome is unclear.
+        guard rows.count == items.count else {
+            database.logger.error(
+                "an admission returned a row count other than its calls'; none is forwarded and their charges are given back",
+                metadata: ["rows": "\(rows.count)", "calls": "\(items.count)", "request_ids": "\(late.requestIDs)"])
+            late.interrupted(by: CommitUnacknowledged(reason: DatabaseError.other("\(rows.count) rows for \(items.count) calls")))
+            throw DatabaseError.unavailable
+        }
+        return rows
     }
 
     /// A batch of one runs the single-call function (`capgate_admit`, over `capgate_charge`):
@@ -188,11 +195,9 @@ public struct MeteringStore: Sendable {
         _ item: AdmissionItem, database: Database, relaxed: Bool, spool: Spool?, ended: [Int64] = [],
         answered: (@Sendable () -> Void)? = nil
     ) async throws -> [AdmissionRow] {
-        let rows = try await runAdmission(
+        try await runAdmission(
             [item], AdmitStatement(item: item, relaxed: relaxed, ended: ended), database: database, spool: spool,
             answered: answered)
-        guard rows.count == 1 else { throw DatabaseError.other("the admission returned \(rows.count) rows") }
-        return rows
     }
 
     /// Builds the admission result from its row (a refusal's upgrade offer included).

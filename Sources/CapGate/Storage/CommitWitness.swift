@@ -77,6 +77,15 @@ struct CommitWitness: Sendable, Equatable {
         return state == .rolledBack ? error : CommitUnacknowledged(reason: error)
     }
 
+    /// ``failure(_:)`` for an error met after the statement was sent and began answering (its
+    /// rows being read): an error the server sent rolled it back; anything else leaves the commit
+    /// unknown, including this side failing to read a row (a value it cannot decode, a row of
+    /// the wrong shape), since the statement runs on to its Sync and commits all the same.
+    mutating func failureAfterSending(_ error: any Error) -> any Error {
+        receive(Self.event(for: error) ?? .lost)
+        return state == .rolledBack ? error : CommitUnacknowledged(reason: error)
+    }
+
     /// The state after `events`, in order.
     static func after(_ events: [Event]) -> State {
         var witness = CommitWitness()
@@ -158,7 +167,7 @@ extension PostgresConnection {
         } catch {
             // The proof statement runs or fails on its own; its outcome changes nothing here.
             _ = try? await acknowledged
-            throw witness.failure(error)
+            throw witness.failureAfterSending(error)
         }
         witness.receive(.answered)
         answered?()
