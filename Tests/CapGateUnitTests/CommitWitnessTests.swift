@@ -66,7 +66,9 @@ struct CommitWitnessTests {
         #expect(CommitWitness.event(for: DatabaseError.other("x")) == nil)
     }
 
-    @Test("an error of this side's while the statement's rows are read (a row it cannot decode) leaves the commit unknown; before sending it is the caller's own")
+    @Test(
+        "an error of this side's while the statement's rows are read (a row it cannot decode) leaves the commit unknown; before sending it is the caller's own"
+    )
     func readingFailure() {
         struct CannotDecode: Error {}
         var reading = CommitWitness()
