@@ -53,7 +53,24 @@ struct LateAdmissions: Sendable {
         database.logger.warning(
             "an admission ended without a known outcome (connection broken, or abandoned at database.timeout); looking for its charges to give them back",
             metadata: ["request_ids": "\(requestIDs)"])
-        Task { await lookForCharges() }
+        guard spool != nil else {
+            Task { await lookForCharges() }
+            return
+        }
+        // In the spool at once, done by its replayer once due: a gateway that stops during the
+        // wait (a restart, a crash) leaves the give-back to its next start instead of losing it.
+        PendingWrites(database: database, spool: spool).later(giveBackWhenDue())
+    }
+
+    /// The spooled give-back of these calls, due when their admission's deadline has passed.
+    func giveBackWhenDue(now: ContinuousClock.Instant = .now, date: Date = Date()) -> PendingWrite {
+        let wait = (sent + database.timeout + .seconds(1)) - now
+        let (seconds, attoseconds) = wait.components
+        return .giveBackWhenDue(
+            keyHashes: items.compactMap { $0.keyHash.map { Data($0.readableBytesView) } },
+            companies: items.compactMap { $0.keyHash == nil ? $0.request.companyID : nil },
+            requestIDs: items.map(\.request.requestID), since: items.map(\.request.at).min() ?? date,
+            due: date.addingTimeInterval(max(0, Double(seconds) + Double(attoseconds) / 1e18)))
     }
 
     /// Waits past the admission's deadline, then gives back what the ledger holds of its charges.

@@ -14,7 +14,11 @@ struct PendingWrites: Sendable {
     func later(_ write: PendingWrite) {
         if let spool {
             do {
-                try spool.put(write)
+                if case .giveBackWhenDue = write {
+                    try spool.put(write, note: "an admission's give-back was spooled until its deadline has passed")
+                } else {
+                    try spool.put(write)
+                }
                 return
             } catch {
                 database.logger.error("the spool could not be written; retrying in memory (lost if the gateway stops)")
@@ -23,6 +27,9 @@ struct PendingWrites: Sendable {
         let database = self.database
         Task {
             do {
+                if case .giveBackWhenDue(_, _, _, _, let due) = write {
+                    try? await Task.sleep(for: .seconds(max(0, due.timeIntervalSinceNow)))
+                }
                 try await database.untilAvailable { try await Self.apply(write, database: database) }
             } catch {
                 database.logger.error("a write the database could not take was given up", metadata: ["write": "\(write.kind)"])
@@ -30,10 +37,16 @@ struct PendingWrites: Sendable {
         }
     }
 
+    /// Thrown by ``apply(_:database:)`` for a write whose time has not come (``PendingWrite/giveBackWhenDue(keyHashes:companies:requestIDs:since:due:)``).
+    struct NotDue: Error {}
+
     /// Applies `write` once (each is idempotent); throws `DatabaseError.unavailable` while the
-    /// database cannot take it.
-    static func apply(_ write: PendingWrite, database: Database) async throws {
+    /// database cannot take it, ``NotDue`` (touching nothing) before its time.
+    static func apply(_ write: PendingWrite, database: Database, now: Date = Date()) async throws {
         switch write {
+        case .giveBackWhenDue(let hashes, let companies, let requestIDs, let since, let due):
+            guard now >= due else { throw NotDue() }
+            try await apply(.giveBack(keyHashes: hashes, companies: companies, requestIDs: requestIDs, since: since), database: database)
         case .refund(let company, let ledger, let requestID, let status):
             if try await MeteringStore.refund(
                 companyID: company, ledgerID: ledger, requestID: requestID, upstreamStatus: status, database: database)
@@ -74,7 +87,7 @@ extension PendingWrite {
         case .refund: "refund"
         case .settle: "settle"
         case .answer: "answer"
-        case .giveBack: "give_back"
+        case .giveBack, .giveBackWhenDue: "give_back"
         }
     }
 }
@@ -107,6 +120,8 @@ struct SpoolReplayer: Service {
                 spool.remove(name)
             } catch DatabaseError.unavailable {
                 return
+            } catch is PendingWrites.NotDue {
+                continue
             } catch {
                 database.logger.error(
                     "a spooled write failed; it stays in the spool", metadata: ["write": "\(write.kind)", "file": "\(name)"])

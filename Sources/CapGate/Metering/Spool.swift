@@ -21,6 +21,10 @@ enum PendingWrite: Codable, Sendable, Equatable {
     case answer(company: UUID, user: UUID, key: String, requestID: String, status: Int, contentType: String?, body: Data?)
     /// An admission whose outcome is unknown: its charges are looked up by request id and given back.
     case giveBack(keyHashes: [Data], companies: [UUID], requestIDs: [String], since: Date)
+    /// The same, put here the moment the outcome is known to be unknown and done once `due` has
+    /// passed (the admission's deadline, when its statement has ended either way): a gateway
+    /// that stops before then leaves it for its next start instead of forgetting it.
+    case giveBackWhenDue(keyHashes: [Data], companies: [UUID], requestIDs: [String], since: Date, due: Date)
 }
 
 /// The local spool (`spool.directory`): a write the database cannot take is put here, fsynced,
@@ -58,6 +62,11 @@ public final class Spool: Sendable {
 
     /// Puts `write` in the spool, durably, before returning.
     func put(_ write: PendingWrite) throws {
+        try put(write, note: "a write the database could not take was spooled")
+    }
+
+    /// ``put(_:)`` logging `note` (at warning) instead of the default.
+    func put(_ write: PendingWrite, note: String) throws {
         let data = try JSONEncoder().encode(Entry(database: database, write: write))
         let stamp = String(format: "%016llx", UInt64(Date().timeIntervalSince1970 * 1_000_000))
         let name = "\(stamp)-\(UInt32.random(in: .min ... .max)).json"
@@ -71,7 +80,7 @@ public final class Spool: Sendable {
         Self.syncFolder(directory)
         let depth = depthValue.wrappingAdd(1, ordering: .relaxed).newValue
         GatewayMetrics.spoolDepth(depth)
-        logger.warning("a write the database could not take was spooled", metadata: ["spool_depth": "\(depth)"])
+        logger.warning("\(note)", metadata: ["spool_depth": "\(depth)"])
     }
 
     /// This database's entries, oldest first (an unreadable file is moved aside as `.bad`).
