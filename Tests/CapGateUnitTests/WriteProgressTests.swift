@@ -57,7 +57,8 @@ struct WriteProgressTests {
         #expect(!progress.deadline(failed: reports.failed, backstop: .seconds(60)))
         closed.succeed(())
         #expect(reports.errors.withLock { $0 } == ["CommitUnacknowledged"])
-        // The write's own failure afterwards is not reported again.
+        // The write's own end afterwards, failure or success, is not its to report: a success
+        // is then thrown away as unknown by Database.write (its charges are being given back).
         #expect(!progress.end(from: .onConnection))
     }
 

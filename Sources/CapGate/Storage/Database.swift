@@ -198,7 +198,11 @@ public struct Database: Sendable {
                     throw error
                 }
             }
-            _ = progress.end(from: .onConnection)
+            // The deadline's hook (the connection closing under a write whose caller was
+            // cancelled or answered at the deadline) may have reported this write as of unknown
+            // outcome first, and its charges are then being given back: it is no success, however
+            // it ended (review of #46, finding 4: a served call would have been refunded).
+            guard progress.end(from: .onConnection) else { throw CommitUnacknowledged(reason: ConnectionLost()) }
             return value
         } catch {
             // Once: a write the deadline already reported is not reported again.
