@@ -139,9 +139,15 @@ public struct MeteringStore: Sendable {
         } catch {
             guard items.count > 1 else { return [.failure(error)] }
             // Call by call, the batch holding up the next one until its last call is done.
+            // The first call the database cannot take ends it: the rest are answered 503 at once
+            // rather than each waiting its own database.timeout while the queue waits behind them.
             var results: [Result<AdmissionRow, any Error>] = []
             results.reserveCapacity(items.count)
             for item in items {
+                if case .failure(DatabaseError.unavailable) = results.last {
+                    results.append(.failure(DatabaseError.unavailable))
+                    continue
+                }
                 results += await admitBatch([item], database: database, relaxed: relaxed, spool: spool, slotEnds: slotEnds)
             }
             return results
