@@ -128,6 +128,7 @@ struct AppStoreCrossCheckTests {
                 "environments": ["Production", "Sandbox"], "cases": cases.map { ["kind": $0.kind, "jws": $0.jws] },
             ])
             try body.write(to: URL(fileURLWithPath: spec))
+            defer { try? FileManager.default.removeItem(atPath: spec) }
             let python = try await PythonTools.python()
             let (status, output) = try await SDKTests.run(python, ["-c", Self.script, spec])
             try #require(status == 0, "\(output)")
