@@ -183,3 +183,28 @@ struct LedgerRetentionConfigurationTests {
         }
     }
 }
+
+/// The environment variable an error names for each key is the one docs/configuration.md (SPEC
+/// §7's table) gives it, acronyms included (`proxy.maxJSONDepth` → `PROXY_MAX_JSON_DEPTH`).
+@Suite("Configuration: the environment names errors give")
+struct ConfigurationEnvironmentNameTests {
+    @Test("every key of docs/configuration.md: the name a configuration error shows is the documented one")
+    func documentedNames() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let text = try String(contentsOf: root.appendingPathComponent("docs/configuration.md"), encoding: .utf8)
+        var checked = 0
+        for line in text.split(separator: "\n") where line.hasPrefix("| `") {
+            let cells = line.split(separator: "|").map { $0.trimmingCharacters(in: .whitespaces) }
+            guard cells.count > 1, cells[0].hasPrefix("`"), cells[1].hasPrefix("`") else { continue }
+            let key = cells[0].trimmingCharacters(in: CharacterSet(charactersIn: "`"))
+            let names = cells[1].split(separator: "/").map { $0.trimmingCharacters(in: CharacterSet(charactersIn: "` ")) }
+            guard CapGateConfiguration.keys.contains(key) else { continue }
+            #expect(names.contains(ConfigurationError.environmentName(of: key)), "\(key): \(names)")
+            checked += 1
+        }
+        #expect(checked >= 40, "read \(checked) keys")
+        #expect(ConfigurationError.environmentName(of: "proxy.maxJSONDepth") == "PROXY_MAX_JSON_DEPTH")
+        #expect(ConfigurationError.environmentName(of: "apple.appAppleId") == "APPLE_APP_APPLE_ID")
+        #expect(ConfigurationError.environmentName(of: "notifications.caFile") == "NOTIFICATIONS_CA_FILE")
+    }
+}
