@@ -173,6 +173,23 @@ struct LedgerRetentionTests {
         }
     }
 
+    @Test("a past month without a partition: refused, with its rows in the default partition named, until its partition is made")
+    func refusesDefaultPartitionRows() async throws {
+        try await P.withDatabase { _, client in
+            let june = LedgerMonth("2024-06")!
+            #expect(try await Self.refusal(client, june) == .notHeld(june))
+            // A row of a month that has no partition lands in the default partition.
+            let id = try await P.insert(client, at: Self.at("2024-06-15T12:00:00Z"))
+            #expect(try await P.placed(client, id: id) == ["usage_ledger_default"])
+            #expect(try await Self.refusal(client, june) == .inDefaultPartition(june, rows: 1))
+            #expect(try await P.placed(client, id: id) == ["usage_ledger_default"])
+            // Made as the refusal says, the month holds the row and is then checked like any other.
+            _ = try await LedgerPartitions(database: P.database(client)).makeAhead(months: 0, at: june.start)
+            #expect(try await P.placed(client, id: id) == ["usage_ledger_p202406"])
+            #expect(try await Self.refusal(client, june) == .notExported(june))
+        }
+    }
+
     @Test("drops an exported settled month: its partition gone, the other month intact, verify clean and still checking its period")
     func dropsAndVerifies() async throws {
         try await P.withDatabase { _, client in
