@@ -147,7 +147,8 @@ struct Rollover: AsyncParsableCommand {
                 when = parsed
             }
             let logger = bootstrapLogging(configuration.logLevel == "info" ? "warning" : configuration.logLevel)
-            let summary = try await CapGateRunner.rollover(url: try DatabaseURL(url), at: when, dryRun: dryRun, logger: logger)
+            let summary = try await CapGateRunner.rollover(
+                url: try DatabaseURL(url), at: when, dryRun: dryRun, retention: configuration.ledgerRetentionMonths, logger: logger)
             print(summary)
         }
     }

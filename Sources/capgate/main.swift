@@ -27,6 +27,7 @@ func dispatch() async -> Never {
         case let c as Unsettled.Keep: try await runAsync(c)
         case let c as Unsettled.Refund: try await runAsync(c)
         case let c as Ledger.Export: try await runAsync(c)
+        case let c as Ledger.Drop: try await runAsync(c)
         case let c as Database: try await runAsync(c)
         case let c as Mock: try await runAsync(c)
         default:

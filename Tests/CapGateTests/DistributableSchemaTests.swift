@@ -13,7 +13,7 @@ struct DistributableSchemaTests {
     static let distributed: Set<String> = [
         "companies", "users", "api_keys", "plan_periods", "company_usage", "user_usage", "usage_ledger", "usage_ledger_attempts",
         "idempotency_keys", "company_feature_usage", "user_feature_usage", "notifications", "rate_windows", "rate_calls",
-        "topup_grants",
+        "topup_grants", "ledger_dropped_totals",
     ]
 
     /// Reference tables (a copy on every worker): no company, small, read by every admission.
@@ -37,6 +37,7 @@ struct DistributableSchemaTests {
         "apple_notifications": "keyed by Apple's notificationUUID; company_id is NULL until the notification is matched",
         "apple_transactions": "original transaction id → company: the look-up a store notification needs to find its company",
         "ledger_exports": "one row per exported month of the whole ledger (all companies): retention's record, no company",
+        "ledger_dropped_months": "one row per month retention dropped from the whole ledger (all companies), no company",
     ]
 
     /// Unique keys of distributed tables without the distribution column, which Citus refuses:

@@ -308,7 +308,8 @@ struct LedgerPartitionTests {
             }
             try await Self.settle(client, company, [ids[0], ids[2]])
             #expect(try await Self.strings(client, "SELECT capgate_refund(\(company), \(ids[1]), 500)::text") == ["true"])
-            #expect(try await CapGateRunner.verify(url: url, logger: Self.logger).isEmpty)
+            // This binary's verify reads 0027's view of the ledger (retention's totals), so it runs after
+            // the conversion; the snapshot shows the conversion changed nothing it reads.
 
             let snapshot: @Sendable () async throws -> [String] = {
                 try await Self.strings(client, "SELECT l::text FROM usage_ledger l ORDER BY id")
@@ -318,7 +319,8 @@ struct LedgerPartitionTests {
             }
             let before = try await snapshot()
 
-            #expect(try await Migrator().migrate(client: client, logger: Self.logger) == ["0026_ledger_partitions"])
+            #expect(
+                try await Migrator().migrate(client: client, logger: Self.logger) == ["0026_ledger_partitions", "0027_ledger_retention"])
             #expect(try await Self.strings(client, "SELECT relkind::text FROM pg_class WHERE oid = 'usage_ledger'::regclass") == ["p"])
             #expect(try await snapshot() == before)
             #expect(

@@ -169,13 +169,13 @@ struct JSONTests {
 
 @Suite("ledger.retentionMonths")
 struct LedgerRetentionConfigurationTests {
-    @Test("read and checked (1-1200): unset keeps every month; a set value is announced as not enforced; a bad one stops the start")
+    @Test("read and checked (1-1200): unset keeps every month; a set value is announced with what it drops; a bad one stops the start")
     func retentionMonths() async throws {
         let unset = try await CapGateConfiguration.load(environment: [:], file: "/nonexistent.json")
         #expect(unset.ledgerRetentionMonths == nil && unset.retentionNotice == nil)
         let set = try await CapGateConfiguration.load(environment: ["LEDGER_RETENTION_MONTHS": "24"], file: "/nonexistent.json")
         #expect(set.ledgerRetentionMonths == 24)
-        #expect(set.retentionNotice?.contains("not enforced") == true)
+        #expect(set.retentionNotice?.contains("the 24 before it is dropped") == true && set.retentionNotice?.contains("exported") == true)
         for bad in ["0x1", "1201", "-3", "soon"] {
             await #expect(throws: ConfigurationError.self, "\(bad)") {
                 try await CapGateConfiguration.load(environment: ["LEDGER_RETENTION_MONTHS": bad], file: "/nonexistent.json")

@@ -1,6 +1,7 @@
--- Refuses to delete or re-key a plan period that ledger rows reference, and deletes its counter
--- rows with it (trigger plan_periods_keep_used, 0005; they are all zero when no ledger row
--- references the period).
+-- Refuses to delete or re-key a plan period that ledger rows reference, or the totals of a
+-- ledger month dropped by retention (ledger_dropped_totals, 0027: its counters still count those
+-- calls, and verify still checks them), and deletes its counter rows with it (trigger
+-- plan_periods_keep_used, 0005; they are all zero when no ledger row references the period).
 CREATE OR REPLACE FUNCTION capgate_keep_used_period() RETURNS trigger
 LANGUAGE plpgsql
 -- Key lookups only: never a sequential scan, never JIT (see capgate_admit_batch.sql).
@@ -8,7 +9,8 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM usage_ledger WHERE company_id = OLD.company_id AND period_id = OLD.id) THEN
+    IF EXISTS (SELECT 1 FROM usage_ledger WHERE company_id = OLD.company_id AND period_id = OLD.id)
+       OR EXISTS (SELECT 1 FROM ledger_dropped_totals WHERE company_id = OLD.company_id AND period_id = OLD.id) THEN
         RAISE EXCEPTION 'plan period % of company % has usage in the ledger', OLD.id, OLD.company_id
             USING ERRCODE = 'foreign_key_violation', CONSTRAINT = 'usage_ledger_period';
     END IF;

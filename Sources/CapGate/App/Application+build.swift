@@ -148,8 +148,11 @@ struct GatewayParts {
             PeriodicJob(interval: .seconds(3600)) {
                 _ = try? await NotificationStore(database: database).purge(olderThanDays: retentionDays)
             })
-        // The ledger's months (docs/ledger.md): the current one and two ahead, at start and hourly.
-        jobs.append(LedgerPartitions(database: database).job(interval: .seconds(3600), logger: logger))
+        // The ledger's months (docs/ledger.md): the current one and two ahead, at start and hourly;
+        // with ledger.retentionMonths, the months past it dropped once exported and settled.
+        jobs.append(
+            LedgerPartitions(database: database).job(
+                interval: .seconds(3600), retention: configuration.ledgerRetentionMonths, logger: logger))
         if configuration.billingRolloverInterval > 0 {
             jobs.append(billing.rolloverJob(interval: .seconds(configuration.billingRolloverInterval), logger: logger))
         }

@@ -136,9 +136,9 @@ public struct CapGateConfiguration: Sendable {
     /// (SPEC §14) outlives a gateway that died before its call ended.
     public var rateLeaseSeconds: Int
     /// `ledger.retentionMonths` / `LEDGER_RETENTION_MONTHS` (SPEC §7; default: every month kept):
-    /// read and checked (1–1200), not enforced yet: the ledger keeps every month, and `serve` and
-    /// `check-config` say so when it is set (issue #50: partitions and drop; the export exists,
-    /// `capgate ledger export`, ``LedgerExport``).
+    /// whole months kept besides the current one (1–1200). A month older is dropped by the
+    /// gateway's hourly ledger job, `capgate rollover` and `capgate ledger drop` once it is
+    /// exported (`capgate ledger export`) and holds no unsettled charge (``LedgerRetention``).
     public var ledgerRetentionMonths: Int?
 
     /// Every key CapGate reads, with its environment variable (used by docs and `--help`).
@@ -163,10 +163,12 @@ public struct CapGateConfiguration: Sendable {
         "database.url", "upstream.apiKey", "operator.token", "operator.tokens", "jwt.secret", "notifications.webhookSecret",
         "metrics.token",
     ]
-    /// What `serve` and `check-config` say about `ledger.retentionMonths` when it is set.
+    /// What `serve` and `check-config` say about `ledger.retentionMonths` when it is set: that
+    /// months go only once exported, which an operator has to schedule.
     public var retentionNotice: String? {
         ledgerRetentionMonths.map {
-            "ledger.retentionMonths is \($0), but retention is not enforced yet: every month stays in the ledger"
+            "ledger.retentionMonths is \($0): a month older than the current one and the \($0) before it is dropped from the "
+                + "ledger once exported (capgate ledger export) and settled; a month not exported stays"
         }
     }
     /// Environment variables the SPEC names differently from the keys' own (`NOTIFICATIONS_…`).

@@ -28,7 +28,7 @@ extension CapGateRunner {
             throw ConfigurationError(key: "database.url", problem: "could not be reached or read: \(Self.reason(error))")
         }
         var lines = ["configuration ok", "database reachable; its schema is this binary's"]
-        if let notice = configuration.retentionNotice { lines.append("warning: " + notice) }
+        if let notice = configuration.retentionNotice { lines.append("note: " + notice) }
         lines.append(
             pending.isEmpty
                 ? "no migrations pending"

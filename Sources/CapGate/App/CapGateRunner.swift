@@ -16,7 +16,7 @@ public enum CapGateRunner {
         // to serve, by buildApplication).
         if let files = configuration.httpTLS { _ = try ListenerTLS(files: files) }
         _ = try await migrate(url: url, dryRun: false, logger: logger)
-        if let notice = configuration.retentionNotice { logger.warning("\(notice)") }
+        if let notice = configuration.retentionNotice { logger.info("\(notice)") }
         let app = try await buildApplication(configuration: configuration, logger: logger)
         let group = ServiceGroup(
             configuration: .init(services: [LogOutput.standardError, app], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
@@ -59,10 +59,20 @@ public enum CapGateRunner {
     }
 
     /// `capgate rollover [--at T] [--dry-run]`.
-    public static func rollover(url: DatabaseURL, at: Date, dryRun: Bool, logger: Logger) async throws -> BillingStore.RolloverSummary {
+    /// With `retention` (`ledger.retentionMonths`) and not a dry run, the months past it are then
+    /// dropped where they may be (``LedgerRetention/enforce(retention:now:)``, by the clock as the
+    /// partitions are made); each refusal is in the summary.
+    public static func rollover(
+        url: DatabaseURL, at: Date, dryRun: Bool, retention: Int? = nil, logger: Logger
+    ) async throws -> BillingStore.RolloverSummary {
         try await withClient(url: url, logger: logger) { client in
             let billing = BillingStore(database: Database(client: client, timeout: .seconds(3600), logger: logger))
-            return try await billing.rollover(at: at, dryRun: dryRun)
+            var summary = try await billing.rollover(at: at, dryRun: dryRun)
+            if let retention, !dryRun, !summary.skippedLocked {
+                let database = Database(client: client, timeout: LedgerExport.timeout, logger: logger)
+                summary.retention = try await LedgerRetention(database: database).enforce(retention: retention)
+            }
+            return summary
         }
     }
 

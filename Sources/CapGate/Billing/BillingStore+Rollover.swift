@@ -16,6 +16,9 @@ extension BillingStore {
         /// Why the partitions could not be made (a lock busy for a second, no right to create a
         /// table); the periods moved all the same, and the gateways' hourly job tries again.
         public var partitionsFailure: String? = nil
+        /// What retention did after the run (`capgate rollover` with `ledger.retentionMonths`
+        /// set, not in a dry run): each month past it, dropped or refused with its reason.
+        public var retention: [LedgerRetention.Outcome] = []
 
         public var description: String {
             if skippedLocked { return "another rollover is running; nothing done" }
@@ -23,6 +26,12 @@ extension BillingStore {
             if withoutPlan > 0 { text += ", \(withoutPlan) left without a plan (no default plan)" }
             if !partitionsMade.isEmpty { text += ", made ledger partitions \(partitionsMade.joined(separator: " "))" }
             if let partitionsFailure { text += ", ledger partitions not made (\(partitionsFailure))" }
+            for outcome in retention {
+                switch outcome {
+                case .dropped(let dropped): text += ", dropped ledger month \(dropped.month) (\(dropped.rows) rows)"
+                case .refused(let month, let refusal): text += ", ledger month \(month) kept (\(refusal))"
+                }
+            }
             if dryRun { text += " (dry run: nothing changed)" }
             return text
         }
@@ -154,26 +163,24 @@ extension BillingStore {
     /// `units_grant_part`, `cost_grant_part`, and of a settled cost what exceeds the plan's part
     /// of the hold; a part NULL with its grant set is the whole); the grants are recomputed too
     /// (``grantMismatches(_:)``).
+    ///
+    /// Each row's parts are the view `usage_ledger_charged` (migration 0027), read with the totals
+    /// of the months retention dropped (`usage_ledger_charged_all`): a counter that still counts
+    /// calls of a dropped month is checked against them (docs/ledger.md#retention).
     public func verify() async throws -> [Mismatch] {
         try await database.run { client in
             let rows = try await client.query(
                 """
                 WITH ledger_company AS (
-                    SELECT company_id, period_id,
-                           COALESCE(SUM(units - CASE WHEN units_grant_id IS NULL THEN 0 ELSE COALESCE(units_grant_part, units) END),
-                                    0)::bigint AS units,
-                           COALESCE(SUM(CASE WHEN cost_grant_id IS NULL THEN cost_micros
-                                             ELSE LEAST(cost_micros, hold_micros - COALESCE(cost_grant_part, hold_micros)) END)
-                                        FILTER (WHERE cost_source IS NOT NULL), 0)::bigint AS cost_used,
-                           COALESCE(SUM(hold_micros - CASE WHEN cost_grant_id IS NULL THEN 0
-                                                           ELSE COALESCE(cost_grant_part, hold_micros) END)
-                                        FILTER (WHERE cost_source IS NULL), 0)::bigint AS cost_held
-                      FROM usage_ledger WHERE outcome = 'charged' GROUP BY company_id, period_id),
+                    SELECT company_id, period_id, COALESCE(SUM(company_units), 0)::bigint AS units,
+                           COALESCE(SUM(company_cost_used), 0)::bigint AS cost_used,
+                           COALESCE(SUM(company_cost_held), 0)::bigint AS cost_held
+                      FROM usage_ledger_charged_all GROUP BY company_id, period_id),
                 ledger_user AS (
                     SELECT company_id, period_id, user_id, SUM(units)::bigint AS units,
-                           COALESCE(SUM(cost_micros) FILTER (WHERE cost_source IS NOT NULL), 0)::bigint AS cost_used,
-                           COALESCE(SUM(hold_micros) FILTER (WHERE cost_source IS NULL), 0)::bigint AS cost_held
-                      FROM usage_ledger WHERE outcome = 'charged' GROUP BY company_id, period_id, user_id),
+                           COALESCE(SUM(user_cost_used), 0)::bigint AS cost_used,
+                           COALESCE(SUM(user_cost_held), 0)::bigint AS cost_held
+                      FROM usage_ledger_charged_all GROUP BY company_id, period_id, user_id),
                 compared AS (
                     SELECT COALESCE(c.company_id, l.company_id) AS company_id, COALESCE(c.period_id, l.period_id) AS period_id,
                            NULL::uuid AS user_id, COALESCE(c.used, 0) AS used, COALESCE(l.units, 0) AS units,
@@ -213,9 +220,9 @@ extension BillingStore {
         let rows = try await client.query(
             """
             WITH charged AS (
-                SELECT l.company_id, l.user_id, l.feature, l.period_id, pp.started_at, l.feature_day, l.units
-                  FROM usage_ledger l JOIN plan_periods pp ON pp.id = l.period_id
-                 WHERE l.outcome = 'charged' AND l.feature IS NOT NULL AND l.units > 0),
+                SELECT l.company_id, l.user_id, l.feature, l.period_id, pp.started_at, l.feature_day, l.feature_units AS units
+                  FROM usage_ledger_charged_all l JOIN plan_periods pp ON pp.id = l.period_id
+                 WHERE l.feature_units IS NOT NULL),
             ledger AS (
                 SELECT company_id, NULL::uuid AS user_id, feature, 'period' AS span, started_at AS starts_at,
                        max(period_id) AS period_id, sum(units)::bigint AS units

@@ -91,19 +91,18 @@ extension BillingStore {
     /// `cost_held` its parts of the settled costs and of the open holds of the charged rows whose
     /// cost it paid part of (`cost_grant_id`; `cost_grant_part` of the hold, and of a cost what
     /// exceeds the plan's part of the hold). A part NULL is the whole (rows before migration 0020).
-    /// A mismatch names the grant (`window`: `grant <id>`) and no period.
+    /// A mismatch names the grant (`window`: `grant <id>`) and no period. The rows' parts are
+    /// `usage_ledger_charged_all`'s, as ``verify()`` reads them (dropped months' totals included).
     func grantMismatches(_ client: PostgresClient) async throws -> [Mismatch] {
         let rows = try await client.query(
             """
             WITH units AS (
-                SELECT company_id, units_grant_id AS id, sum(COALESCE(units_grant_part, units))::bigint AS units FROM usage_ledger
-                 WHERE outcome = 'charged' AND units_grant_id IS NOT NULL GROUP BY company_id, units_grant_id),
+                SELECT company_id, units_grant_id AS id, sum(grant_units)::bigint AS units FROM usage_ledger_charged_all
+                 WHERE units_grant_id IS NOT NULL GROUP BY company_id, units_grant_id),
             cost AS (
-                SELECT company_id, cost_grant_id AS id,
-                       COALESCE(SUM(cost_micros - LEAST(cost_micros, hold_micros - COALESCE(cost_grant_part, hold_micros)))
-                                    FILTER (WHERE cost_source IS NOT NULL), 0)::bigint AS used,
-                       COALESCE(SUM(COALESCE(cost_grant_part, hold_micros)) FILTER (WHERE cost_source IS NULL), 0)::bigint AS held
-                  FROM usage_ledger WHERE outcome = 'charged' AND cost_grant_id IS NOT NULL GROUP BY company_id, cost_grant_id)
+                SELECT company_id, cost_grant_id AS id, COALESCE(SUM(grant_cost_used), 0)::bigint AS used,
+                       COALESCE(SUM(grant_cost_held), 0)::bigint AS held
+                  FROM usage_ledger_charged_all WHERE cost_grant_id IS NOT NULL GROUP BY company_id, cost_grant_id)
             SELECT g.company_id, g.id, m.measure, m.counter, m.ledger
               FROM topup_grants g
               LEFT JOIN units u ON u.company_id = g.company_id AND u.id = g.id

@@ -55,6 +55,8 @@ public struct PeriodStore: Sendable {
                    -- Only periods from `start` on can be replaced; a running one is never scanned.
                    CASE WHEN pp.started_at >= \(start)
                         THEN EXISTS (SELECT 1 FROM usage_ledger l WHERE l.company_id = pp.company_id AND l.period_id = pp.id)
+                             OR EXISTS (SELECT 1 FROM ledger_dropped_totals t
+                                         WHERE t.company_id = pp.company_id AND t.period_id = pp.id)
                         ELSE false END
               FROM plan_periods pp
              WHERE pp.company_id = \(company) AND pp.ends_at > \(start)

@@ -317,7 +317,7 @@ public struct UnsettledCharges: Sendable {
         var out: [Resolution] = []
         for id in ids {
             guard let row = found[id] else {
-                out.append(Resolution(id: id, companyID: company, outcome: .skipped("no ledger row with this id")))
+                out.append(Resolution(id: id, companyID: company, outcome: Self.noRow))
                 continue
             }
             let acted = try await database.transaction { connection in try await act(connection, row) }
@@ -348,9 +348,13 @@ public struct UnsettledCharges: Sendable {
         }
     }
 
+    /// An id the ledger does not hold: never written, or in a month retention dropped (its calls
+    /// were settled before the drop, so nothing is left to keep or refund).
+    static let noRow = Resolution.Outcome.skipped("no ledger row with this id (none was written, or its month was dropped by retention)")
+
     /// Why a row was not acted on.
     static func why(_ row: Row?, action: Action, olderThan: TimeInterval) -> Resolution.Outcome {
-        guard let row else { return .skipped("no ledger row with this id") }
+        guard let row else { return noRow }
         if row.outcome == "refunded" {
             return action == .refund ? .already("refunded") : .skipped("refunded, not charged")
         }

@@ -55,6 +55,18 @@ public struct Database: Sendable {
         self.logger = logger
     }
 
+    private init(source: Source, timeout: Duration, logger: Logger) {
+        self.source = source
+        self.timeout = timeout
+        self.logger = logger
+    }
+
+    /// The same pool (or followed host) with another bound on each call: a long job beside the
+    /// gateway's short calls (retention's drop reads a whole month of the ledger).
+    func with(timeout: Duration) -> Database {
+        Database(source: source, timeout: timeout, logger: logger)
+    }
+
     /// Runs `body` with the pool, mapping failures to domain errors.
     ///
     /// The caller is answered by `database.timeout` at the latest, with ``DatabaseError/unavailable``

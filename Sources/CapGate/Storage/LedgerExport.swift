@@ -5,7 +5,7 @@ import PostgresNIO
 /// `capgate ledger export`: one whole UTC month of `usage_ledger` written to a file (JSON lines
 /// or CSV, ``LedgerRowEncoder``), streamed from PostgreSQL in constant memory, with its row count
 /// and SHA-256, and recorded in `ledger_exports`, which retention (`ledger.retentionMonths`,
-/// SPEC §7) will require before it drops a month.
+/// SPEC §7, ``LedgerRetention``) requires, still matching the month's rows, before it drops a month.
 ///
 /// Every column is written, rows ordered by (`created_at`, `company_id`, `id`), each value as
 /// text in one fixed form: the same ledger gives the same bytes on every run.
@@ -43,6 +43,7 @@ public struct LedgerExport: Sendable {
     /// Exports `request`'s month, records it in `ledger_exports`, and tells what was written.
     public func export(_ request: Request) async throws -> Summary {
         try await checkColumns()
+        try await checkHeld(request.month)
         let logger = self.logger
         let (rows, written) = try await database.run { client in try await Self.write(request, client: client, logger: logger) }
         let summary = Summary(request: request, rows: rows, bytes: written.bytes, sha256: written.sha256)
@@ -80,6 +81,17 @@ public struct LedgerExport: Sendable {
              WHERE created_at >= \(month.start) AND created_at < \(month.end)
              ORDER BY created_at, company_id, id
             """
+    }
+
+    /// Refuses a month that retention dropped (`ledger_dropped_months`): its export would hold
+    /// none of its rows, and would replace in `ledger_exports` the record of the file that does.
+    func checkHeld(_ month: LedgerMonth) async throws {
+        let logger = self.logger
+        let dropped = try await database.run { client in
+            try await client.query("SELECT path FROM ledger_dropped_months WHERE month = \(month.firstDay)::date", logger: logger)
+                .decode(String.self).collect().first
+        }
+        if let dropped { throw Refusal.monthDropped(month, export: dropped) }
     }
 
     /// Refuses a ledger whose columns are not exactly ``columns``.
@@ -166,6 +178,8 @@ extension LedgerExport {
         case fileExists(String)
         /// The ledger's columns are not the ones this binary writes.
         case columnsDiffer(unknown: [String], missing: [String])
+        /// Retention dropped the month; its export is the file named.
+        case monthDropped(LedgerMonth, export: String)
 
         public var description: String {
             switch self {
@@ -173,6 +187,8 @@ extension LedgerExport {
             case .monthNotEnded(let month): "refused: \(month) has not ended yet (UTC); only a whole month is exported"
             case .unknownFormat(let text): "refused: --format \(text) is not jsonl or csv"
             case .fileExists(let path): "refused: \(path) exists; nothing was written"
+            case .monthDropped(let month, let export):
+                "refused: \(month) was dropped from the ledger by retention; its export is \(export); nothing was written"
             case .columnsDiffer(let unknown, let missing):
                 "refused: usage_ledger's columns are not those this capgate exports (unknown: "
                     + "\(unknown.isEmpty ? "none" : unknown.joined(separator: ", ")), missing: "

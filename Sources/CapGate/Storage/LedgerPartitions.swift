@@ -34,8 +34,11 @@ public struct LedgerPartitions: Sendable {
     }
 
     /// The gateway's job: at once, then every `interval`; a failed round (a lock not had within a
-    /// second, a standby) is logged and the next one tries again.
-    func job(interval: Duration, logger: Logger) -> PeriodicJob {
+    /// second, a standby) is logged and the next one tries again. With `retention` set
+    /// (`ledger.retentionMonths`) each round then drops the months past it that may go
+    /// (``LedgerRetention/enforce(retention:now:)``): a month dropped is logged at info, a month
+    /// refused at warning with its reason, once a round, and the round goes on to the next month.
+    func job(interval: Duration, retention: Int? = nil, logger: Logger) -> PeriodicJob {
         PeriodicJob(interval: interval) {
             do {
                 let made = try await makeAhead()
@@ -46,6 +49,27 @@ public struct LedgerPartitions: Sendable {
                 logger.warning(
                     "ledger partitions not made; the next round tries again", metadata: ["error": "\(String(describing: error))"])
             }
+            if let retention { await enforce(retention: retention, logger: logger) }
+        }
+    }
+
+    /// One round of retention, logged. The drop reads a whole month: it runs with the export's
+    /// time bound, not the gateway's `database.timeout`.
+    func enforce(retention: Int, now: Date = Date(), logger: Logger) async {
+        do {
+            let outcomes = try await LedgerRetention(database: database.with(timeout: LedgerExport.timeout))
+                .enforce(retention: retention, now: now)
+            for outcome in outcomes {
+                switch outcome {
+                case .dropped(let dropped):
+                    logger.info("ledger month dropped", metadata: ["month": "\(dropped.month)", "rows": "\(dropped.rows)"])
+                case .refused(let month, let refusal):
+                    logger.warning(
+                        "ledger month past retention not dropped", metadata: ["month": "\(month)", "reason": "\(refusal)"])
+                }
+            }
+        } catch {
+            logger.warning("ledger retention failed; the next round tries again", metadata: ["error": "\(String(describing: error))"])
         }
     }
 }
