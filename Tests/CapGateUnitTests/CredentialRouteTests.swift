@@ -106,4 +106,16 @@ struct CredentialRouteTests {
             [Self.bearer(token)], flags: ["jwt.secret": Self.secret, "jwt.companyClaim": "app_metadata.company_id"])
         #expect(answers.first?.1 == "The token has no company UUID at claim 'app_metadata.company_id'.")
     }
+
+    @Test("the operator token makes no metered call: 403 permission_error, answered without the database")
+    func operatorOnProxy() async throws {
+        try await Application(router: try await GatewayRouterTests.router()).test(.router) { client in
+            let response = try await client.execute(
+                uri: "/v1/messages", method: .post, headers: Self.bearer(GatewayRouterTests.operatorToken), body: ByteBuffer(string: "{}"))
+            let json = try? JSONParser.parse(response.body)
+            #expect(response.status == .forbidden && json?["error"]?["type"]?.stringValue == "permission_error")
+            #expect(
+                json?["error"]?["message"]?.stringValue == "The operator token cannot make metered calls; use a user's CapGate API key.")
+        }
+    }
 }
