@@ -16,13 +16,14 @@ import Testing
 struct GatewayRouterTests {
     static let operatorToken = "op-" + String(repeating: "x", count: 40)
 
-    static func router() async throws -> Router<GatewayContext> {
+    /// `flags` are added to (or replace) the ones every router here has.
+    static func router(flags: [String: String] = [:]) async throws -> Router<GatewayContext> {
         let spool = NSTemporaryDirectory() + "capgate-router-\(UUID().uuidString)"
         let configuration = try await CapGateConfiguration.load(
             flags: [
                 "database.url": "postgres://capgate@127.0.0.1:9/none", "upstream.url": "http://127.0.0.1:9",
                 "database.timeout": "0.2", "spool.directory": spool, "operator.token": operatorToken,
-            ],
+            ].merging(flags) { _, new in new },
             environment: [:], file: "/nonexistent.json")
         return try await GatewayParts(
             configuration: configuration, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
