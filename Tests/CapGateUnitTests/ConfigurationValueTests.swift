@@ -149,13 +149,11 @@ struct ConfigurationValueTests {
         ] {
             #expect(await Self.problem([variable: "-5"])?.contains("\(key) (\(variable))") == true, "\(variable)")
         }
-        // SPEC §7 names proxy.maxJSONDepth's variable PROXY_MAX_JSON_DEPTH; the error line names
-        // PROXY_MAX_JSONDEPTH (environmentName(of:) runs "JSON" and "Depth" together), so the
-        // operator is told to fix a variable they never set.
+        // SPEC §7 names proxy.maxJSONDepth's variable PROXY_MAX_JSON_DEPTH, and so does the error
+        // (it said PROXY_MAX_JSONDEPTH, a variable the operator never set, until session 39).
         let line = await Self.problem(["PROXY_MAX_JSON_DEPTH": "0"])
-        #expect(line?.contains("proxy.maxJSONDepth") == true)
-        withKnownIssue("the error line names PROXY_MAX_JSONDEPTH, not SPEC §7's PROXY_MAX_JSON_DEPTH") {
-            #expect(line?.contains("(PROXY_MAX_JSON_DEPTH)") == true, "\(line ?? "loaded")")
-        }
+        #expect(line?.contains("proxy.maxJSONDepth (PROXY_MAX_JSON_DEPTH)") == true, "\(line ?? "loaded")")
+        let webhook = await Self.problem(["NOTIFY_WEBHOOK_URL": "ftp://example.invalid/x"])
+        #expect(webhook?.contains("notifications.webhookUrl (NOTIFY_WEBHOOK_URL)") == true, "\(webhook ?? "loaded")")
     }
 }
