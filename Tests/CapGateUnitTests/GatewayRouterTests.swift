@@ -18,7 +18,9 @@ struct GatewayRouterTests {
 
     /// `flags` are added to (or replace) the ones every router here has.
     static func router(flags: [String: String] = [:]) async throws -> Router<GatewayContext> {
-        let spool = NSTemporaryDirectory() + "capgate-router-\(UUID().uuidString)"
+        // One folder for every run: these gateways never reach a database, so nothing is ever
+        // spooled in it (a folder a run was left in the temporary directory per router built).
+        let spool = NSTemporaryDirectory() + "capgate-router-tests"
         let configuration = try await CapGateConfiguration.load(
             flags: [
                 "database.url": "postgres://capgate@127.0.0.1:9/none", "upstream.url": "http://127.0.0.1:9",
