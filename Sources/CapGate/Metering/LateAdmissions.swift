@@ -13,7 +13,10 @@ import PostgresNIO
 ///   it committed is unknown, so the ledger is searched for its calls (request id, time,
 ///   company) and what it charged is refunded. The
 ///   search waits until `database.timeout` has passed since the statement was sent: the gateway's
-///   connections carry it as `statement_timeout`, so by then the statement has ended either way.
+///   connections carry it as `statement_timeout`, so by then the statement has ended or is
+///   committing. A commit that waits for a synchronous standby is not bounded by
+///   `statement_timeout` and stays invisible until the standby confirms, so the search first
+///   waits for every write transaction open at that moment to end (``OpenWrites``).
 ///
 /// A call of such an admission with an `Idempotency-Key` had its key marked failed by the same
 /// refund (`capgate_refund`), so a retry is a new attempt.
@@ -78,7 +81,7 @@ struct LateAdmissions: Sendable {
         try? await Task.sleep(until: sent + database.timeout + .seconds(1))
         do {
             await giveBack(try await findCharges())
-        } catch DatabaseError.unavailable {
+        } catch DatabaseError.unavailable, is OpenWrites.Pending {
             PendingWrites(database: database, spool: spool).later(
                 .giveBack(
                     keyHashes: items.compactMap { $0.keyHash.map { Data($0.readableBytesView) } },
@@ -145,6 +148,7 @@ struct LateAdmissions: Sendable {
     static func findCharges(
         keyHashes hashes: [ByteBuffer], companies: [UUID], requestIDs ids: [String], since: Date, database: Database
     ) async throws -> [Charge] {
+        try await OpenWrites.awaitEnd(database: database)
         return try await database.run { client in
             let rows = try await client.query(
                 """

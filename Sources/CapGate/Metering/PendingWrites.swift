@@ -30,7 +30,18 @@ struct PendingWrites: Sendable {
                 if case .giveBackWhenDue(_, _, _, _, let due) = write {
                     try? await Task.sleep(for: .seconds(max(0, due.timeIntervalSinceNow)))
                 }
-                try await database.untilAvailable { try await Self.apply(write, database: database) }
+                // A give-back whose search found transactions still open (a commit waiting for a
+                // synchronous standby) is tried again, as long as one unavailable database is.
+                var attempt = 1
+                while true {
+                    do {
+                        try await database.untilAvailable { try await Self.apply(write, database: database) }
+                        break
+                    } catch is OpenWrites.Pending where attempt < Database.retryAttempts {
+                        attempt += 1
+                        try await Task.sleep(for: Database.retryInterval)
+                    }
+                }
             } catch {
                 database.logger.error("a write the database could not take was given up", metadata: ["write": "\(write.kind)"])
             }
@@ -120,7 +131,8 @@ struct SpoolReplayer: Service {
                 spool.remove(name)
             } catch DatabaseError.unavailable {
                 return
-            } catch is PendingWrites.NotDue {
+            } catch is PendingWrites.NotDue, is OpenWrites.Pending {
+                // Not yet: the next pass tries it again; the writes after it need not wait.
                 continue
             } catch {
                 database.logger.error(

@@ -139,4 +139,106 @@ struct CommitAcknowledgementTests {
         let mismatches = try await CapGateRunner.verify(url: standbyURL, logger: logger)
         #expect(mismatches.isEmpty, "\(mismatches)")
     }
+
+    @Test(
+        "a commit still waiting for the standby when the gateway stops: its give-back waits in the spool for that commit to end, then gives it back (served == charged, verify clean)"
+    )
+    func commitPendingAcrossRestart() async throws {
+        try await HeavyTests.alone { try await Self.commitPendingAcrossRestartAlone() }
+    }
+
+    /// Review of #46, finding 2: `statement_timeout` does not end the synchronous wait, and a
+    /// backend waiting in it does not notice its client closed. The call is answered 503 at
+    /// `database.timeout` (1 s), the gateway stops (its connection closes, the give-back goes to
+    /// the spool), a new gateway starts on the same spool while the commit still waits: its
+    /// search must not conclude "nothing charged" before that commit ended. Then the standby
+    /// confirms, the commit lands, and the spooled give-back refunds it.
+    static func commitPendingAcrossRestartAlone() async throws {
+        let logger = TestCluster.logger
+        let folder = NSTemporaryDirectory() + "capgate-commit-pending-\(UUID().uuidString)"
+        let spoolFolder = folder + "-spool"
+        let set = try await offPool {
+            try EmbeddedReplicaSet.start(directory: folder, settings: ["fsync": "off"], logger: TestCluster.logger)
+        }
+        let receiver = Mutex<pid_t?>(nil)
+        defer {
+            if let pid = receiver.withLock({ $0 }) { kill(pid, SIGCONT) }
+            set.standby.stop()
+            set.primary.stop()
+            try? FileManager.default.removeItem(atPath: folder)
+            try? FileManager.default.removeItem(atPath: spoolFolder)
+        }
+        _ = try await CapGateRunner.migrate(url: set.url, dryRun: false, logger: logger)
+        let settings = ["database.timeout": "1", "spool.directory": spoolFolder]
+        let charged: @Sendable () async throws -> Int64 = {
+            try await CapGateRunner.withClient(url: set.url, logger: logger) { client in
+                let rows = try await client.query("SELECT count(*)::int8 FROM usage_ledger WHERE outcome = 'charged'", logger: logger)
+                for try await count in rows.decode(Int64.self) { return count }
+                return -1
+            }
+        }
+        let waitingForStandby: @Sendable () async throws -> Int = {
+            try await offPool {
+                Int(try set.primary.psql("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").trimmingWhitespace()) ?? -1
+            }
+        }
+
+        // The first gateway: one call served, then one whose commit waits for the paused standby.
+        let key = Mutex<String>("")
+        let servedFirst = Mutex(0)
+        try await Harness.with(database: set.url, settings: settings) { h in
+            try await h.createPlan("big", company: 1_000_000, user: 1_000_000)
+            let (_, users) = try await h.createCompany(plan: "big", users: 1)
+            key.withLock { $0 = users[0].key }
+            #expect(try await h.message(key: users[0].key).status == 200)
+
+            let pid = try await offPool { try set.standby.psql("SELECT pid FROM pg_stat_wal_receiver").trimmingWhitespace() }
+            let walReceiver = try #require(pid_t(pid), "no WAL receiver on the standby: '\(pid)'")
+            #expect(kill(walReceiver, SIGSTOP) == 0)
+            receiver.withLock { $0 = walReceiver }
+
+            let reply = try await h.message(key: users[0].key)
+            #expect(reply.status == 503, "\(reply.status): \(reply.body)")
+            #expect(try await waitingForStandby() >= 1, "the admission's commit waits for the standby")
+            servedFirst.withLock { $0 = h.mock.served.count }
+        }
+        #expect(servedFirst.withLock { $0 } == 1, "the call answered 503 was not forwarded")
+        // The gateway stopped and its connection closed; PostgreSQL still waits for the standby.
+        #expect(try await waitingForStandby() >= 1, "the commit still waits after the gateway stopped")
+        let spooled = (try? FileManager.default.contentsOfDirectory(atPath: spoolFolder)) ?? []
+        #expect(!spooled.isEmpty, "the give-back of the unknown outcome is in the spool")
+
+        // A new gateway on the same spool, while the commit still waits: its replays must wait
+        // for that transaction, not find nothing and drop the give-back.
+        let capture = LogCapture()
+        try await Harness.with(database: set.url, settings: settings, gatewayLogger: capture.logger(level: .info)) { h in
+            let waited = ContinuousClock.now + .seconds(30)
+            while capture.matching("a give-back waits").isEmpty && ContinuousClock.now < waited {
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            #expect(!capture.matching("a give-back waits").isEmpty, "the replay saw the open transaction and waited")
+            #expect(
+                ((try? FileManager.default.contentsOfDirectory(atPath: spoolFolder)) ?? []).count == spooled.count,
+                "the give-back stays in the spool while the commit is pending")
+
+            // The standby confirms: the commit lands, then the next replay gives it back.
+            let walReceiver = try #require(receiver.withLock { $0 })
+            #expect(kill(walReceiver, SIGCONT) == 0)
+            receiver.withLock { $0 = nil }
+            var count: Int64 = -1
+            let settle = ContinuousClock.now + .seconds(60)
+            while ContinuousClock.now < settle {
+                count = try await charged()
+                let left = ((try? FileManager.default.contentsOfDirectory(atPath: spoolFolder)) ?? []).count
+                if count == 1 && left == 0 { break }
+                try await Task.sleep(for: .milliseconds(250))
+            }
+            #expect(count == 1, "charged \(count) for 1 call served")
+            // The company serves again: served == charged.
+            #expect(try await h.message(key: key.withLock { $0 }).status == 200)
+            #expect(try await charged() == Int64(h.mock.served.count) + 1, "the first gateway's call and this one")
+        }
+        let mismatches = try await CapGateRunner.verify(url: set.url, logger: logger)
+        #expect(mismatches.isEmpty, "\(mismatches)")
+    }
 }
