@@ -12,7 +12,10 @@ extension UsageStore {
 
     /// Units per day in the company's zone, every day of the range (0 where nothing was
     /// charged), split by feature. Default range: the current period's first day (or, with no
-    /// period or a `to` before it, the 30 days ending at `to`) to today. Read from the ledger through its (company, time) index over the range only.
+    /// period or a `to` before it, the 30 days ending at `to`) to today. Read from the ledger's rollups
+    /// (migration 0028: its charged rows summed per quarter hour, and a zone's day is a whole number
+    /// of quarter hours), so it costs O(days) whatever the ledger holds; a group whose calls were
+    /// all refunded is no group, as no charged row was.
     /// The range and the ledger are read in one snapshot (``Database/snapshot(_:)``), so
     /// "today" and the current period are those of the rows counted.
     public func daily(company: UUID, from: DayBound?, to: DayBound?) async throws -> [DailyUsage] {
@@ -46,12 +49,13 @@ extension UsageStore {
                 SELECT to_char(d.day, 'YYYY-MM-DD'), s.feature, coalesce(s.units, 0)::bigint
                   FROM generate_series(\(d0)::date, \(d1)::date, interval '1 day') AS d(day)
                   LEFT JOIN (
-                        SELECT (l.created_at AT TIME ZONE \(tz))::date AS day, l.feature, sum(l.units) AS units
-                          FROM usage_ledger l
-                         WHERE l.company_id = \(company) AND l.outcome = 'charged'
-                           AND l.created_at >= (\(d0)::date::timestamp AT TIME ZONE \(tz))
-                           AND l.created_at < ((\(d1)::date + 1)::timestamp AT TIME ZONE \(tz))
-                         GROUP BY 1, 2) s ON s.day = d.day::date
+                        SELECT (r.bucket AT TIME ZONE \(tz))::date AS day, r.feature, sum(r.units) AS units
+                          FROM usage_rollups_all r
+                         WHERE r.company_id = \(company)
+                           AND r.bucket >= (\(d0)::date::timestamp AT TIME ZONE \(tz))
+                           AND r.bucket < ((\(d1)::date + 1)::timestamp AT TIME ZONE \(tz))
+                         GROUP BY 1, 2
+                        HAVING sum(r.calls) <> 0) s ON s.day = d.day::date
                  ORDER BY d.day, s.feature NULLS FIRST
                 """, logger: logger)
             var days: [DailyUsage] = []

@@ -56,21 +56,22 @@ extension UsageStore {
                  LIMIT 1
                 """, logger: logger)
             guard let (id, start, end) = try await periods.decode((Int64, Date, Date).self).collect().first else { return nil }
-            // Cost as `capgate verify` counts it: a row's cost once it has a cost_source, its hold
-            // while it has none. The lower time bound only lets the (company, time) index skip the
-            // rows before the period (every row is written at its call's time, inside its period).
+            // From the ledger's rollups (migration 0028: O(quarter hours of the period), not O(calls)),
+            // cost as `capgate verify` counts it: a row's cost once it has a cost_source, its hold
+            // while it has none. The time bounds only let the rollups' (company, quarter hour) index
+            // skip other periods' rows (every row is written at its call's time, inside its period).
             let rows = try await connection.query(
                 """
-                SELECT l.model, count(*)::bigint,
-                       coalesce(sum(l.input_tokens), 0)::bigint, coalesce(sum(l.output_tokens), 0)::bigint,
-                       coalesce(sum(coalesce(l.cache_write_5m_tokens, 0) + coalesce(l.cache_write_1h_tokens, 0)), 0)::bigint,
-                       coalesce(sum(l.cache_read_tokens), 0)::bigint,
-                       coalesce(sum(l.cost_micros) FILTER (WHERE l.cost_source IS NOT NULL), 0)::bigint,
-                       coalesce(sum(l.hold_micros) FILTER (WHERE l.cost_source IS NULL), 0)::bigint
-                  FROM usage_ledger l
-                 WHERE l.company_id = \(company) AND l.period_id = \(id) AND l.created_at >= \(start) AND l.outcome = 'charged'
-                 GROUP BY l.model
-                 ORDER BY 7 DESC, l.model COLLATE "C" NULLS LAST
+                SELECT r.model, sum(r.calls)::bigint, sum(r.input_tokens)::bigint, sum(r.output_tokens)::bigint,
+                       sum(r.cache_write_tokens)::bigint, sum(r.cache_read_tokens)::bigint, sum(r.cost_micros)::bigint,
+                       sum(r.held_micros)::bigint
+                  FROM usage_rollups_all r
+                 WHERE r.company_id = \(company) AND r.period_id = \(id)
+                   AND r.bucket >= date_bin('15 minutes', \(start)::timestamptz, timestamptz '2000-01-01 00:00:00+00')
+                   AND r.bucket < \(end)
+                 GROUP BY r.model
+                HAVING sum(r.calls) <> 0
+                 ORDER BY 7 DESC, r.model COLLATE "C" NULLS LAST
                 """, logger: logger)
             var models: [ModelUsage] = []
             for try await r in rows.decode((String?, Int64, Int64, Int64, Int64, Int64, Int64, Int64).self) {

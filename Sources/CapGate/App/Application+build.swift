@@ -153,6 +153,9 @@ struct GatewayParts {
         jobs.append(
             LedgerPartitions(database: database).job(
                 interval: .seconds(3600), retention: configuration.ledgerRetentionMonths, logger: logger))
+        // The ledger's rollups (docs/ledger.md#rollups): the changes the ledger's triggers wrote
+        // moved into the rollups every 5 seconds, so a read sums few rows.
+        jobs.append(LedgerRollups(database: database).job(interval: .seconds(5), logger: logger))
         if configuration.billingRolloverInterval > 0 {
             jobs.append(billing.rolloverJob(interval: .seconds(configuration.billingRolloverInterval), logger: logger))
         }

@@ -142,9 +142,22 @@ extension BillingStore {
             case costUsed = "cost_used"
             /// `cost_held` (SPEC §11): the charged rows' `hold_micros` without a `cost_source` (open holds).
             case costHeld = "cost_held"
+            /// A rollup's column (migration 0028), against the charged rows of its key:
+            /// `counter` is the rollup's value.
+            case rollupCalls = "rollup_calls"
+            case rollupUnits = "rollup_units"
+            case rollupTokens = "rollup_tokens"
+            case rollupCost = "rollup_cost"
+            case rollupHeld = "rollup_held"
+
+            var isRollup: Bool { rawValue.hasPrefix("rollup_") }
         }
 
         public var description: String {
+            if measure.isRollup {
+                return
+                    "mismatch: company \(companyID.uuidString.lowercased()) period \(periodID) \(window ?? ""): \(measure.rawValue) rollup \(counter), ledger \(ledger)"
+            }
             let who = userID.map { "user \($0.uuidString.lowercased())" } ?? "company"
             let what = feature.map { " feature \($0) \(window ?? "")" } ?? window.map { " top-up \($0)" } ?? ""
             let company = companyID.uuidString.lowercased()
@@ -210,6 +223,7 @@ extension BillingStore {
                         measure: Mismatch.Measure(rawValue: measure) ?? .units))
             }
             return out + (try await featureMismatches(client)) + (try await grantMismatches(client))
+                + (try await rollupMismatches(client))
         }
     }
 
