@@ -33,7 +33,8 @@ public struct LedgerRollups: Sendable {
             do {
                 try await compact()
             } catch {
-                logger.debug("ledger rollups not compacted; the next round tries again", metadata: ["error": "\(String(describing: error))"])
+                logger.debug(
+                    "ledger rollups not compacted; the next round tries again", metadata: ["error": "\(String(describing: error))"])
             }
         }
     }
