@@ -235,6 +235,12 @@ AB_SETTINGS = {
     "rate-tpm": (PRICED + "UPDATE plans SET company_tpm = 1000000000000, user_tpm = 1000000000000 WHERE id = 'bench'",
                  PRICED + "UPDATE plans SET company_tpm = NULL, user_tpm = NULL WHERE id = 'bench'"),
     # The four minute windows without the concurrency limit.
+    # The ledger's rollup triggers (migration 0028, docs/ledger.md#rollups): on as deployed, off
+    # disabled; what keeping the rollups costs the admission and the settlement.
+    "rollups": ("ALTER TABLE usage_ledger ENABLE TRIGGER usage_ledger_rollup_insert; "
+                "ALTER TABLE usage_ledger ENABLE TRIGGER usage_ledger_rollup_update",
+                "ALTER TABLE usage_ledger DISABLE TRIGGER usage_ledger_rollup_insert; "
+                "ALTER TABLE usage_ledger DISABLE TRIGGER usage_ledger_rollup_update"),
     "rate-windows": (PRICED + "UPDATE plans SET company_rpm = 1000000000, user_rpm = 1000000000, company_tpm = 1000000000000, "
                               "user_tpm = 1000000000000 WHERE id = 'bench'",
                      PRICED + "UPDATE plans SET company_rpm = NULL, user_rpm = NULL, company_tpm = NULL, user_tpm = NULL "
@@ -247,8 +253,18 @@ AB_SETTINGS = {
 AB_MARK = {"budgets": "hold_micros IS NOT NULL"}
 
 
-def ab_check(url, setting, since, on):
+def rollup_calls(url):
+    """Every call the ledger's rollups count, compacted or not."""
+    return int(psql(url, "SELECT coalesce(sum(calls), 0) FROM usage_rollups_all").strip())
+
+
+def ab_check(url, setting, since, on, rollups_before=None):
     """Fails the benchmark when a run did not run as labelled (the toggle did not take)."""
+    if setting == "rollups":
+        marked = rollup_calls(url) - rollups_before
+        if (marked > 0) != on:
+            raise SystemExit(f"--ab rollups: a run meant to be {'on' if on else 'off'} added {marked} calls to the rollups")
+        return
     mark = AB_MARK.get(setting, "rate_scopes <> 0")
     marked = int(psql(url, f"SELECT count(*) FROM usage_ledger WHERE created_at >= '{since}' AND {mark}").strip())
     if (marked > 0) != on:
@@ -507,8 +523,16 @@ def main():
                     else:
                         psql(url, off_sql)
                     since = psql(url, "SELECT now()").strip()
+                    # Calls settle after their answers: the last run's settlements land first.
+                    time.sleep(1) if args.ab == "rollups" else None
+                    before = rollup_calls(url) if args.ab == "rollups" else None
                     (ons if on else offs).append(wrk(gateways[name], c, args.seconds, keys, stream, per_call=c == 1))
-                    ab_check(url, args.ab, since, on)
+                    ab_check(url, args.ab, since, on, before)
+            if args.ab == "rollups":
+                # The calls of the runs with the triggers off are in no rollup: made again from
+                # the ledger, so that verify checks the counters (and the rollups) as after any run.
+                ab_on(url, args.ab)
+                psql(url, "SELECT capgate_rollup_rebuild()")
             ok, line = verify(url)
             results["verify"].append((f"{name} c={c}, caps only and {args.ab} alternating", ok, line))
             d = median_run(ds)
