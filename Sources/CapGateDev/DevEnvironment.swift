@@ -21,10 +21,10 @@ public enum DevEnvironment {
 
         var embedded: EmbeddedPostgres? = nil
         var replicaSet: EmbeddedReplicaSet? = nil
-        if configuration.databaseURL == nil {
+        if configuration.database.url == nil {
             let started = try startDatabase(folder: folder, replica: replica, logger: logger)
             (embedded, replicaSet) = (started.0, started.1)
-            configuration.databaseURL = started.1?.url.text ?? started.0.url.text
+            configuration.database.url = started.1?.url.text ?? started.0.url.text
         }
         defer {
             // The stop's steps are logged with their times, so a slow Ctrl-C says where it waited.
@@ -35,31 +35,32 @@ public enum DevEnvironment {
             }
         }
 
-        let url = try DatabaseURL(configuration.databaseURL!)
+        let url = try DatabaseURL(configuration.database.url!)
         try await migrate(url: url, folder: folder, embedded: embedded != nil, logger: logger)
-        let operatorToken = configuration.operatorToken
+        let operatorToken = configuration.operators.token
         let seed = try await CapGateRunner.withClient(url: url, logger: logger) { client in
             try await DemoSeed.ensure(client: client, directory: folder, operatorToken: operatorToken, logger: logger)
         }
-        configuration.operatorToken = seed.operatorToken
+        configuration.operators.token = seed.operatorToken
 
         // The log output first: it stops last, after the gateway's final lines.
         var services: [any Service] = [LogOutput.standardError]
-        if configuration.upstreamURL == nil {
+        if configuration.upstream.url == nil {
             let mockPort = try EmbeddedPostgres.freePort()
             var mockLogger = logger
             mockLogger.logLevel = .warning
             services.append(MockProvider().buildApplication(port: mockPort, logger: mockLogger))
-            configuration.upstreamURL = "http://127.0.0.1:\(mockPort)"
+            configuration.upstream.url = "http://127.0.0.1:\(mockPort)"
             logger.info("mock provider", metadata: ["url": "http://127.0.0.1:\(mockPort)"])
         }
         let finalConfiguration = configuration
         let printedReplicaSet = replicaSet
         let gateway = try await buildApplication(configuration: configuration, logger: logger) { channel in
-            let port = channel.localAddress?.port ?? finalConfiguration.port
+            let port = channel.localAddress?.port ?? finalConfiguration.http.port
             var text = examples(
-                host: finalConfiguration.host, port: port, seed: seed, mock: finalConfiguration.upstreamURL?.contains("127.0.0.1") ?? false,
-                https: finalConfiguration.httpTLS != nil)
+                host: finalConfiguration.http.host, port: port, seed: seed,
+                mock: finalConfiguration.upstream.url?.contains("127.0.0.1") ?? false,
+                https: finalConfiguration.http.tls != nil)
             if let printedReplicaSet { text += failoverExamples(printedReplicaSet) }
             FileHandle.standardOutput.write(Data(text.utf8))
         }

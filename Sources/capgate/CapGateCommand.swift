@@ -70,8 +70,8 @@ struct Serve: AsyncParsableCommand {
     func run() async throws {
         try await runCommand {
             let configuration = try await options.load()
-            _ = try configuration.require(configuration.databaseURL, key: "database.url")
-            _ = try configuration.require(configuration.upstreamURL, key: "upstream.url")
+            _ = try configuration.require(configuration.database.url, key: "database.url")
+            _ = try configuration.require(configuration.upstream.url, key: "upstream.url")
             let logger = bootstrapLogging(configuration.logLevel)
             try await CapGateRunner.serve(configuration: configuration, logger: logger)
         }
@@ -121,7 +121,7 @@ struct Migrate: AsyncParsableCommand {
     func run() async throws {
         try await runCommand {
             let configuration = try await options.load()
-            let url = try configuration.require(configuration.databaseURL, key: "database.url")
+            let url = try configuration.require(configuration.database.url, key: "database.url")
             let logger = bootstrapLogging(configuration.logLevel == "info" ? "warning" : configuration.logLevel)
             let lines = try await CapGateRunner.migrate(url: try DatabaseURL(url), dryRun: dryRun, logger: logger)
             print(lines.joined(separator: "\n"))
@@ -138,7 +138,7 @@ struct Rollover: AsyncParsableCommand {
     func run() async throws {
         try await runCommand {
             let configuration = try await options.load()
-            let url = try configuration.require(configuration.databaseURL, key: "database.url")
+            let url = try configuration.require(configuration.database.url, key: "database.url")
             var when = Date()
             if let at {
                 guard let parsed = Timestamp.parse(at) else {
@@ -167,7 +167,7 @@ struct Verify: AsyncParsableCommand {
     func run() async throws {
         try await runCommand {
             let configuration = try await options.load()
-            let url = try configuration.require(configuration.databaseURL, key: "database.url")
+            let url = try configuration.require(configuration.database.url, key: "database.url")
             guard unsettledAfter >= 0 else { throw ConfigurationError(key: "--unsettled-after", problem: "must be 0 or more seconds") }
             let logger = bootstrapLogging(configuration.logLevel == "info" ? "warning" : configuration.logLevel)
             let report = try await CapGateRunner.verifyReport(url: try DatabaseURL(url), unsettledAfter: unsettledAfter, logger: logger)

@@ -25,7 +25,7 @@ struct Ledger: AsyncParsableCommand {
                     // The refusals that need no configuration come first: nothing is read or written.
                     _ = try LedgerExport.Request(month: month, path: file, format: format)
                     let configuration = try await options.load()
-                    let url = try configuration.require(configuration.databaseURL, key: "database.url")
+                    let url = try configuration.require(configuration.database.url, key: "database.url")
                     let logger = bootstrapLogging(configuration.logLevel == "info" ? "warning" : configuration.logLevel)
                     let summary = try await CapGateRunner.ledgerExport(
                         url: try DatabaseURL(url), month: month, to: file, format: format, logger: logger)
@@ -54,7 +54,7 @@ extension Ledger {
                     // A malformed month is refused before the configuration is read.
                     guard LedgerMonth(month) != nil else { throw LedgerRetention.Refusal.malformedMonth(month) }
                     let configuration = try await options.load()
-                    let url = try configuration.require(configuration.databaseURL, key: "database.url")
+                    let url = try configuration.require(configuration.database.url, key: "database.url")
                     let logger = bootstrapLogging(configuration.logLevel == "info" ? "warning" : configuration.logLevel)
                     let dropped = try await CapGateRunner.ledgerDrop(
                         url: try DatabaseURL(url), month: month, retention: configuration.ledgerRetentionMonths, logger: logger)

@@ -30,7 +30,7 @@ struct Unsettled: AsyncParsableCommand {
         func load() async throws -> (DatabaseURL, UUID?, Logger) {
             guard olderThan >= 0 else { throw ConfigurationError(key: "--older-than", problem: "must be 0 or more seconds") }
             let configuration = try await options.load()
-            let url = try configuration.require(configuration.databaseURL, key: "database.url")
+            let url = try configuration.require(configuration.database.url, key: "database.url")
             let logger = bootstrapLogging(configuration.logLevel == "info" ? "warning" : configuration.logLevel)
             return (try DatabaseURL(url), try companyID(), logger)
         }

@@ -325,11 +325,11 @@ struct EdgeHardeningTests {
     @Test("jwt.audience, jwt.issuer and jwt.leeway come from the environment (JWT_AUDIENCE, JWT_ISSUER, JWT_LEEWAY)")
     func jwtConfiguration() async throws {
         let defaults = try await CapGateConfiguration.load(environment: [:], file: "/nonexistent/capgate.json")
-        #expect(defaults.jwtAudience == nil && defaults.jwtIssuer == nil && defaults.jwtLeeway == 0)
+        #expect(defaults.jwt.audience == nil && defaults.jwt.issuer == nil && defaults.jwt.leeway == 0)
         let set = try await CapGateConfiguration.load(
             environment: ["JWT_AUDIENCE": "capgate", "JWT_ISSUER": "https://id.example", "JWT_LEEWAY": "5"],
             file: "/nonexistent/capgate.json")
-        #expect(set.jwtAudience == "capgate" && set.jwtIssuer == "https://id.example" && set.jwtLeeway == 5)
+        #expect(set.jwt.audience == "capgate" && set.jwt.issuer == "https://id.example" && set.jwt.leeway == 5)
         for key in ["jwt.audience", "jwt.issuer", "jwt.leeway"] { #expect(CapGateConfiguration.keys.contains(key)) }
         await #expect(throws: ConfigurationError.self) {
             _ = try await CapGateConfiguration.load(environment: ["JWT_LEEWAY": "-1"], file: "/nonexistent/capgate.json")

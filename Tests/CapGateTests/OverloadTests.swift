@@ -12,21 +12,21 @@ struct OverloadTests {
     @Test("the overload keys: defaults, environment variables, bad values named")
     func configurationKeys() async throws {
         let defaults = try await CapGateConfiguration.load(environment: [:], file: "/nonexistent/capgate.json")
-        #expect(defaults.databaseAdmissionQueueLimit == 10_000)
-        #expect(defaults.proxyBodyBudgetBytes == 256 << 20)
-        #expect(defaults.httpIdleTimeout == 60)
-        #expect(defaults.httpHeaderTimeout == 10)
-        #expect(defaults.httpMaxConnections == 10_000)
+        #expect(defaults.database.admissionQueueLimit == 10_000)
+        #expect(defaults.proxy.bodyBudgetBytes == 256 << 20)
+        #expect(defaults.http.idleTimeout == 60)
+        #expect(defaults.http.headerTimeout == 10)
+        #expect(defaults.http.maxConnections == 10_000)
         let set = try await CapGateConfiguration.load(
             environment: [
                 "DATABASE_ADMISSION_QUEUE_LIMIT": "50", "PROXY_BODY_BUDGET_BYTES": "1000", "HTTP_IDLE_TIMEOUT": "2.5",
                 "HTTP_HEADER_TIMEOUT": "3", "HTTP_MAX_CONNECTIONS": "7",
             ], file: "/nonexistent/capgate.json")
-        #expect(set.databaseAdmissionQueueLimit == 50)
-        #expect(set.proxyBodyBudgetBytes == 1000)
-        #expect(set.httpIdleTimeout == 2.5)
-        #expect(set.httpHeaderTimeout == 3)
-        #expect(set.httpMaxConnections == 7)
+        #expect(set.database.admissionQueueLimit == 50)
+        #expect(set.proxy.bodyBudgetBytes == 1000)
+        #expect(set.http.idleTimeout == 2.5)
+        #expect(set.http.headerTimeout == 3)
+        #expect(set.http.maxConnections == 7)
         for key in [
             "database.admissionQueueLimit", "proxy.bodyBudgetBytes", "http.idleTimeout", "http.headerTimeout", "http.maxConnections",
         ] {

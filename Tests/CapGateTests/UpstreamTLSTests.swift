@@ -188,7 +188,7 @@ struct UpstreamTLSTests {
     func unreadableCAFile() async throws {
         let configuration = try await CapGateConfiguration.load(
             flags: ["upstream.caFile": "/nonexistent/ca.pem"], environment: [:], file: "/nonexistent.json")
-        #expect(configuration.upstreamCAFile == "/nonexistent/ca.pem")
+        #expect(configuration.upstream.caFile == "/nonexistent/ca.pem")
         let error = #expect(throws: ConfigurationError.self) {
             _ = try UpstreamClient(
                 configuration: configuration, baseURL: "https://localhost:1", eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
@@ -196,7 +196,7 @@ struct UpstreamTLSTests {
         #expect(error?.description.contains("upstream.caFile (UPSTREAM_CA_FILE)") == true)
         let fromEnvironment = try await CapGateConfiguration.load(
             environment: ["UPSTREAM_CA_FILE": "/a.pem", "NOTIFICATIONS_CA_FILE": "/b.pem"], file: "/nonexistent.json")
-        #expect(fromEnvironment.upstreamCAFile == "/a.pem")
+        #expect(fromEnvironment.upstream.caFile == "/a.pem")
         #expect(fromEnvironment.notifications.caFile == "/b.pem")
     }
 

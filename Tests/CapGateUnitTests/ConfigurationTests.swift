@@ -3,6 +3,8 @@ import Foundation
 import NIOCore
 import Testing
 
+@testable import CapGate
+
 @Suite("Configuration and period math", .timeLimit(.minutes(1)))
 struct ConfigurationTests {
     @Test("configuration: flags over environment over the JSON file over defaults")
@@ -12,11 +14,11 @@ struct ConfigurationTests {
             .write(toFile: file, atomically: true, encoding: .utf8)
         defer { try? FileManager.default.removeItem(atPath: file) }
         let fromFile = try await CapGateConfiguration.load(environment: [:], file: file)
-        #expect(fromFile.host == "0.0.0.0")
-        #expect(fromFile.port == 9000)
-        #expect(fromFile.proxyPrefix == "/api/")
-        #expect(fromFile.jwtCompanyClaim == "company_id")
-        #expect(fromFile.jwtFeatureClaim == "capgate_features")
+        #expect(fromFile.http.host == "0.0.0.0")
+        #expect(fromFile.http.port == 9000)
+        #expect(fromFile.proxy.prefix == "/api/")
+        #expect(fromFile.jwt.companyClaim == "company_id")
+        #expect(fromFile.jwt.featureClaim == "capgate_features")
         #expect(fromFile.billingRolloverInterval == 0)
         let fromEnv = try await CapGateConfiguration.load(
             environment: [
@@ -25,19 +27,19 @@ struct ConfigurationTests {
             ],
             file: file
         )
-        #expect(fromEnv.port == 9100)
-        #expect(fromEnv.host == "0.0.0.0")
-        #expect(fromEnv.upstreamURL == "http://env.example")
-        #expect(fromEnv.upstreamAPIKey == "k")
-        #expect(fromEnv.proxyMaxBodyBytes == 1234)
-        #expect(fromEnv.jwtCompanyClaim == "org.id")
-        #expect(fromEnv.jwtFeatureClaim == "org.features")
+        #expect(fromEnv.http.port == 9100)
+        #expect(fromEnv.http.host == "0.0.0.0")
+        #expect(fromEnv.upstream.url == "http://env.example")
+        #expect(fromEnv.upstream.apiKey == "k")
+        #expect(fromEnv.proxy.maxBodyBytes == 1234)
+        #expect(fromEnv.jwt.companyClaim == "org.id")
+        #expect(fromEnv.jwt.featureClaim == "org.features")
         let fromFlags = try await CapGateConfiguration.load(flags: ["http.port": "9200"], environment: ["HTTP_PORT": "9100"], file: file)
-        #expect(fromFlags.port == 9200)
+        #expect(fromFlags.http.port == 9200)
         let defaults = try await CapGateConfiguration.load(environment: [:], file: "/nonexistent.json")
-        #expect(defaults.host == "127.0.0.1")
-        #expect(defaults.port == 8080)
-        #expect(defaults.proxyPrefix == "/v1/")
+        #expect(defaults.http.host == "127.0.0.1")
+        #expect(defaults.http.port == 8080)
+        #expect(defaults.proxy.prefix == "/v1/")
     }
 
     @Test("configuration errors name the key and its environment variable")
@@ -49,7 +51,7 @@ struct ConfigurationTests {
             #expect(error.description.contains("http.port (HTTP_PORT)"))
         }
         let configuration = try await CapGateConfiguration.load(environment: [:], file: "/nonexistent.json")
-        #expect(throws: ConfigurationError.self) { try configuration.require(configuration.databaseURL, key: "database.url") }
+        #expect(throws: ConfigurationError.self) { try configuration.require(configuration.database.url, key: "database.url") }
         #expect(ConfigurationError.environmentName(of: "upstream.apiKey") == "UPSTREAM_API_KEY")
         #expect(ConfigurationError.environmentName(of: "proxy.maxBodyBytes") == "PROXY_MAX_BODY_BYTES")
         #expect(ConfigurationError.environmentName(of: "billing.rolloverInterval") == "BILLING_ROLLOVER_INTERVAL")
@@ -206,5 +208,22 @@ struct ConfigurationEnvironmentNameTests {
         #expect(ConfigurationError.environmentName(of: "proxy.maxJSONDepth") == "PROXY_MAX_JSON_DEPTH")
         #expect(ConfigurationError.environmentName(of: "apple.appAppleId") == "APPLE_APP_APPLE_ID")
         #expect(ConfigurationError.environmentName(of: "notifications.caFile") == "NOTIFICATIONS_CA_FILE")
+    }
+
+    @Test(
+        "the keys are the parts' keys, each once; every secret key is a key; a secret's environment variables (its own name and the SPEC's) are read as secrets"
+    )
+    func partsKeys() async throws {
+        let keys = CapGateConfiguration.keys
+        #expect(Set(keys).count == keys.count, "a key listed twice")
+        #expect(CapGateConfiguration.secretKeys.isSubset(of: Set(keys)))
+        for key in CapGateConfiguration.secretKeys {
+            #expect(key.hasSuffix("url") || key.contains("oken") || key.contains("ecret") || key.hasSuffix("apiKey"), "\(key)")
+        }
+        #expect(
+            CapGateConfiguration.secretVariables == [
+                "DATABASE_URL", "UPSTREAM_API_KEY", "OPERATOR_TOKEN", "OPERATOR_TOKENS", "JWT_SECRET", "NOTIFY_WEBHOOK_SECRET",
+                "NOTIFICATIONS_WEBHOOK_SECRET", "METRICS_TOKEN",
+            ])
     }
 }

@@ -48,28 +48,29 @@ struct ConfigurationValueTests {
             "BILLING_ROLLOVER_INTERVAL": "3600",
             "JWT_MAX_LIFETIME": "900", "HTTP_BODY_TIMEOUT": "12.5", "UPSTREAM_TIMEOUT": "90", "PROXY_PREFIX": "/api/",
         ])
-        #expect(configuration.proxyCompanyShare == 40 && configuration.proxyMaxJSONDepth == 64 && configuration.rateLeaseSeconds == 120)
+        #expect(configuration.proxy.companyShare == 40 && configuration.proxy.maxJSONDepth == 64 && configuration.rateLeaseSeconds == 120)
         #expect(configuration.notifications.retentionDays == 30 && configuration.billingRolloverInterval == 3_600)
         #expect(configuration.costs.promptOverheadTokens == 500 && configuration.costs.imageTokens == 6_000)
-        #expect(configuration.costs.drainSeconds == 15 && configuration.jwtMaxLifetime == 900)
-        #expect(configuration.httpBodyTimeout == 12.5 && configuration.upstreamTimeout == 90 && configuration.proxyPrefix == "/api/")
+        #expect(configuration.costs.drainSeconds == 15 && configuration.jwt.maxLifetime == 900)
+        #expect(configuration.http.bodyTimeout == 12.5 && configuration.upstream.timeout == 90 && configuration.proxy.prefix == "/api/")
     }
 
     @Test("defaults: SPEC §7's, and 0 means off for jwt.maxLifetime and ledger.retentionMonths")
     func defaults() async throws {
         let configuration = try await Self.load(["JWT_MAX_LIFETIME": "0", "LEDGER_RETENTION_MONTHS": "0"])
-        #expect(configuration.httpBodyTimeout == 30 && configuration.proxyMaxJSONDepth == 128 && configuration.proxyCompanyShare == 25)
+        #expect(configuration.http.bodyTimeout == 30 && configuration.proxy.maxJSONDepth == 128 && configuration.proxy.companyShare == 25)
         #expect(configuration.rateLeaseSeconds == 600 && configuration.notifications.retentionDays == 90)
         #expect(configuration.costs.promptOverheadTokens == 1_000 && configuration.costs.imageTokens == 5_000)
-        #expect(configuration.costs.drainSeconds == 60 && configuration.proxyIdempotencyMaxBytes == 1_048_576)
+        #expect(configuration.costs.drainSeconds == 60 && configuration.proxy.idempotencyMaxBytes == 1_048_576)
         #expect(
-            configuration.jwtMaxLifetime == nil && configuration.ledgerRetentionMonths == nil && configuration.billingRolloverInterval == 0)
+            configuration.jwt.maxLifetime == nil && configuration.ledgerRetentionMonths == nil && configuration.billingRolloverInterval == 0
+        )
         #expect(configuration.notifications.thresholds == [80, 100] && configuration.apple.environments == ["Production"])
     }
 
     @Test("seconds: any positive number; zero, a negative or a word stops the start")
     func seconds() async throws {
-        #expect(try await Self.load(["HTTP_BODY_TIMEOUT": "0.25"]).httpBodyTimeout == 0.25)
+        #expect(try await Self.load(["HTTP_BODY_TIMEOUT": "0.25"]).http.bodyTimeout == 0.25)
         for bad in ["0", "-1", "soon", "0.0"] {
             let line = await Self.problem(["HTTP_BODY_TIMEOUT": bad])
             #expect(line == "configuration error: http.bodyTimeout (HTTP_BODY_TIMEOUT) must be a positive number of seconds", "\(bad)")
@@ -80,7 +81,7 @@ struct ConfigurationValueTests {
     @Test("booleans: true/false, 1/0, yes/no in any case; anything else stops the start")
     func booleans() async throws {
         for (text, value) in [("true", true), ("TRUE", true), ("1", true), ("yes", true), ("false", false), ("No", false), ("0", false)] {
-            #expect(try await Self.load(["METRICS_PUBLIC": text]).metricsPublic == value, "\(text)")
+            #expect(try await Self.load(["METRICS_PUBLIC": text]).metrics.isPublic == value, "\(text)")
         }
         #expect(
             await Self.problem(["METRICS_PUBLIC": "maybe"]) == "configuration error: metrics.public (METRICS_PUBLIC) must be true or false")
@@ -115,7 +116,7 @@ struct ConfigurationValueTests {
         #expect(await Self.problem(["UPSTREAM_URL": "HTTPS://api.example:8443/base"]) == nil)
         #expect(await Self.problem(["DATABASE_URL": "mysql://u:p@h/db"])?.contains("database.url (DATABASE_URL)") == true)
         #expect(await Self.problem(["DATABASE_DURABILITY": "fast"])?.contains("must be 'durable' or 'relaxed'") == true)
-        #expect(try await Self.load(["DATABASE_DURABILITY": "relaxed"]).databaseDurability == "relaxed")
+        #expect(try await Self.load(["DATABASE_DURABILITY": "relaxed"]).database.durability == "relaxed")
     }
 
     @Test("apple.environments: a list of Apple's environments; Sandbox beside Production warns; an unknown one stops the start")

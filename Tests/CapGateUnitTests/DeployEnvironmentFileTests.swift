@@ -58,7 +58,7 @@ struct DeployEnvironmentFileTests {
             environment[entry.variable] = entry.example
         }
         let configuration = try await CapGateConfiguration.load(environment: environment, file: "/nonexistent.json")
-        #expect(configuration.databaseURL == environment["DATABASE_URL"])
+        #expect(configuration.database.url == environment["DATABASE_URL"])
         #expect(configuration.spoolDirectory == "/var/lib/capgate/spool")
     }
 }

@@ -68,16 +68,16 @@ struct ListenerTLSFilesTests {
     @Test("both keys or neither, from flags, the environment (HTTP_TLS_CERTIFICATE, HTTP_TLS_KEY) or the file; one alone stops the start")
     func bothOrNeither() async throws {
         let none = try await CapGateConfiguration.load(environment: [:], file: "/nonexistent.json")
-        #expect(none.httpTLS == nil)
+        #expect(none.http.tls == nil)
         let fromEnvironment = try await CapGateConfiguration.load(
             environment: ["HTTP_TLS_CERTIFICATE": "/etc/capgate/tls.crt", "HTTP_TLS_KEY": "/etc/capgate/tls.key"], file: "/nonexistent.json"
         )
-        #expect(fromEnvironment.httpTLS == ListenerTLSFiles(certificate: "/etc/capgate/tls.crt", key: "/etc/capgate/tls.key"))
+        #expect(fromEnvironment.http.tls == ListenerTLSFiles(certificate: "/etc/capgate/tls.crt", key: "/etc/capgate/tls.key"))
         let folder = try Folder()
         defer { folder.remove() }
         let file = try folder.write("capgate.json", #"{"http":{"tls":{"certificate":"/a.crt","key":"/a.key"}}}"#)
         #expect(
-            try await CapGateConfiguration.load(environment: [:], file: file).httpTLS
+            try await CapGateConfiguration.load(environment: [:], file: file).http.tls
                 == ListenerTLSFiles(certificate: "/a.crt", key: "/a.key"))
         #expect(CapGateConfiguration.keys.contains("http.tls.certificate") && CapGateConfiguration.keys.contains("http.tls.key"))
 

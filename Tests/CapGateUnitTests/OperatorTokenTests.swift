@@ -48,9 +48,9 @@ struct OperatorTokenTests {
         let list = "ci:\(Self.ci)"
         let both = try await CapGateConfiguration.load(
             flags: ["operator.token": "op-" + Self.deploy], environment: ["OPERATOR_TOKENS": list], file: "/nonexistent.json")
-        #expect(both.allOperatorTokens.map(\.name) == ["operator", "ci"])
+        #expect(both.operators.all.map(\.name) == ["operator", "ci"])
         let onlyNamed = try await CapGateConfiguration.load(environment: ["OPERATOR_TOKENS": list], file: "/nonexistent.json")
-        #expect(onlyNamed.allOperatorTokens == [OperatorToken(name: "ci", token: Self.ci)])
+        #expect(onlyNamed.operators.all == [OperatorToken(name: "ci", token: Self.ci)])
         await #expect(throws: ConfigurationError.self) {
             try await CapGateConfiguration.load(
                 flags: ["operator.token": Self.ci], environment: ["OPERATOR_TOKENS": list], file: "/nonexistent.json")

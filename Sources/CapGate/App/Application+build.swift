@@ -8,7 +8,7 @@ import ServiceLifecycle
 
 /// Builds the gateway: PostgreSQL pool, upstream client, stores, router and services.
 ///
-/// `configuration.databaseURL` and `configuration.upstreamURL` must be set (the `serve`
+/// `configuration.database.url` and `configuration.upstream.url` must be set (the `serve`
 /// command checks; `dev` fills them with the embedded database and mock provider).
 public func buildApplication(
     configuration: CapGateConfiguration,
@@ -19,8 +19,8 @@ public func buildApplication(
     if let tls = parts.tls { logger.info("serving HTTPS", metadata: tls.servedMetadata) }
     return Application(
         router: parts.router,
-        server: configuration.httpServer(tls: parts.tls),
-        configuration: configuration.serverConfiguration(logger: logger),
+        server: configuration.http.httpServer(tls: parts.tls),
+        configuration: configuration.http.serverConfiguration(logger: logger),
         services: parts.services + [await ListenerTLSReloader.make(tls: parts.tls, logger: logger)],
         onServerRunning: onServerRunning,
         eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton),
@@ -38,13 +38,13 @@ struct GatewayParts {
 
     init(configuration: CapGateConfiguration, logger: Logger) async throws {
         // First: a bad certificate or key stops the start before anything connects.
-        self.tls = try configuration.httpTLS.map { try ListenerTLS(files: $0) }
-        let databaseURL = try DatabaseURL(try configuration.require(configuration.databaseURL, key: "database.url"))
-        let upstreamURL = try configuration.require(configuration.upstreamURL, key: "upstream.url")
+        self.tls = try configuration.http.tls.map { try ListenerTLS(files: $0) }
+        let databaseURL = try DatabaseURL(try configuration.require(configuration.database.url, key: "database.url"))
+        let upstreamURL = try configuration.require(configuration.upstream.url, key: "upstream.url")
         // A short operator token stops the start (SPEC §7), here too for a configuration changed
         // after it was read (`capgate dev` sets the demo's token).
         if let problem = OperatorToken.lengthProblem(
-            operatorToken: configuration.operatorToken, operatorTokens: configuration.operatorTokens)
+            operatorToken: configuration.operators.token, operatorTokens: configuration.operators.tokens)
         {
             throw problem
         }
@@ -52,32 +52,32 @@ struct GatewayParts {
 
         var dbLogger = logger
         dbLogger[metadataKey: "component"] = "database"
-        let timeout = Duration.milliseconds(Int64(configuration.databaseTimeout * 1000))
+        let timeout = Duration.milliseconds(Int64(configuration.database.timeout * 1000))
         // One PostgresClient for a single-host URL; for a multi-host one, a follower that runs
         // the writable host's client and moves to another host after a failover.
         let (database, client) = await Database.connect(
-            url: databaseURL, maxConnections: configuration.databaseMaxConnections, timeout: timeout,
+            url: databaseURL, maxConnections: configuration.database.maxConnections, timeout: timeout,
             slotLeaseSeconds: configuration.rateLeaseSeconds, logger: dbLogger)
         let upstream = try UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
         let keyUsage = KeyUsage(database: database)
         let authenticator = try await Authenticator(database: database, configuration: configuration, keyUsage: keyUsage)
         let spool = try Self.spool(configuration: configuration, databaseURL: databaseURL, logger: dbLogger)
         let metering = MeteringStore(
-            database: database, relaxed: configuration.databaseDurability == "relaxed",
-            admissionQueueLimit: configuration.databaseAdmissionQueueLimit, spool: spool)
+            database: database, relaxed: configuration.database.durability == "relaxed",
+            admissionQueueLimit: configuration.database.admissionQueueLimit, spool: spool)
         let billing = BillingStore(database: database)
-        GatewayMetrics.pool(maxConnections: configuration.databaseMaxConnections)
+        GatewayMetrics.pool(maxConnections: configuration.database.maxConnections)
 
         let proxy = ProxyHandler(
             authenticator: authenticator, metering: metering, upstream: upstream, knownKeys: KnownKeys(database: database, usage: keyUsage),
-            routes: RouteTable(database: database), maxBodyBytes: configuration.proxyMaxBodyBytes,
-            bodyBudget: BodyBudget(limit: configuration.proxyBodyBudgetBytes),
-            idempotencyMaxBytes: configuration.proxyIdempotencyMaxBytes, maxJSONDepth: configuration.proxyMaxJSONDepth,
-            companySharePercent: configuration.proxyCompanyShare, costs: configuration.costs
+            routes: RouteTable(database: database), maxBodyBytes: configuration.proxy.maxBodyBytes,
+            bodyBudget: BodyBudget(limit: configuration.proxy.bodyBudgetBytes),
+            idempotencyMaxBytes: configuration.proxy.idempotencyMaxBytes, maxJSONDepth: configuration.proxy.maxJSONDepth,
+            companySharePercent: configuration.proxy.companyShare, costs: configuration.costs
         )
         self.router = buildRouter(
             GatewayServices(
-                proxyPrefix: configuration.proxyPrefix, proxy: proxy, authenticator: authenticator, database: database,
+                proxyPrefix: configuration.proxy.prefix, proxy: proxy, authenticator: authenticator, database: database,
                 migrator: Migrator(), metering: metering, tenants: TenantStore(database: database),
                 periods: PeriodStore(database: database), usage: UsageStore(database: database), billing: billing,
                 prices: PriceStore(database: database), apple: try AppleSignedData(settings: configuration.apple, logger: logger),

@@ -10,14 +10,14 @@ extension CapGateRunner {
     /// was applied, is not. Throws ``ConfigurationError`` naming what is wrong (exit 2); returns
     /// the lines to print. The systemd unit runs it before `serve` (`ExecStartPre=`).
     public static func checkConfiguration(_ configuration: CapGateConfiguration, logger: Logger) async throws -> [String] {
-        let url = try DatabaseURL(try configuration.require(configuration.databaseURL, key: "database.url"))
-        _ = try configuration.require(configuration.upstreamURL, key: "upstream.url")
+        let url = try DatabaseURL(try configuration.require(configuration.database.url, key: "database.url"))
+        _ = try configuration.require(configuration.upstream.url, key: "upstream.url")
         // The gateway's parts, built and not run: each reads and checks what its keys name.
         let parts = try await GatewayParts(configuration: configuration, logger: logger)
         try? await parts.upstream.shutdown()
         let pending: [String]
         do {
-            pending = try await withDeadline(.milliseconds(Int64(configuration.databaseTimeout * 1000))) {
+            pending = try await withDeadline(.milliseconds(Int64(configuration.database.timeout * 1000))) {
                 try await withClient(url: url, logger: logger) { try await Migrator().pending(client: $0, logger: logger) }
             }
         } catch let error as Migrator.MigrationError {

@@ -11,10 +11,10 @@ public enum CapGateRunner {
     /// The log output runs first in the group, so it stops last and the gateway's final lines
     /// are written.
     public static func serve(configuration: CapGateConfiguration, logger: Logger) async throws {
-        let url = try DatabaseURL(try configuration.require(configuration.databaseURL, key: "database.url"))
+        let url = try DatabaseURL(try configuration.require(configuration.database.url, key: "database.url"))
         // A bad certificate or key stops the start before the database is touched (read again,
         // to serve, by buildApplication).
-        if let files = configuration.httpTLS { _ = try ListenerTLS(files: files) }
+        if let files = configuration.http.tls { _ = try ListenerTLS(files: files) }
         _ = try await migrate(url: url, dryRun: false, logger: logger)
         if let notice = configuration.retentionNotice { logger.info("\(notice)") }
         let app = try await buildApplication(configuration: configuration, logger: logger)

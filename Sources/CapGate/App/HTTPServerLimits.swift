@@ -35,7 +35,7 @@ import NIOTLS
 /// The connection limit (`http.maxConnections`) is Hummingbird's `MaximumAvailableConnections`:
 /// at the limit the server stops accepting, so further connections wait in the listen backlog
 /// (the kernel's queue) until one closes.
-extension CapGateConfiguration {
+extension HTTPSettings {
     /// The listen backlog: connections the kernel completes before the server accepts them.
     /// Hummingbird's default (256) overflows when a burst of clients connects at once (the
     /// kernel then drops them, and a client that thought it was connected gets a reset); the
@@ -46,7 +46,7 @@ extension CapGateConfiguration {
     /// `tls` when `http.tls.*` are set.
     func httpServer(tls: ListenerTLS?) -> HTTPServerBuilder {
         .gateway(
-            idleTimeout: .seconds(httpIdleTimeout), headerTimeout: .seconds(httpHeaderTimeout), bodyTimeout: .seconds(httpBodyTimeout),
+            idleTimeout: .seconds(idleTimeout), headerTimeout: .seconds(headerTimeout), bodyTimeout: .seconds(bodyTimeout),
             tls: tls)
     }
 
@@ -54,7 +54,7 @@ extension CapGateConfiguration {
     func serverConfiguration(logger: Logger) -> ApplicationConfiguration {
         ApplicationConfiguration(
             address: .hostname(host, port: port), serverName: nil, backlog: Self.listenBacklog,
-            availableConnectionsDelegate: MaximumAvailableConnections(httpMaxConnections, logger: logger)
+            availableConnectionsDelegate: MaximumAvailableConnections(maxConnections, logger: logger)
         )
     }
 }

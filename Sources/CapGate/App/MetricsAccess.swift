@@ -9,8 +9,8 @@ struct MetricsAccess: Sendable {
     var isPublic: Bool
 
     init(configuration: CapGateConfiguration) {
-        tokens = configuration.allOperatorTokens.map(\.token) + [configuration.metricsToken].compactMap { $0 }
-        isPublic = configuration.metricsPublic
+        tokens = configuration.operators.all.map(\.token) + [configuration.metrics.token].compactMap { $0 }
+        isPublic = configuration.metrics.isPublic
     }
 
     /// Throws the 401 for a request that may not read the metrics.

@@ -28,17 +28,17 @@ public struct Authenticator: Sendable {
     public init(database: Database, configuration: CapGateConfiguration, keyUsage: KeyUsage? = nil) async throws {
         self.database = database
         self.keyUsage = keyUsage
-        self.operatorTokens = configuration.allOperatorTokens
-        self.companyClaim = configuration.jwtCompanyClaim
-        self.featureClaim = configuration.jwtFeatureClaim
+        self.operatorTokens = configuration.operators.all
+        self.companyClaim = configuration.jwt.companyClaim
+        self.featureClaim = configuration.jwt.featureClaim
         self.claimRules = JWTClaimRules(configuration: configuration)
         var keys: [String: JWTKeyCollection] = [:]
-        if let secret = configuration.jwtSecret {
+        if let secret = configuration.jwt.secret {
             let hmac = JWTKeyCollection()
             await hmac.add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256)
             keys["HS256"] = hmac
         }
-        if let file = configuration.jwtJWKSFile {
+        if let file = configuration.jwt.jwksFile {
             guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
                 throw ConfigurationError(key: "jwt.jwksFile", problem: "names a file that cannot be read: \(file)")
             }

@@ -20,8 +20,8 @@ struct JWTClaimRules: Sendable {
 
     init(configuration: CapGateConfiguration) {
         self.init(
-            audience: configuration.jwtAudience, issuer: configuration.jwtIssuer, leeway: TimeInterval(configuration.jwtLeeway),
-            maxLifetime: configuration.jwtMaxLifetime.map(TimeInterval.init))
+            audience: configuration.jwt.audience, issuer: configuration.jwt.issuer, leeway: TimeInterval(configuration.jwt.leeway),
+            maxLifetime: configuration.jwt.maxLifetime.map(TimeInterval.init))
     }
 
     /// Throws a 401 ``GatewayError`` for the first claim that fails.

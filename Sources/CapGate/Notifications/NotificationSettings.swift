@@ -46,6 +46,13 @@ public struct NotificationSettings: Sendable {
 }
 
 extension NotificationSettings {
+    static let keys = [
+        "notifications.webhookUrl", "notifications.webhookSecret", "notifications.thresholds", "notifications.timeout",
+        "notifications.retryFor", "notifications.retryDelay", "notifications.maxRetryDelay", "notifications.pollInterval",
+        "notifications.maxPerSecond", "notifications.retentionDays", "notifications.caFile",
+    ]
+    static let secretKeys: Set<String> = ["notifications.webhookSecret"]
+
     /// Reads and validates the `notifications.*` keys.
     init(reader: ConfigReader) throws {
         self.init(

@@ -18,11 +18,11 @@ final class WebhookClients: Sendable {
     init(configuration: CapGateConfiguration, timeout: Double) throws {
         self.trust = try UpstreamTrust(file: configuration.notifications.caFile, key: "notifications.caFile")
         var settings = configuration
-        settings.upstreamTimeout = timeout
-        settings.upstreamConnectTimeout = timeout
-        settings.upstreamIdleTimeout = timeout
-        settings.upstreamMaxConnections = 16
-        settings.upstreamAPIKey = nil
+        settings.upstream.timeout = timeout
+        settings.upstream.connectTimeout = timeout
+        settings.upstream.idleTimeout = timeout
+        settings.upstream.maxConnections = 16
+        settings.upstream.apiKey = nil
         self.configuration = settings
     }
 
@@ -30,7 +30,7 @@ final class WebhookClients: Sendable {
     /// of it, and no longer than `timeout` after the POST began: a receiver that drips its body
     /// cannot hold the attempt open; its answer means nothing but its status).
     func post(url: String, headers: HTTPHeaders, body: ByteBuffer) async throws -> Int {
-        let deadline = ContinuousClock.now + .milliseconds(Int64(configuration.upstreamTimeout * 1000))
+        let deadline = ContinuousClock.now + .milliseconds(Int64(configuration.upstream.timeout * 1000))
         guard let parsed = URL(string: url), let scheme = parsed.scheme, let host = parsed.host else {
             throw WebhookURLError(url: url)
         }

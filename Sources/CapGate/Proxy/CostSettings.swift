@@ -57,6 +57,8 @@ public struct CostSettings: Sendable {
 }
 
 extension CostSettings {
+    static let keys = ["costs.promptOverheadTokens", "costs.imageTokens", "costs.drainSeconds", "costs.toolOverheadTokens"]
+
     /// Reads and validates the `costs.*` keys.
     init(reader: ConfigReader) throws {
         self.init(

@@ -81,7 +81,7 @@ public final class UpstreamClient: Sendable {
     public convenience init(configuration: CapGateConfiguration, baseURL: String, eventLoopGroup: any EventLoopGroup) throws {
         try self.init(
             configuration: configuration, baseURL: baseURL, eventLoopGroup: eventLoopGroup,
-            trust: UpstreamTrust(file: configuration.upstreamCAFile, key: "upstream.caFile"))
+            trust: UpstreamTrust(file: configuration.upstream.caFile, key: "upstream.caFile"))
     }
 
     /// A client for `baseURL` trusting `trust`'s roots (the webhook clients pass those of
@@ -108,13 +108,13 @@ public final class UpstreamClient: Sendable {
         }
         self.trustSource = trust.source
         self.baseURL = trimmed
-        self.apiKey = configuration.upstreamAPIKey
+        self.apiKey = configuration.upstream.apiKey
         self.settings = Settings(
-            connectTimeout: .fromSeconds(configuration.upstreamConnectTimeout),
-            headTimeout: .fromSeconds(configuration.upstreamTimeout),
-            idleTimeout: .fromSeconds(configuration.upstreamIdleTimeout),
+            connectTimeout: .fromSeconds(configuration.upstream.connectTimeout),
+            headTimeout: .fromSeconds(configuration.upstream.timeout),
+            idleTimeout: .fromSeconds(configuration.upstream.idleTimeout),
             wholeBodyLimit: Self.wholeBodyLimit,
-            maxConnections: configuration.upstreamMaxConnections
+            maxConnections: configuration.upstream.maxConnections
         )
         self.group = eventLoopGroup
         let limiter = ConnectionLimiter(maxConnections: settings.maxConnections)

@@ -120,7 +120,7 @@ struct Harness: Sendable {
                 try await group.waitForAll()
                 throw HarnessError.notStarted("the gateway")
             }
-            let scheme = configuration.httpTLS == nil ? "http" : "https"
+            let scheme = configuration.http.tls == nil ? "http" : "https"
             let gatewayURL = "\(scheme)://127.0.0.1:\(gatewayPortNumber)"
 
             let harness = Harness(
