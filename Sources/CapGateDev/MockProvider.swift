@@ -60,34 +60,8 @@ public struct MockProvider: Sendable {
         router.get("/__mock/requests") { _, _ -> Response in
             Self.json(.obj(["count": .int(Int64(counter.count))]))
         }
-        router.post("/v1/messages") { request, context -> Response in
-            let number = counter.increment()
-            let body = try await request.body.collect(upTo: 64 << 20)
-            // Only the two fields it needs are read, and ids come from the request counter.
-            let json = JSON.topLevelValues(["model", "stream"], in: body)
-            let model = json["model"]?.stringValue ?? "claude-mock-1"
-            let headers = request.headers
-            var status = headers[Self.statusField].flatMap(Int.init) ?? 200
-            var delay = headers[Self.delayField].flatMap(Int.init) ?? 0
-            if model == "mock-error-500" { status = 500 }
-            if model == "mock-stall" { delay = 30_000 }
-            if delay > 0 { try await Task.sleep(for: .milliseconds(delay)) }
-            if status >= 400 {
-                return Self.json(
-                    .obj(["type": "error", "error": .obj(["type": "api_error", "message": "mock provider failure"])]),
-                    status: .init(code: status)
-                )
-            }
-            served.increment()
-            let usage = MockUsage(body: body, headers: headers)
-            if let bytes = headers[Self.bytesField].flatMap(Int.init) {
-                return Self.bulk(bytes: bytes)
-            }
-            if json["stream"]?.boolValue == true {
-                let chunkDelay = headers[Self.chunkDelayField].flatMap(Int.init) ?? 0
-                return Self.stream(Self.streamEvents(model: model, usage: usage), chunkDelay: chunkDelay)
-            }
-            return Self.json(Self.message(id: "msg_mock_" + String(number, radix: 16), model: model, usage: usage))
+        router.post("/v1/messages") { request, _ -> Response in
+            try await Self.messages(request, counter: counter, served: served)
         }
         // Everything else: an echo.
         // (The router does not backtrack from /v1/… to a root wildcard, so both are registered.)
@@ -117,6 +91,38 @@ public struct MockProvider: Sendable {
             onServerRunning: onServerRunning,
             logger: logger
         )
+    }
+
+    /// `POST /v1/messages`: an answer (whole or streamed) with usage counted from the request, or
+    /// the failure, delay or size the request's mock fields ask for.
+    static func messages(_ request: Request, counter: RequestCounter, served: RequestCounter) async throws -> Response {
+        let number = counter.increment()
+        let body = try await request.body.collect(upTo: 64 << 20)
+        // Only the two fields it needs are read, and ids come from the request counter.
+        let json = JSON.topLevelValues(["model", "stream"], in: body)
+        let model = json["model"]?.stringValue ?? "claude-mock-1"
+        let headers = request.headers
+        var status = headers[Self.statusField].flatMap(Int.init) ?? 200
+        var delay = headers[Self.delayField].flatMap(Int.init) ?? 0
+        if model == "mock-error-500" { status = 500 }
+        if model == "mock-stall" { delay = 30_000 }
+        if delay > 0 { try await Task.sleep(for: .milliseconds(delay)) }
+        if status >= 400 {
+            return Self.json(
+                .obj(["type": "error", "error": .obj(["type": "api_error", "message": "mock provider failure"])]),
+                status: .init(code: status)
+            )
+        }
+        served.increment()
+        let usage = MockUsage(body: body, headers: headers)
+        if let bytes = headers[Self.bytesField].flatMap(Int.init) {
+            return Self.bulk(bytes: bytes)
+        }
+        if json["stream"]?.boolValue == true {
+            let chunkDelay = headers[Self.chunkDelayField].flatMap(Int.init) ?? 0
+            return Self.stream(Self.streamEvents(model: model, usage: usage), chunkDelay: chunkDelay)
+        }
+        return Self.json(Self.message(id: "msg_mock_" + String(number, radix: 16), model: model, usage: usage))
     }
 
     static func json(_ value: JSON, status: HTTPResponse.Status = .ok) -> Response {
