@@ -43,6 +43,15 @@ struct BodyFields {
 
     func has(_ key: String) -> Bool { fields[key] != nil }
 
+    /// A user's role (`member` or `admin`); nil when absent.
+    func role(_ key: String) throws -> UserIdentity.Role? {
+        guard let text = try string(key, maxLength: 10) else { return nil }
+        guard let role = UserIdentity.Role(rawValue: text) else {
+            throw GatewayError.invalidRequest("'\(key)' must be 'member' or 'admin'.")
+        }
+        return role
+    }
+
     func string(_ key: String, required: Bool = false, maxLength: Int = 200) throws -> String? {
         guard let value = fields[key], !value.isNull else {
             if required { throw GatewayError.invalidRequest("'\(key)' is required.") }

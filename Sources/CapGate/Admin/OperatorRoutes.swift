@@ -129,8 +129,7 @@ struct OperatorRoutes {
             let fields = try await BodyFields.read(request, context: context)
             let id = try fields.uuid("id") ?? UUID()
             let email = try fields.string("email", maxLength: 320)
-            let role = try fields.string("role", maxLength: 10) ?? "member"
-            guard role == "member" || role == "admin" else { throw GatewayError.invalidRequest("'role' must be 'member' or 'admin'.") }
+            let role = try fields.role("role") ?? .member
             var cap: Int64? = nil
             if case .value(let v) = try fields.cap("monthly_cap") { cap = v }
             let budget = try fields.budget("monthly_budget", keeping: nil)
@@ -148,8 +147,7 @@ struct OperatorRoutes {
             try context.requireAdmin(of: company)
             let user = try context.parameters.uuid("userId", what: "user")
             let fields = try await BodyFields.read(request, context: context)
-            let role = try fields.string("role", maxLength: 10)
-            if let role, role != "member" && role != "admin" { throw GatewayError.invalidRequest("'role' must be 'member' or 'admin'.") }
+            let role = try fields.role("role")
             var cap: Int64?? = nil
             switch try fields.cap("monthly_cap") {
             case .absent: cap = nil

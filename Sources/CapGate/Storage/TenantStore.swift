@@ -284,7 +284,7 @@ public struct TenantStore: Sendable {
     }
 
     public func createUser(
-        company: UUID, id: UUID, email: String?, role: String, monthlyCap: Int64?, disabled: Bool, monthlyBudget: Micros? = nil,
+        company: UUID, id: UUID, email: String?, role: UserIdentity.Role, monthlyCap: Int64?, disabled: Bool, monthlyBudget: Micros? = nil,
         by actor: AuditActor? = nil
     ) async throws -> UserRecord? {
         do {
@@ -292,7 +292,7 @@ public struct TenantStore: Sendable {
                 try await connection.query(
                     """
                     INSERT INTO users (company_id, id, email, role, monthly_cap, disabled, monthly_budget)
-                    VALUES (\(company), \(id), \(email), \(role), \(monthlyCap), \(disabled), \(monthlyBudget?.value))
+                    VALUES (\(company), \(id), \(email), \(role.rawValue), \(monthlyCap), \(disabled), \(monthlyBudget?.value))
                     """,
                     logger: self.logger
                 )
@@ -307,7 +307,7 @@ public struct TenantStore: Sendable {
     }
 
     public func updateUser(
-        company: UUID, id: UUID, email: String??, role: String?, monthlyCap: Int64??, disabled: Bool?,
+        company: UUID, id: UUID, email: String??, role: UserIdentity.Role?, monthlyCap: Int64??, disabled: Bool?,
         monthlyBudget: Micros?? = nil, by actor: AuditActor? = nil
     ) async throws -> UserRecord? {
         try await database.audited(actor) { connection in
@@ -320,7 +320,7 @@ public struct TenantStore: Sendable {
                 """
                 UPDATE users SET
                     email = CASE WHEN \(setEmail) THEN \(email ?? nil) ELSE email END,
-                    role = COALESCE(\(role), role),
+                    role = COALESCE(\(role?.rawValue), role),
                     monthly_cap = CASE WHEN \(setCap) THEN \(monthlyCap ?? nil) ELSE monthly_cap END,
                     monthly_budget = CASE WHEN \(setBudget) THEN \(budget) ELSE monthly_budget END,
                     disabled = COALESCE(\(disabled), disabled)
