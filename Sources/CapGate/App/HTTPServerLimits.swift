@@ -96,12 +96,6 @@ struct HeaderDeadlineChannel: ServerChildChannel {
                 try pipeline.addHandler(TLSHandshakeLog(logger: logger))
             }
             try pipeline.addHandler(HeaderDeadlineHandler(timeout: headerTimeout))
-            // Socket reads of at most 16 KiB (NIO's default allows 64 KiB): NIO keeps up to four
-            // read buffers per connection for its life (one per read of a readable event), and a
-            // body's chunks pin theirs until the body reader copies them out. With 64 KiB reads
-            // that held about 1.5 times a 128 KB body per connection (BENCHMARKS.md, session 40).
-            try channel.syncOptions?.setOption(
-                ChannelOptions.recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 2048, maximum: 16384))
         } catch {
             return channel.eventLoop.makeFailedFuture(error)
         }
