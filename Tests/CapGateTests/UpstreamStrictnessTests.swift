@@ -294,4 +294,59 @@ struct UpstreamStrictnessTests {
             #expect(try await h.text("SELECT model FROM usage_ledger") == "claude-x")
         }
     }
+
+    // MARK: 7. bodies in pieces
+
+    @Test(
+        "a body in many pieces, with a Content-Length or chunked without one, reaches the provider byte for byte, framed by content-length")
+    func bodiesInPieces() async throws {
+        try await Self.withGateway(settings: ["http.bodyTimeout": "2"]) { h, provider, key in
+            let port = Int(h.gatewayURL.split(separator: ":").last!)!
+            let body = OverloadTests.body(size: 150_000)
+            let bytes = Array(body.utf8)
+            let pieces = stride(from: 0, to: bytes.count, by: 40_000).map {
+                String(decoding: bytes[$0..<min($0 + 40_000, bytes.count)], as: UTF8.self)
+            }
+            let declared = try await RawConnection.open(port: port)
+            defer { declared.close() }
+            try await declared.send(OverloadTests.head(key: key, length: bytes.count))
+            for piece in pieces {
+                try await declared.send(piece)
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            #expect(try #require(await declared.answer(within: .seconds(10))).status == 200)
+
+            let chunked = try await RawConnection.open(port: port)
+            defer { chunked.close() }
+            try await chunked.send(OverloadTests.head(key: key, chunked: true))
+            for piece in pieces {
+                try await chunked.send(String(piece.utf8.count, radix: 16) + "\r\n" + piece + "\r\n")
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            try await chunked.send("0\r\n\r\n")
+            #expect(try #require(await chunked.answer(within: .seconds(10))).status == 200)
+            let requests = provider.requests
+            #expect(requests.count == 2)
+            for request in requests {
+                #expect(request.body == body && request.headers["content-length"] == String(bytes.count))
+                #expect(request.headers["transfer-encoding"] == nil)
+            }
+
+            // A Content-Length shorter than what is sent: the body ends at it and what follows is
+            // a request of its own (here one without a credential, 401, never forwarded); one
+            // longer than what arrives: 408 at http.bodyTimeout, nothing forwarded.
+            let short = try await RawConnection.open(port: port)
+            defer { short.close() }
+            try await short.send(OverloadTests.head(key: key, length: bytes.count) + body + "GET /v1/smuggled HTTP/1.1\r\nhost: x\r\n\r\n")
+            #expect(try #require(await short.answer(within: .seconds(10))).status == 200)
+            #expect(try #require(await short.answer(within: .seconds(10))).status == 401)
+            let long = try await RawConnection.open(port: port)
+            defer { long.close() }
+            try await long.send(OverloadTests.head(key: key, length: bytes.count + 1000) + body)
+            #expect(try #require(await long.answer(within: .seconds(10))).status == 408)
+            try await Task.sleep(for: .milliseconds(200))
+            #expect(provider.requests.count == 3 && provider.requests.last?.body == body)
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE outcome = 'charged'") == 3)
+        }
+    }
 }
