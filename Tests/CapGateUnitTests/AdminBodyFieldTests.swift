@@ -26,6 +26,21 @@ struct AdminBodyFieldTests {
         #expect(try body.cap("monthly_user_cap", keeping: .obj(["monthly_user_cap": 25])) == 25)
     }
 
+    @Test("a role: member or admin exactly; absent or null is nil; any other text, case, padding or type is 400 naming the field")
+    func roles() throws {
+        #expect(try Self.body(["role": "member"]).role("role") == .member)
+        #expect(try Self.body(["role": "admin"]).role("role") == .admin)
+        #expect(try Self.body([:]).role("role") == nil)
+        #expect(try Self.body(["role": .null]).role("role") == nil, "null is absent: the default, or unchanged")
+        let values: [JSON] = ["owner", "Admin", "admin ", "", "superadministrator", 1, true, .array(["admin"])]
+        for value in values {
+            let body = Self.body(["role": value])
+            #expect(UnitTestSupport.refusalMessage { _ = try body.role("role") } != nil, "\(value) accepted")
+        }
+        #expect(
+            UnitTestSupport.refusalMessage { _ = try Self.body(["role": "owner"]).role("role") } == "'role' must be 'member' or 'admin'.")
+    }
+
     @Test("a cap that is negative, over 10^15, fractional, a string or a bool is 400 naming the field")
     func capRefusals() {
         let values: [JSON] = [-1, .int(BodyFields.maxCap + 1), 2.5, "10", true, .array([1]), .obj([:])]
