@@ -24,7 +24,7 @@ struct FoundationTests {
                 "would apply 0020_grant_split", "would apply 0021_windows_in_counters", "would apply 0022_slots_without_company_key",
                 "would apply 0023_app_account_tokens", "would apply 0024_user_ids_per_company", "would apply 0025_ledger_exports",
                 "would apply 0026_ledger_partitions", "would apply 0027_ledger_retention", "would apply 0028_ledger_rollups",
-                "would apply db/functions",
+                "would apply 0029_rollup_unsettled", "would apply db/functions",
             ])
         // The dry run changed nothing, not even the bookkeeping table.
         let tables = try await CapGateRunner.withClient(url: url, logger: logger) { client in
@@ -42,7 +42,8 @@ struct FoundationTests {
                 "applied 0017_audit_and_keys", "applied 0018_app_store", "applied 0019_topups",
                 "applied 0020_grant_split", "applied 0021_windows_in_counters", "applied 0022_slots_without_company_key",
                 "applied 0023_app_account_tokens", "applied 0024_user_ids_per_company", "applied 0025_ledger_exports",
-                "applied 0026_ledger_partitions", "applied 0027_ledger_retention", "applied 0028_ledger_rollups", "applied db/functions",
+                "applied 0026_ledger_partitions", "applied 0027_ledger_retention", "applied 0028_ledger_rollups",
+                "applied 0029_rollup_unsettled", "applied db/functions",
             ])
         #expect(try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) == ["nothing to apply"])
         #expect(try await CapGateRunner.migrate(url: url, dryRun: true, logger: logger) == ["nothing to apply"])

@@ -322,6 +322,7 @@ struct LedgerPartitionTests {
             #expect(
                 try await Migrator().migrate(client: client, logger: Self.logger) == [
                     "0026_ledger_partitions", "0027_ledger_retention", "0028_ledger_rollups",
+                    "0029_rollup_unsettled",
                 ])
             #expect(try await Self.strings(client, "SELECT relkind::text FROM pg_class WHERE oid = 'usage_ledger'::regclass") == ["p"])
             #expect(try await snapshot() == before)

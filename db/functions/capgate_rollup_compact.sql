@@ -21,7 +21,7 @@ BEGIN
         INSERT INTO usage_rollups AS r
         SELECT m.company_id, m.bucket, m.period_id, m.feature, m.model, sum(m.calls), sum(m.units), sum(m.input_tokens),
                sum(m.output_tokens), sum(m.cache_write_tokens), sum(m.cache_read_tokens), sum(m.cost_micros),
-               sum(m.held_micros)
+               sum(m.held_micros), sum(m.unsettled)
           FROM moved m
          GROUP BY 1, 2, 3, 4, 5
          ORDER BY 1, 2, 3, 4, 5
@@ -30,7 +30,8 @@ BEGIN
                input_tokens = r.input_tokens + excluded.input_tokens, output_tokens = r.output_tokens + excluded.output_tokens,
                cache_write_tokens = r.cache_write_tokens + excluded.cache_write_tokens,
                cache_read_tokens = r.cache_read_tokens + excluded.cache_read_tokens,
-               cost_micros = r.cost_micros + excluded.cost_micros, held_micros = r.held_micros + excluded.held_micros
+               cost_micros = r.cost_micros + excluded.cost_micros, held_micros = r.held_micros + excluded.held_micros,
+               unsettled = r.unsettled + excluded.unsettled
         RETURNING 1)
     SELECT n INTO v_moved FROM counted;
     RETURN v_moved;

@@ -18,7 +18,8 @@ BEGIN
      WHERE NOT EXISTS (SELECT 1 FROM ledger_dropped_months d WHERE d.month = date_trunc('month', r.bucket AT TIME ZONE 'UTC')::date);
     INSERT INTO usage_rollups
     SELECT p.company_id, p.bucket, p.period_id, p.feature, p.model, sum(p.calls), sum(p.units), sum(p.input_tokens),
-           sum(p.output_tokens), sum(p.cache_write_tokens), sum(p.cache_read_tokens), sum(p.cost_micros), sum(p.held_micros)
+           sum(p.output_tokens), sum(p.cache_write_tokens), sum(p.cache_read_tokens), sum(p.cost_micros), sum(p.held_micros),
+           sum(p.unsettled)
       FROM usage_ledger l CROSS JOIN LATERAL ledger_rollup_part(l) p
      WHERE NOT EXISTS (SELECT 1 FROM ledger_dropped_months d WHERE d.month = date_trunc('month', p.bucket AT TIME ZONE 'UTC')::date)
      GROUP BY 1, 2, 3, 4, 5
@@ -29,7 +30,8 @@ BEGIN
            cache_write_tokens = usage_rollups.cache_write_tokens + excluded.cache_write_tokens,
            cache_read_tokens = usage_rollups.cache_read_tokens + excluded.cache_read_tokens,
            cost_micros = usage_rollups.cost_micros + excluded.cost_micros,
-           held_micros = usage_rollups.held_micros + excluded.held_micros;
+           held_micros = usage_rollups.held_micros + excluded.held_micros,
+           unsettled = usage_rollups.unsettled + excluded.unsettled;
     GET DIAGNOSTICS v_rows = ROW_COUNT;
     RETURN v_rows;
 END;

@@ -149,6 +149,8 @@ extension BillingStore {
             case rollupTokens = "rollup_tokens"
             case rollupCost = "rollup_cost"
             case rollupHeld = "rollup_held"
+            /// Charges without a settlement (migration 0029).
+            case rollupUnsettled = "rollup_unsettled"
 
             var isRollup: Bool { rawValue.hasPrefix("rollup_") }
         }

@@ -132,9 +132,7 @@ public struct UnsettledCharges: Sendable {
                 SELECT company_id, count(*)::bigint, sum(units)::bigint,
                        (array_agg(id ORDER BY created_at, id))[1], min(created_at),
                        COALESCE(sum(hold_micros) FILTER (WHERE cost_source IS NULL), 0)::bigint
-                  FROM usage_ledger
-                 WHERE outcome = 'charged' AND settled_at IS NULL
-                   AND created_at <= clock_timestamp() - \(olderThan) * interval '1 second'
+                  FROM capgate_unsettled_charges(clock_timestamp() - \(olderThan) * interval '1 second')
                  GROUP BY company_id
                  ORDER BY min(created_at), company_id
                 """,
@@ -151,16 +149,16 @@ public struct UnsettledCharges: Sendable {
 
     /// How many charges are unsettled for more than `olderThan` seconds, and the age in seconds of
     /// the oldest (0 when none): what `/metrics` shows (``GatewayMetrics/unsettled(count:oldestSeconds:)``).
-    /// One read of the whole ledger (no index covers unsettled rows: one would cost every
-    /// admission an insert and every settlement its HOT update), so it runs every few minutes.
+    /// Found through the rollups (`capgate_unsettled_charges`, migration 0029): no index of the
+    /// ledger covers unsettled rows (one would cost every admission an insert and every
+    /// settlement its HOT update), the rollups count them per quarter hour, so this reads the
+    /// ledger rows of the quarter hours that hold one, not the whole ledger.
     public func totals(olderThan: TimeInterval = defaultGrace) async throws -> (count: Int64, oldestSeconds: Double) {
         try await database.run { client in
             let rows = try await client.query(
                 """
                 SELECT count(*)::bigint, coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8
-                  FROM usage_ledger
-                 WHERE outcome = 'charged' AND settled_at IS NULL
-                   AND created_at <= clock_timestamp() - \(olderThan) * interval '1 second'
+                  FROM capgate_unsettled_charges(clock_timestamp() - \(olderThan) * interval '1 second')
                 """,
                 logger: logger
             ).decode((Int64, Double).self).collect()
@@ -176,10 +174,7 @@ public struct UnsettledCharges: Sendable {
                 """
                 SELECT id, company_id, user_id, units, created_at, method, route, request_id, idempotency_key,
                        CASE WHEN cost_source IS NULL THEN hold_micros END
-                  FROM usage_ledger
-                 WHERE outcome = 'charged' AND settled_at IS NULL
-                   AND created_at <= clock_timestamp() - \(olderThan) * interval '1 second'
-                   AND (\(company)::uuid IS NULL OR company_id = \(company))
+                  FROM capgate_unsettled_charges(clock_timestamp() - \(olderThan) * interval '1 second', \(company)::uuid)
                  ORDER BY created_at, id
                  LIMIT \(limit)
                 """,
