@@ -39,9 +39,20 @@ struct CommitWitnessTests {
         #expect(CommitWitness.after([]) == .sent)
     }
 
+    @Test("a statement that commits inside itself (a procedure's COMMIT before its row): its answer is the commit; after a plain answer it is not")
+    func selfCommitting() {
+        #expect(CommitWitness.after([.answeredCommitted]) == .committed)
+        // An answer then another kind of answer is a misuse: never a commit.
+        #expect(CommitWitness.after([.answered, .answeredCommitted]) == .unknown)
+        // The connection lost or the server's error before the row: as for any statement.
+        #expect(CommitWitness.after([.lost, .answeredCommitted]) == .unknown)
+        #expect(CommitWitness.after([.serverError, .answeredCommitted]) == .rolledBack)
+        #expect(CommitWitness.after([.answeredCommitted, .lost]) == .committed)
+    }
+
     @Test("final states stay whatever comes after")
     func finalStatesStay() {
-        let events: [Event] = [.answered, .acknowledged, .serverError, .lost]
+        let events: [Event] = [.answered, .acknowledged, .answeredCommitted, .serverError, .lost]
         for tail in events {
             #expect(CommitWitness.after([.answered, .acknowledged, tail]) == .committed)
             #expect(CommitWitness.after([.serverError, tail]) == .rolledBack)
@@ -53,7 +64,8 @@ struct CommitWitnessTests {
     func errorsAsEvents() {
         #expect(CommitWitness.event(sqlState: nil) == .lost)
         // admin_shutdown (the fast stop's FATAL), crash_shutdown, cannot_connect_now
-        for state in ["57P01", "57P02", "57P03", "08006", "08003"] {
+        // and CapGate's own CG001 (a procedure that committed but whose synchronous wait may have been cut)
+        for state in ["57P01", "57P02", "57P03", "08006", "08003", "CG001"] {
             #expect(CommitWitness.event(sqlState: state) == .lost, "\(state)")
         }
         // unique_violation, check_violation, query_canceled, serialization_failure, raise_exception

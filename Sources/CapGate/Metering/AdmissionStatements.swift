@@ -7,11 +7,14 @@ import PostgresNIO
 // unnamed statement, 0.47 ms prepared). Parameter types come from the functions' signatures.
 
 /// `capgate_admit`: one call without an Idempotency-Key: the API key's hash (looked up in the
-/// same transaction) or a verified token's company and user.
-struct AdmitStatement: PostgresPreparedStatement {
+/// same transaction) or a verified token's company and user. Called through the procedure
+/// `capgate_admit_committed`, which commits before it answers: the row is the acknowledgement
+/// of the commit, one round trip (issue #46). Its OUT parameters are `capgate_admitted`'s
+/// columns in ``AdmittedColumn/names``' order, each passed as NULL, as a CALL requires.
+struct AdmitStatement: SelfCommittingStatement {
     static let sql = """
-        SELECT \(AdmittedColumn.selectList)
-          FROM capgate_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+        CALL capgate_admit_committed($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+             \(Array(repeating: "NULL", count: AdmittedColumn.names.count).joined(separator: ", ")))
         """
     typealias Row = AdmissionRow
 

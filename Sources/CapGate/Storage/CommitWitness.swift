@@ -40,6 +40,9 @@ struct CommitWitness: Sendable, Equatable {
         case answered
         /// A statement queued after them on the same connection ran: ReadyForQuery came.
         case acknowledged
+        /// The statement answered after committing inside itself: a procedure whose COMMIT (with
+        /// its synchronous wait) runs before the CALL sends its row (``SelfCommittingStatement``).
+        case answeredCommitted
         /// A statement failed with an error the server sent (a SQLSTATE).
         case serverError
         /// The connection closed or broke, or the caller stopped waiting (a deadline, a cancel).
@@ -58,11 +61,13 @@ struct CommitWitness: Sendable, Equatable {
         case (.sent, .lost): state = .unknown
         // An acknowledgement without an answer is not one (a misuse): never taken as a commit.
         case (.sent, .acknowledged): state = .unknown
+        case (.sent, .answeredCommitted): state = .committed
         case (.answered, .acknowledged): state = .committed
         // After the answer, any failure leaves the commit unknown: an error the server sends at
         // the commit (a deferred check) or a FATAL during the synchronous wait looks the same
         // from here as the proof statement failing.
-        case (.answered, .serverError), (.answered, .lost), (.answered, .answered): state = .unknown
+        case (.answered, .serverError), (.answered, .lost), (.answered, .answered), (.answered, .answeredCommitted):
+            state = .unknown
         // Final states stay.
         case (.committed, _), (.rolledBack, _), (.unknown, _): break
         }
@@ -104,10 +109,17 @@ struct CommitWitness: Sendable, Equatable {
     /// A PostgresNIO error's event by the SQLSTATE the server sent with it (nil: none, the
     /// connection closed or broke). Connection-class (08) and operator-intervention shutdown
     /// (57P) states mean the server is going away: it may have committed before saying so.
+    /// ``commitUnacknowledgedState`` is CapGate's own: a procedure that committed and cannot
+    /// say the synchronous standby has it.
     static func event(sqlState: String?) -> Event {
         guard let state = sqlState else { return .lost }
+        if state == commitUnacknowledgedState { return .lost }
         return state.hasPrefix("08") || state.hasPrefix("57P") ? .lost : .serverError
     }
+
+    /// Raised by `capgate_admit_committed` after its COMMIT when its synchronous wait may have
+    /// been cut short (db/functions/capgate_admit_committed.sql).
+    static let commitUnacknowledgedState = "CG001"
 }
 
 /// A write whose statements were answered, or may have run, but whose commit PostgreSQL did not
@@ -130,6 +142,12 @@ struct CommitAcknowledgementStatement: PostgresPreparedStatement {
     func makeBindings() throws -> PostgresBindings { PostgresBindings() }
     func decodeRow(_ row: PostgresRow) throws -> Bool { try row.decode(Bool.self) }
 }
+
+/// A prepared statement that commits inside itself before it answers: a `CALL` of a procedure
+/// whose COMMIT (and its wait for the synchronous standby) comes before its row, so the row is
+/// the acknowledgement. Only for a statement run alone in its implicit transaction (PostgreSQL
+/// refuses a COMMIT inside a procedure called in a transaction block).
+protocol SelfCommittingStatement: PostgresPreparedStatement {}
 
 extension PostgresConnection {
     /// Returns once the transaction of everything run before on this connection is acknowledged:
@@ -179,6 +197,34 @@ extension PostgresConnection {
             throw CommitUnacknowledged(reason: error)
         }
         guard witness.isCommitted else { throw CommitUnacknowledged(reason: CancellationError()) }
+        return collected
+    }
+
+    /// Runs one statement that commits inside itself before it answers (a procedure with a
+    /// COMMIT, ``SelfCommittingStatement``) and returns its rows: their arrival is the
+    /// acknowledgement, so no proof statement follows (one round trip, where
+    /// ``committedRows(_:logger:answered:)`` takes two at a lone call). A primary stopped during
+    /// the procedure's synchronous wait ends the connection without the row: unknown, as there.
+    func selfCommittedRows<Statement: SelfCommittingStatement>(
+        _ statement: Statement, logger: Logger, answered: (@Sendable () -> Void)? = nil
+    ) async throws -> [Statement.Row] where Statement.Row: Sendable {
+        var witness = CommitWitness()
+        let rows: AsyncThrowingMapSequence<PostgresRowSequence, Statement.Row>
+        do {
+            try requireOpen()
+            rows = try await execute(statement, logger: logger)
+        } catch {
+            throw witness.failure(error)
+        }
+        let collected: [Statement.Row]
+        do {
+            collected = try await rows.collect()
+        } catch {
+            throw witness.failureAfterSending(error)
+        }
+        witness.receive(.answeredCommitted)
+        guard witness.isCommitted else { throw CommitUnacknowledged(reason: CancellationError()) }
+        answered?()
         return collected
     }
 

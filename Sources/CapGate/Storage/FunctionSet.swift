@@ -7,7 +7,7 @@ import PostgresNIO
 ///
 /// Applied as one set, in one transaction, whenever any file's checksum differs from the ones
 /// recorded in `capgate_functions` (so a deploy that edits `capgate_charge.sql` re-applies it):
-/// 1. every `capgate_*` function of the schema is dropped, except trigger functions (triggers
+/// 1. every `capgate_*` function and procedure of the schema is dropped, except trigger functions (triggers
 ///    depend on them; their files use `CREATE OR REPLACE`), then every `capgate_*` composite
 ///    type, so a function removed from the folder is gone and a changed signature or row type
 ///    never meets its old self;
@@ -100,7 +100,7 @@ public struct FunctionSet: Sendable {
                       WHERE n.nspname = current_schema() AND p.proname LIKE 'capgate\\_%'
                         AND p.prorettype <> 'trigger'::regtype
             LOOP
-                EXECUTE 'DROP FUNCTION ' || o.signature::text;
+                EXECUTE 'DROP ROUTINE ' || o.signature::text;
             END LOOP;
             FOR o IN SELECT t.oid::regtype AS type
                        FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace JOIN pg_class c ON c.oid = t.typrelid

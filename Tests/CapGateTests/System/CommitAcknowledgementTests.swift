@@ -141,6 +141,62 @@ struct CommitAcknowledgementTests {
     }
 
     @Test(
+        "a lone call's CALL whose commit waits for the standby past statement_timeout: PostgreSQL cuts the wait and commits locally, and the procedure withholds the row (CG001, an unknown outcome), never answers it as acknowledged"
+    )
+    func timeoutDuringSynchronousWait() async throws {
+        try await HeavyTests.alone { try await Self.timeoutDuringSynchronousWaitAlone() }
+    }
+
+    static func timeoutDuringSynchronousWaitAlone() async throws {
+        let folder = NSTemporaryDirectory() + "capgate-commit-timeout-\(UUID().uuidString)"
+        let set = try await offPool {
+            try EmbeddedReplicaSet.start(directory: folder, settings: ["fsync": "off"], logger: TestCluster.logger)
+        }
+        let receiver = Mutex<pid_t?>(nil)
+        defer {
+            if let pid = receiver.withLock({ $0 }) { kill(pid, SIGCONT) }
+            set.standby.stop()
+            set.primary.stop()
+            try? FileManager.default.removeItem(atPath: folder)
+        }
+        _ = try await CapGateRunner.migrate(url: set.url, dryRun: false, logger: TestCluster.logger)
+        try await Harness.with(database: set.url) { h in
+            try await h.createPlan("big", company: 1_000_000, user: 1_000_000)
+            let (company, users) = try await h.createCompany(plan: "big", users: 1)
+            #expect(try await h.message(key: users[0].key).status == 200)
+            let outs = Array(repeating: "NULL", count: AdmittedColumn.names.count).joined(separator: ", ")
+            let call = """
+                CALL capgate_admit_committed(NULL, '\(company.text)', '\(users[0].id.text)', 1, 'POST', '/v1/messages', NULL,
+                     NULL, 'req_timeout', NULL, now(), false, NULL, NULL, 0::smallint, NULL, '{}', \(outs))
+                """
+            // With the standby keeping up, the CALL answers its row (charged).
+            let answered = try await h.db.withConnection { connection in
+                try await connection.query("SET statement_timeout = '2s'", logger: TestCluster.logger)
+                return try await connection.query(PostgresQuery(unsafeSQL: call), logger: TestCluster.logger).collect().count
+            }
+            #expect(answered == 1)
+
+            let pid = try await offPool { try set.standby.psql("SELECT pid FROM pg_stat_wal_receiver").trimmingWhitespace() }
+            let walReceiver = try #require(pid_t(pid), "no WAL receiver on the standby: '\(pid)'")
+            #expect(kill(walReceiver, SIGSTOP) == 0)
+            receiver.withLock { $0 = walReceiver }
+            let refused: String? = try await h.db.withConnection { connection in
+                try await connection.query("SET statement_timeout = '500ms'", logger: TestCluster.logger)
+                do {
+                    _ = try await connection.query(PostgresQuery(unsafeSQL: call), logger: TestCluster.logger).collect()
+                    return nil
+                } catch let error as PSQLError {
+                    return error.serverInfo?[.sqlState]
+                }
+            }
+            #expect(refused == "CG001", "the row was answered although the standby never had the commit")
+            #expect(CommitWitness.event(sqlState: refused) == .lost)
+            // It did commit, locally: the outcome is unknown, not a rollback.
+            #expect(try await h.scalar("SELECT count(*) FROM usage_ledger WHERE request_id = 'req_timeout'") == 2)
+        }
+    }
+
+    @Test(
         "a commit still waiting for the standby when the gateway stops: its give-back waits in the spool for that commit to end, then gives it back (served == charged, verify clean)"
     )
     func commitPendingAcrossRestart() async throws {
@@ -197,7 +253,10 @@ struct CommitAcknowledgementTests {
             #expect(kill(walReceiver, SIGSTOP) == 0)
             receiver.withLock { $0 = walReceiver }
 
-            let reply = try await h.message(key: users[0].key)
+            // An Idempotency-Key call: its admission commits at the statement's Sync, a wait no
+            // timeout ends (a lone call's CALL commits inside its statement, whose
+            // statement_timeout cuts the wait: ``timeoutDuringSynchronousWait``).
+            let reply = try await h.message(key: users[0].key, headers: [("idempotency-key", "pending-1")])
             #expect(reply.status == 503, "\(reply.status): \(reply.body)")
             #expect(try await waitingForStandby() >= 1, "the admission's commit waits for the standby")
             servedFirst.withLock { $0 = h.mock.served.count }
