@@ -57,8 +57,12 @@ BEGIN
     -- as long as its timeout, the wait may have been cut: the row is withheld and the outcome
     -- reported unknown (SQLSTATE CG001, taken as a lost connection: the charge is given back if
     -- it stands). A pg_cancel_backend during the wait is the one cut this cannot see, as the
-    -- Sync's commit cannot (docs/design-notes.md).
-    IF current_setting('statement_timeout')::interval > interval '0'
+    -- Sync's commit cannot (docs/design-notes.md). A commit that waits for no standby (none
+    -- named, or relaxed durability: synchronous_commit off for that transaction only, so read
+    -- from p_relaxed) had no wait to cut: its row is answered, late or not.
+    IF NOT p_relaxed AND current_setting('synchronous_standby_names') <> ''
+       AND current_setting('synchronous_commit') NOT IN ('off', 'local')
+       AND current_setting('statement_timeout')::interval > interval '0'
        AND clock_timestamp() - statement_timestamp() >= current_setting('statement_timeout')::interval THEN
         RAISE EXCEPTION 'the admission committed, but its synchronous wait may have been cut by statement_timeout'
             USING ERRCODE = 'CG001';

@@ -72,31 +72,9 @@ extension MeteringStore {
         _ items: [AdmissionItem], _ statement: Statement, database: Database, spool: Spool?,
         answered: (@Sendable () -> Void)? = nil
     ) async throws -> [AdmissionRow] where Statement.Row == AdmissionRow {
-        try await checkedAdmission(items, database: database, spool: spool) { late in
-            try await database.write(
-                statement: statement, lateResult: late.committedLate, failed: late.interrupted(by:), answered: answered)
-        }
-    }
-
-    /// ``runAdmission(_:_:database:spool:answered:)`` of a statement that commits inside itself:
-    /// its row is the acknowledgement (``SelfCommittingStatement``).
-    static func runAdmission<Statement: SelfCommittingStatement>(
-        _ items: [AdmissionItem], _ statement: Statement, database: Database, spool: Spool?,
-        answered: (@Sendable () -> Void)? = nil
-    ) async throws -> [AdmissionRow] where Statement.Row == AdmissionRow {
-        try await checkedAdmission(items, database: database, spool: spool) { late in
-            try await database.write(
-                statement: statement, lateResult: late.committedLate, failed: late.interrupted(by:), answered: answered)
-        }
-    }
-
-    /// The rows `write` returns, once checked to be one per call.
-    private static func checkedAdmission(
-        _ items: [AdmissionItem], database: Database, spool: Spool?,
-        _ write: (LateAdmissions) async throws -> [AdmissionRow]
-    ) async throws -> [AdmissionRow] {
         let late = LateAdmissions(items: items, database: database, spool: spool)
-        let rows = try await write(late)
+        let rows = try await database.write(
+            statement: statement, lateResult: late.committedLate, failed: late.interrupted(by:), answered: answered)
         // Committed, but not one row per call: which charge is whose cannot be told, so no call
         // is forwarded and what the ledger holds of them is given back. Never retried call by
         // call (that would charge them again): 503, as for any commit whose outcome is unclear.

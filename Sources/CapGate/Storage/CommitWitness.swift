@@ -163,7 +163,11 @@ extension PostgresConnection {
     /// commit, as ``committed(logger:_:)`` does, in the same round trips but sooner: the proof
     /// statement is queued as soon as the statement answers its first message, so PostgresNIO
     /// sends it from the event loop the moment the statement's ReadyForQuery arrives, while the
-    /// rows are still being read (the hot path: admissions, settlements, slot ends).
+    /// rows are still being read (the hot path: admissions, settlements, slot ends). A statement
+    /// that commits inside itself (``SelfCommittingStatement``: a procedure whose COMMIT, with its
+    /// synchronous wait, comes before its row) is acknowledged by its rows, with no proof: one
+    /// round trip. A primary stopped during either wait ends the connection without the
+    /// acknowledgement: unknown.
     ///
     /// `answered` is called once the rows are collected, before the wait for the proof (never
     /// when the statement failed).
@@ -177,6 +181,17 @@ extension PostgresConnection {
             rows = try await execute(statement, logger: logger)
         } catch {
             throw witness.failure(error)
+        }
+        if Statement.self is any SelfCommittingStatement.Type {
+            let collected: [Statement.Row]
+            do {
+                collected = try await rows.collect()
+            } catch {
+                throw witness.failureAfterSending(error)
+            }
+            witness.receive(.answeredCommitted)
+            answered?()
+            return collected
         }
         async let acknowledged: Void = acknowledgeCommit(logger: logger)
         let collected: [Statement.Row]
@@ -197,34 +212,6 @@ extension PostgresConnection {
             throw CommitUnacknowledged(reason: error)
         }
         guard witness.isCommitted else { throw CommitUnacknowledged(reason: CancellationError()) }
-        return collected
-    }
-
-    /// Runs one statement that commits inside itself before it answers (a procedure with a
-    /// COMMIT, ``SelfCommittingStatement``) and returns its rows: their arrival is the
-    /// acknowledgement, so no proof statement follows (one round trip, where
-    /// ``committedRows(_:logger:answered:)`` takes two at a lone call). A primary stopped during
-    /// the procedure's synchronous wait ends the connection without the row: unknown, as there.
-    func selfCommittedRows<Statement: SelfCommittingStatement>(
-        _ statement: Statement, logger: Logger, answered: (@Sendable () -> Void)? = nil
-    ) async throws -> [Statement.Row] where Statement.Row: Sendable {
-        var witness = CommitWitness()
-        let rows: AsyncThrowingMapSequence<PostgresRowSequence, Statement.Row>
-        do {
-            try requireOpen()
-            rows = try await execute(statement, logger: logger)
-        } catch {
-            throw witness.failure(error)
-        }
-        let collected: [Statement.Row]
-        do {
-            collected = try await rows.collect()
-        } catch {
-            throw witness.failureAfterSending(error)
-        }
-        witness.receive(.answeredCommitted)
-        guard witness.isCommitted else { throw CommitUnacknowledged(reason: CancellationError()) }
-        answered?()
         return collected
     }
 

@@ -160,19 +160,6 @@ public struct Database: Sendable {
             commit: { try await $0.committedRows(statement, logger: logger, answered: answered) })
     }
 
-    /// ``write(statement:lateResult:failed:answered:)`` of a statement that commits inside itself
-    /// (``PostgresConnection/selfCommittedRows(_:logger:answered:)``): its rows are the
-    /// acknowledgement, with no proof statement behind it.
-    func write<Statement: SelfCommittingStatement>(
-        statement: Statement, lateResult: (@Sendable (Result<[Statement.Row], any Error>) -> Void)? = nil,
-        failed: (@Sendable (any Error) -> Void)? = nil, answered: (@Sendable () -> Void)? = nil
-    ) async throws -> [Statement.Row] where Statement.Row: Sendable {
-        let logger = self.logger
-        return try await write(
-            lateResult: lateResult, failed: failed,
-            commit: { try await $0.selfCommittedRows(statement, logger: logger, answered: answered) })
-    }
-
     /// ``write(lateResult:failed:_:)`` with the acknowledged commit made by `commit` (which calls
     /// ``PostgresConnection/committed(logger:_:)`` or ``PostgresConnection/committedRows(_:logger:)``).
     ///
