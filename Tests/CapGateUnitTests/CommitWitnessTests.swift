@@ -39,7 +39,9 @@ struct CommitWitnessTests {
         #expect(CommitWitness.after([]) == .sent)
     }
 
-    @Test("a statement that commits inside itself (a procedure's COMMIT before its row): its answer is the commit; after a plain answer it is not")
+    @Test(
+        "a statement that commits inside itself (a procedure's COMMIT before its row): its answer is the commit; after a plain answer it is not"
+    )
     func selfCommitting() {
         #expect(CommitWitness.after([.answeredCommitted]) == .committed)
         // An answer then another kind of answer is a misuse: never a commit.
