@@ -99,7 +99,7 @@ public enum DevEnvironment {
             }
         } catch let error as Migrator.MigrationError where embedded {
             switch error {
-            case .changedAfterApplied, .unknownApplied:
+            case .changedAfterApplied, .unknownApplied, .tooOld:
                 throw StaleDevDatabase(folder: folder, reason: error.description)
             default:
                 throw error

@@ -210,7 +210,7 @@ struct AppStoreOwnershipTests {
         let folder = NSTemporaryDirectory() + "migrations-\(UUID().uuidString)"
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: folder) }
-        let source = SDKTests.root.appendingPathComponent("db/migrations").path
+        let source = OldMigrations.folder
         for name in try FileManager.default.contentsOfDirectory(atPath: source) where name.hasSuffix(".sql") && name < "0023" {
             try FileManager.default.copyItem(atPath: source + "/" + name, toPath: folder + "/" + name)
         }
@@ -243,6 +243,11 @@ struct AppStoreOwnershipTests {
             "INSERT INTO apple_transactions (original_transaction_id, company_id, last_applied_at) VALUES ('m1', '\(a.text)', now() - interval '40 days')",
         ] {
             try await exec(statement)
+        }
+        // The old migrations from 0023 to 0029 (as the last build before the baseline did), then this
+        // build's: the baseline recorded, the functions applied.
+        _ = try await CapGateRunner.withClient(url: url, logger: logger) {
+            try await OldMigrations.withFunctions().migrate(client: $0, logger: logger)
         }
         _ = try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger)
         #expect(try await run("SELECT count(DISTINCT app_account_token)::text FROM companies") == ["2"])

@@ -8,23 +8,15 @@ import Testing
 
 @Suite("Migrations, configuration and period math", .timeLimit(.minutes(5)))
 struct FoundationTests {
-    @Test("migrations apply once, in order; a second run does nothing; dry run lists and creates nothing; a changed file is an error")
+    @Test(
+        "migrations apply once, in order (a new database: the baseline, then the functions); a second run does nothing; dry run lists and creates nothing; a changed file is an error"
+    )
     func migrations() async throws {
         let url = try await offPool { try TestCluster.shared.get().createDatabase("m_" + UUID().uuidString.prefix(8).lowercased()) }
         let logger = TestCluster.logger
         #expect(
             try await CapGateRunner.migrate(url: url, dryRun: true, logger: logger) == [
-                "would apply 0001_schema", "would apply 0002_admission", "would apply 0003_rollover",
-                "would apply 0004_admission_batch", "would apply 0005_period_locks", "would apply 0006_settle_plans",
-                "would apply 0007_admission_fast_path", "would apply 0008_admission_batch_one_function",
-                "would apply 0009_replay_attempts", "would apply 0010_idempotency_and_renewal",
-                "would apply 0011_features_and_routes", "would apply 0012_notifications", "would apply 0013_feature_binding",
-                "would apply 0014_prices", "would apply 0015_budgets", "would apply 0016_rate_windows",
-                "would apply 0017_audit_and_keys", "would apply 0018_app_store", "would apply 0019_topups",
-                "would apply 0020_grant_split", "would apply 0021_windows_in_counters", "would apply 0022_slots_without_company_key",
-                "would apply 0023_app_account_tokens", "would apply 0024_user_ids_per_company", "would apply 0025_ledger_exports",
-                "would apply 0026_ledger_partitions", "would apply 0027_ledger_retention", "would apply 0028_ledger_rollups",
-                "would apply 0029_rollup_unsettled", "would apply db/functions",
+                "would apply 0030_baseline", "would apply db/functions",
             ])
         // The dry run changed nothing, not even the bookkeeping table.
         let tables = try await CapGateRunner.withClient(url: url, logger: logger) { client in
@@ -34,16 +26,7 @@ struct FoundationTests {
         #expect(tables == [0])
         #expect(
             try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) == [
-                "applied 0001_schema", "applied 0002_admission", "applied 0003_rollover", "applied 0004_admission_batch",
-                "applied 0005_period_locks", "applied 0006_settle_plans", "applied 0007_admission_fast_path",
-                "applied 0008_admission_batch_one_function", "applied 0009_replay_attempts",
-                "applied 0010_idempotency_and_renewal", "applied 0011_features_and_routes", "applied 0012_notifications",
-                "applied 0013_feature_binding", "applied 0014_prices", "applied 0015_budgets", "applied 0016_rate_windows",
-                "applied 0017_audit_and_keys", "applied 0018_app_store", "applied 0019_topups",
-                "applied 0020_grant_split", "applied 0021_windows_in_counters", "applied 0022_slots_without_company_key",
-                "applied 0023_app_account_tokens", "applied 0024_user_ids_per_company", "applied 0025_ledger_exports",
-                "applied 0026_ledger_partitions", "applied 0027_ledger_retention", "applied 0028_ledger_rollups",
-                "applied 0029_rollup_unsettled", "applied db/functions",
+                "applied 0030_baseline", "applied db/functions",
             ])
         #expect(try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger) == ["nothing to apply"])
         #expect(try await CapGateRunner.migrate(url: url, dryRun: true, logger: logger) == ["nothing to apply"])
@@ -55,7 +38,7 @@ struct FoundationTests {
         let source = SDKTests.root.appendingPathComponent("db/migrations").path
         for name in try FileManager.default.contentsOfDirectory(atPath: source) where name.hasSuffix(".sql") {
             var text = try String(contentsOfFile: source + "/" + name, encoding: .utf8)
-            if name.hasPrefix("0001") { text += "\n-- edited\n" }
+            if name.hasPrefix("0030") { text += "\n-- edited\n" }
             try text.write(toFile: folder + "/" + name, atomically: true, encoding: .utf8)
         }
         let edited = try Migrator(folder: folder)
@@ -195,7 +178,7 @@ struct FoundationTests {
             try? FileManager.default.removeItem(atPath: URL(fileURLWithPath: cluster.dataDirectory).deletingLastPathComponent().path)
         }
         let lines = try await CapGateRunner.migrate(url: cluster.url, dryRun: true, logger: TestCluster.logger)
-        #expect(lines.first == "would apply 0001_schema")
+        #expect(lines.first == "would apply 0030_baseline")
     }
 
     @Test("a folder holding a cluster CapGate did not make (no password file) is refused and left as it is, not initialised again")

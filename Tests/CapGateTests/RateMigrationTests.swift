@@ -21,7 +21,7 @@ struct RateMigrationTests {
         let folder = NSTemporaryDirectory() + "migrations-\(UUID().uuidString)"
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: folder) }
-        let source = SDKTests.root.appendingPathComponent("db/migrations").path
+        let source = OldMigrations.folder
         for name in try FileManager.default.contentsOfDirectory(atPath: source) where name.hasSuffix(".sql") && name < "0021" {
             try FileManager.default.copyItem(atPath: source + "/" + name, toPath: folder + "/" + name)
         }
@@ -45,6 +45,11 @@ struct RateMigrationTests {
             try await exec(statement)
         }
 
+        // The old migrations from 0021 to 0029 (as the last build before the baseline did), then this
+        // build's: the baseline recorded, the functions applied.
+        _ = try await CapGateRunner.withClient(url: url, logger: logger) {
+            try await OldMigrations.withFunctions().migrate(client: $0, logger: logger)
+        }
         _ = try await CapGateRunner.migrate(url: url, dryRun: false, logger: logger)
         let carried = "(rate_minute > now() - interval '1 minute')::text"
         // A's company row and u1's row carry the minute; u2 and company B start from nothing.

@@ -107,7 +107,7 @@ extension BillingStore {
 
     enum RolloverChange { case none, renewed, toDefault, noPlan }
 
-    /// One company, by `capgate_roll_company` (db/migrations/0003_rollover.sql): the same SQL
+    /// One company, by `capgate_roll_company` (db/functions/capgate_roll_company.sql): the same SQL
     /// that `SELECT * FROM capgate_rollover()` runs from pg_cron.
     func rollCompany(_ connection: PostgresConnection, company: UUID, at: Date) async throws -> RolloverChange {
         let rows = try await connection.query("SELECT capgate_roll_company(\(company), \(at))", logger: logger)

@@ -58,7 +58,7 @@ struct CommandTests {
         }
         let text = try #require(url)
         let lines = try await CapGateRunner.migrate(url: try DatabaseURL(text), dryRun: true, logger: TestCluster.logger)
-        #expect(lines.contains("would apply 0001_schema"))
+        #expect(lines.contains("would apply 0030_baseline"))
         db.terminate()
         #expect(await db.wait(timeout: .seconds(20)) != nil, "capgate db still runs 20 s after SIGTERM")
         #expect(!FileManager.default.fileExists(atPath: folder + "/pg/data/postmaster.pid"))

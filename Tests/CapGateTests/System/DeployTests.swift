@@ -101,7 +101,8 @@ struct DeployTests {
         #expect(checked == 0, "\(checkOut)")
         #expect(checkOut.contains("configuration ok"), "\(checkOut)")
         #expect(
-            checkOut.contains("pending (serve applies them at start): 0001"), "a fresh database has its migrations pending: \(checkOut)")
+            checkOut.contains("pending (serve applies them at start): 0030_baseline"),
+            "a fresh database has its migrations pending: \(checkOut)")
         var bad = environment
         bad["DATABASE_TIMEOUT"] = "soon"
         let (refused, refusedOut) = try await Self.asUnit(binary, ["check-config"], environment: bad, folder: state)

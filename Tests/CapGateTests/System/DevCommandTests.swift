@@ -133,12 +133,12 @@ struct DevCommandTests {
     func staleDemoDatabase() async throws {
         let folder = NSTemporaryDirectory() + "capgate-dev-\(UUID().uuidString)"
         defer { try? FileManager.default.removeItem(atPath: folder) }
-        // A demo database from a build whose first migration read differently.
+        // A demo database from a build whose baseline read differently.
         let cluster = try await offPool { try EmbeddedPostgres.start(directory: folder + "/postgres", logger: TestCluster.logger) }
         _ = try await CapGateRunner.migrate(url: cluster.url, dryRun: false, logger: TestCluster.logger)
         try await CapGateRunner.withClient(url: cluster.url, logger: TestCluster.logger) { client in
             _ = try await client.query(
-                "UPDATE capgate_migrations SET checksum = 'older' WHERE version = '0001_schema'", logger: TestCluster.logger
+                "UPDATE capgate_migrations SET checksum = 'older' WHERE version = '0030_baseline'", logger: TestCluster.logger
             )
             .collect()
         }
@@ -150,7 +150,7 @@ struct DevCommandTests {
             Issue.record("dev started on a stale demo database")
         } catch {
             let text = String(describing: error)
-            #expect(text.contains("0001_schema") && text.contains("delete that folder"), "\(text)")
+            #expect(text.contains("0030_baseline") && text.contains("delete that folder"), "\(text)")
         }
         #expect(!FileManager.default.fileExists(atPath: cluster.dataDirectory + "/postmaster.pid"), "PostgreSQL still running")
     }
