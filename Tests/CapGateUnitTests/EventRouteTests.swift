@@ -68,6 +68,9 @@ struct EventRouteTests {
                 uri = events + "?limit=3&cursor=\(next)"
             }
             #expect(seen == [1, 2, 4, 5, 6, 7, 8])
+            // A page that ends exactly at the last row has no more.
+            let exact = try await StoreWorld.get(client, events + "?limit=7", world.admin).1
+            #expect(Self.ids(exact).count == 7 && exact?["has_more"]?.boolValue == false && exact?["next_cursor"]?.isNull == true)
         }
     }
 

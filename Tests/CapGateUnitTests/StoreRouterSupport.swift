@@ -19,6 +19,9 @@ import Testing
 struct StoreWorld {
     static let secret = CredentialRouteTests.secret
     var tenants = InMemoryTenants()
+    /// The audit log, by id: 1 a plan (no company), 2 Acme created, 3 its member added, 4 a key
+    /// made and 6 revoked by its admin; 5 Globex created, 7 its admin changed.
+    var audit = InMemoryAudit()
     /// A whole second, so a time written in a query names a row's time exactly.
     let now = Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down))
     let acme: UUID
@@ -58,6 +61,16 @@ struct StoreWorld {
         t.addKey(company: acme, user: acmeDisabled, secret: keys.disabled)
         Self.ledger(&t, now: now, ids: (acme, globex, acmeAdmin, acmeMember, globexAdmin))
         tenants = t
+        let admin = acmeAdmin.lowercased
+        audit.add(action: "plan.create", company: nil, at: now - 100 * day, target: "pro", after: .obj(["id": "pro"]))
+        audit.add(action: "company.create", company: acme, at: now - 100 * day, target: acme.lowercased)
+        audit.add(action: "user.create", company: acme, at: now - 98 * day, target: acmeMember.lowercased)
+        audit.add(action: "api_key.create", company: acme, actor: admin, at: now - 50 * day)
+        audit.add(action: "company.create", company: globex, at: now - 90 * day, target: globex.lowercased)
+        audit.add(
+            action: "api_key.revoke", company: acme, actor: admin, at: now - day, before: .obj(["revoked_at": .null]),
+            after: .obj(["revoked_at": "2026-11-28T00:00:00Z"]))
+        audit.add(action: "user.update", company: globex, at: now - 2 * day, target: globexAdmin.lowercased)
     }
 
     /// The ledger of the suite's comment, by id.
@@ -78,7 +91,8 @@ struct StoreWorld {
     /// The gateway's router over these tenants (JWTs signed with ``secret`` accepted).
     func app() async throws -> some ApplicationProtocol {
         let usage = InMemoryUsage(tenants)
-        let stores = GatewayStores(usage: usage, daily: usage, companies: usage, credentials: InMemoryCredentials(tenants))
+        let stores = GatewayStores(
+            usage: usage, daily: usage, companies: usage, credentials: InMemoryCredentials(tenants), audit: audit)
         return Application(router: try await GatewayRouterTests.router(flags: ["jwt.secret": Self.secret], stores: stores))
     }
 

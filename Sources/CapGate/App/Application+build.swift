@@ -200,7 +200,7 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
     BillingRoutes(billing: services.billing).register(on: admin)
     apple.registerAdmin(on: admin)
     PriceRoutes(prices: services.prices).register(on: admin)
-    AuditRoutes(audit: AuditStore(database: database), tenants: services.tenants).register(on: admin)
+    AuditRoutes(audit: services.stores.audit, companies: services.stores.companies).register(on: admin)
     FeatureRoutes(features: FeatureStore(database: services.tenants.database), prefix: services.proxyPrefix).register(on: admin)
     console.register(on: admin)
     NotificationRoutes(notifications: NotificationStore(database: services.tenants.database), tenants: services.tenants).register(on: admin)

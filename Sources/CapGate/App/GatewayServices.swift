@@ -37,11 +37,13 @@ struct GatewayStores: Sendable {
     var companies: any CompanyDirectory
     /// API keys and a token's user (SPEC §2).
     var credentials: any CredentialStore
+    /// The audit log's reads (SPEC §13).
+    var audit: any AuditReading
 
     /// Every store on `database`.
     static func postgres(_ database: Database) -> GatewayStores {
         GatewayStores(
             usage: UsageStore(database: database), daily: UsageStore(database: database), companies: TenantStore(database: database),
-            credentials: PostgresCredentials(database: database))
+            credentials: PostgresCredentials(database: database), audit: AuditStore(database: database))
     }
 }
