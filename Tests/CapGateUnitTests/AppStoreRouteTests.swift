@@ -89,7 +89,8 @@ struct AppStoreRouteTests {
         try await world.app().test(.router) { client in
             let unmatched = try await StoreWorld.get(client, "/admin/v1/billing/apple/unmatched", world.admin)
             #expect(unmatched.0 == .forbidden && StoreWorld.error(unmatched.1).message == "Only the operator may do this.")
-            let rotate = try await Self.post(client, "/admin/v1/companies/\(world.acme.lowercased)/app-account-token", world.admin, body: "")
+            let rotate = try await Self.post(
+                client, "/admin/v1/companies/\(world.acme.lowercased)/app-account-token", world.admin, body: "")
             #expect(rotate.0 == .forbidden && StoreWorld.error(rotate.1).type == "permission_error")
             let none = try await StoreWorld.get(client, "/admin/v1/billing/apple/unmatched", [:])
             #expect(none.0 == .unauthorized)
