@@ -22,6 +22,8 @@ struct StoreWorld {
     /// The audit log, by id: 1 a plan (no company), 2 Acme created, 3 its member added, 4 a key
     /// made and 6 revoked by its admin; 5 Globex created, 7 its admin changed.
     var audit = InMemoryAudit()
+    /// Threshold notifications (``NotificationRouteTests``): Acme's four, Globex's one.
+    var notifications = InMemoryNotifications()
     /// A whole second, so a time written in a query names a row's time exactly.
     let now = Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down))
     let acme: UUID
@@ -71,6 +73,7 @@ struct StoreWorld {
             action: "api_key.revoke", company: acme, actor: admin, at: now - day, before: .obj(["revoked_at": .null]),
             after: .obj(["revoked_at": "2026-11-28T00:00:00Z"]))
         audit.add(action: "user.update", company: globex, at: now - 2 * day, target: globexAdmin.lowercased)
+        notifications = NotificationRouteTests.rows(self)
     }
 
     /// The ledger of the suite's comment, by id.
@@ -92,7 +95,8 @@ struct StoreWorld {
     func app() async throws -> some ApplicationProtocol {
         let usage = InMemoryUsage(tenants)
         let stores = GatewayStores(
-            usage: usage, daily: usage, companies: usage, credentials: InMemoryCredentials(tenants), audit: audit)
+            usage: usage, daily: usage, companies: usage, credentials: InMemoryCredentials(tenants), audit: audit,
+            notifications: notifications)
         return Application(router: try await GatewayRouterTests.router(flags: ["jwt.secret": Self.secret], stores: stores))
     }
 

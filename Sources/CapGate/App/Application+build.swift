@@ -203,7 +203,7 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
     AuditRoutes(audit: services.stores.audit, companies: services.stores.companies).register(on: admin)
     FeatureRoutes(features: FeatureStore(database: services.tenants.database), prefix: services.proxyPrefix).register(on: admin)
     console.register(on: admin)
-    NotificationRoutes(notifications: NotificationStore(database: services.tenants.database), tenants: services.tenants).register(on: admin)
+    NotificationRoutes(notifications: services.stores.notifications, companies: services.stores.companies).register(on: admin)
     methods.record(router)
     return router
 }

@@ -39,11 +39,14 @@ struct GatewayStores: Sendable {
     var credentials: any CredentialStore
     /// The audit log's reads (SPEC §13).
     var audit: any AuditReading
+    /// A company's threshold notifications (SPEC §9).
+    var notifications: any NotificationReading
 
     /// Every store on `database`.
     static func postgres(_ database: Database) -> GatewayStores {
         GatewayStores(
             usage: UsageStore(database: database), daily: UsageStore(database: database), companies: TenantStore(database: database),
-            credentials: PostgresCredentials(database: database), audit: AuditStore(database: database))
+            credentials: PostgresCredentials(database: database), audit: AuditStore(database: database),
+            notifications: NotificationStore(database: database))
     }
 }
