@@ -23,6 +23,7 @@ struct DailyRouteTests {
             let (status, json) = try await StoreWorld.get(client, daily + "?from=\(from)&to=\(to)", world.admin)
             #expect(status == .ok)
             let days = try #require(json?.arrayValue)
+            try #require(days.count == 5)
             #expect(
                 days.compactMap { $0["date"]?.stringValue } == (2...6).reversed().map { StoreWorld.day(world.now - Double($0) * world.day) }
             )

@@ -25,7 +25,7 @@ struct EventRouteTests {
             #expect(status == .ok)
             #expect(Self.ids(json) == [1, 2, 4, 5, 6, 7, 8])
             #expect(json?["has_more"]?.boolValue == false && json?["next_cursor"]?.isNull == true)
-            let row = try #require(json?["data"]?.arrayValue?[2])
+            let row = try #require(json?["data"]?.arrayValue?.dropFirst(2).first)
             #expect(row["company_id"]?.stringValue == world.acme.lowercased && row["user_id"]?.stringValue == world.acmeMember.lowercased)
             #expect(row["units"]?.intValue == 2 && row["feature"]?.stringValue == "search" && row["outcome"]?.stringValue == "charged")
             #expect(row["period"]?["start"]?.stringValue == Timestamp.format(world.current.start))

@@ -52,6 +52,7 @@ struct NotificationRouteTests {
             let (status, json) = try await StoreWorld.get(client, uri, world.admin)
             #expect(status == .ok && Self.ids(json) == Self.lower(4, 3, 2, 1))
             let rows = try #require(json?["data"]?.arrayValue)
+            try #require(rows.count == 4)
             #expect(rows.map { $0["status"]?.stringValue } == ["pending", "pending", "failed", "delivered"])
             #expect(rows.map { $0["attempts"]?.intValue } == [0, 2, 12, 1])
             #expect(rows[0]["next_attempt_at"]?.stringValue == Timestamp.format(world.now + 5))

@@ -26,6 +26,7 @@ struct OverviewRouteTests {
             #expect(Self.names(json) == ["Acme", "Globex", "Idle"])
             #expect(json?["has_more"]?.boolValue == false && json?["next_cursor"]?.isNull == true)
             let rows = try #require(json?["data"]?.arrayValue)
+            try #require(rows.count == 3)
             #expect(rows[0]["id"]?.stringValue == world.acme.lowercased)
             #expect(rows[0]["plan"]?.stringValue == "pro" && rows[0]["used"]?.intValue == 10 && rows[0]["cap"]?.intValue == 1_000)
             #expect(rows[0]["period_end"]?.stringValue == Timestamp.format(world.current.end))
@@ -98,6 +99,7 @@ struct OverviewRouteTests {
             #expect(status == .ok)
             #expect(json?["period"]?["start"]?.stringValue == Timestamp.format(world.current.start))
             let rows = try #require(json?["models"]?.arrayValue)
+            try #require(rows.count == 2)
             #expect(rows.compactMap { $0["model"]?.stringValue } == ["claude-sonnet-4-5", "claude-haiku-4-5"])
             // Sonnet: rows 4, 7 and 8 (6 was refunded); 4 settled at $0.003, 7 and 8 hold $0.0012.
             #expect(rows[0]["calls"]?.intValue == 3 && rows[0]["input_tokens"]?.intValue == 100 && rows[0]["output_tokens"]?.intValue == 20)
