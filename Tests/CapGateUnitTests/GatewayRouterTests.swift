@@ -16,8 +16,9 @@ import Testing
 struct GatewayRouterTests {
     static let operatorToken = "op-" + String(repeating: "x", count: 40)
 
-    /// `flags` are added to (or replace) the ones every router here has.
-    static func router(flags: [String: String] = [:]) async throws -> Router<GatewayContext> {
+    /// `flags` are added to (or replace) the ones every router here has; `stores`, the read
+    /// routes' and authentication's (nil: PostgreSQL's, never reached).
+    static func router(flags: [String: String] = [:], stores: GatewayStores? = nil) async throws -> Router<GatewayContext> {
         // One folder for every run: these gateways never reach a database, so nothing is ever
         // spooled in it (a folder a run was left in the temporary directory per router built).
         let spool = NSTemporaryDirectory() + "capgate-router-tests"
@@ -28,7 +29,7 @@ struct GatewayRouterTests {
             ].merging(flags) { _, new in new },
             environment: [:], file: "/nonexistent.json")
         return try await GatewayParts(
-            configuration: configuration, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
+            configuration: configuration, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }), stores: stores
         )
         .router
     }

@@ -5,15 +5,15 @@ import Hummingbird
 /// and `limit`, filtered by `action=`: a company's for its admins and the operator, the whole
 /// gateway's for the operator.
 struct AuditRoutes {
-    let audit: AuditStore
-    let tenants: TenantStore
+    let audit: any AuditReading
+    let companies: any CompanyDirectory
 
     func register(on group: RouterGroup<AuthenticatedContext>) {
         group.get("companies/{id}/audit") { request, context in
             let id = try context.parameters.uuid("id", what: "company")
             try context.requireAdmin(of: id)
             let (action, cursor, limit) = try Self.query(request)
-            guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
+            guard try await companies.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
             let page = try await audit.page(company: id, action: action, before: cursor, limit: limit)
             return jsonResponse(listJSON(page.items, hasMore: page.next != nil, nextCursor: page.next.map { String($0) }))
         }

@@ -7,8 +7,9 @@ import Hummingbird
 /// data comes from the JSON API, plus the daily read here and `GET /admin/v1/me` (who the
 /// pasted credential is).
 struct ConsoleRoutes {
-    let database: Database
-    let tenants: TenantStore
+    /// The daily read's store.
+    let daily: any DailyUsageReading
+    let companies: any CompanyDirectory
 
     /// The files the page is made of, by the name they are served under.
     static let files: [String: String] = {
@@ -64,16 +65,13 @@ struct ConsoleRoutes {
             let query = request.uri.queryParameters
             let from = try Self.day(query.get("from"), name: "from")
             let to = try Self.day(query.get("to"), name: "to")
-            guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
-            return try jsonResponse(encoding: try await usage.daily(company: id, from: from, to: to))
+            guard try await companies.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
+            return try jsonResponse(encoding: try await daily.daily(company: id, from: from, to: to))
         }
     }
 
     /// A `from`/`to` value (``UsageStore/DayBound``).
     typealias Day = UsageStore.DayBound
-
-    /// The daily read's store (on the same database).
-    var usage: UsageStore { UsageStore(database: database) }
 
     static func day(_ text: String?, name: String) throws -> Day? {
         guard let text, !text.isEmpty else { return nil }

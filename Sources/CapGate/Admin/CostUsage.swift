@@ -89,6 +89,12 @@ public struct PeriodModels: Sendable, Equatable {
     public var start: Date
     public var end: Date
     public var models: [ModelUsage]
+
+    package init(start: Date, end: Date, models: [ModelUsage]) {
+        self.start = start
+        self.end = end
+        self.models = models
+    }
 }
 
 extension PeriodModels: Encodable {
@@ -116,6 +122,20 @@ public struct ModelUsage: Sendable, Equatable {
     public var cacheReadTokens: Int64
     public var cost: Micros
     public var held: Micros
+
+    package init(
+        model: String?, calls: Int64, inputTokens: Int64, outputTokens: Int64, cacheWriteTokens: Int64, cacheReadTokens: Int64,
+        cost: Micros, held: Micros
+    ) {
+        self.model = model
+        self.calls = calls
+        self.inputTokens = inputTokens
+        self.outputTokens = outputTokens
+        self.cacheWriteTokens = cacheWriteTokens
+        self.cacheReadTokens = cacheReadTokens
+        self.cost = cost
+        self.held = held
+    }
 }
 
 extension ModelUsage: Encodable {

@@ -3,8 +3,8 @@ import Hummingbird
 
 /// SPEC §9: a company's threshold notifications, newest first, for its admins and the operator.
 struct NotificationRoutes {
-    let notifications: NotificationStore
-    let tenants: TenantStore
+    let notifications: any NotificationReading
+    let companies: any CompanyDirectory
 
     static let statuses: Set<String> = ["pending", "delivered", "failed"]
 
@@ -18,14 +18,14 @@ struct NotificationRoutes {
             if let status, !Self.statuses.contains(status) {
                 throw GatewayError.invalidRequest("'status' must be pending, delivered or failed.")
             }
-            var cursor: NotificationStore.Cursor?
+            var cursor: NotificationCursor?
             if let text = query.get("cursor") {
-                guard let parsed = NotificationStore.Cursor(text) else {
+                guard let parsed = NotificationCursor(text) else {
                     throw GatewayError.invalidRequest("'cursor' must be a cursor from a previous page.")
                 }
                 cursor = parsed
             }
-            guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
+            guard try await companies.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
             let page = try await notifications.list(
                 company: id, status: status, after: cursor, limit: limit, detailed: context.identity.isOperator)
             return jsonResponse(listJSON(page.items, hasMore: page.next != nil, nextCursor: page.next?.text))

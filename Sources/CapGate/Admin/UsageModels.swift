@@ -18,6 +18,20 @@ public struct CompanyUsage: Sendable {
     public var grants: [TopUpGrant] = []
     /// When it was read (a grant's `remaining` is 0 once expired).
     public var at: Date = Date()
+
+    package init(
+        company: JSON, state: UsageState, features: [FeatureUsage], users: [UserUsage], cost: CostUsage = .unlimited,
+        grants: [TopUpGrant] = [],
+        at: Date = Date()
+    ) {
+        self.company = company
+        self.state = state
+        self.features = features
+        self.users = users
+        self.cost = cost
+        self.grants = grants
+        self.at = at
+    }
 }
 
 extension CompanyUsage: Encodable {
@@ -62,6 +76,20 @@ public struct UserUsage: Sendable, Equatable {
         a.id == b.id && a.email == b.email && a.role == b.role && a.disabled == b.disabled && a.used == b.used
             && a.limit == b.limit && a.features.map { $0.used(by: a.id) } == b.features.map { $0.used(by: b.id) }
             && a.cost == b.cost
+    }
+
+    package init(
+        id: UUID, email: String?, role: String, disabled: Bool, used: Int64, limit: Int64?, features: [FeatureUsage],
+        cost: CostCounter = .unlimited
+    ) {
+        self.id = id
+        self.email = email
+        self.role = role
+        self.disabled = disabled
+        self.used = used
+        self.limit = limit
+        self.features = features
+        self.cost = cost
     }
 }
 
@@ -144,6 +172,20 @@ public struct PeriodUsage: Sendable, Equatable {
     /// The company's cost in the period against its plan's `monthly_company_budget` (as the
     /// plan is now, like `limit`), whatever `feature` says.
     public var cost: CostCounter = .unlimited
+
+    package init(
+        start: Date, end: Date, planID: String, planName: String, used: Int64, limit: Int64?, feature: String?,
+        cost: CostCounter = .unlimited
+    ) {
+        self.start = start
+        self.end = end
+        self.planID = planID
+        self.planName = planName
+        self.used = used
+        self.limit = limit
+        self.feature = feature
+        self.cost = cost
+    }
 }
 
 extension PeriodUsage: Encodable {
@@ -185,6 +227,16 @@ public struct CompanyOverview: Sendable, Equatable {
     /// `used` as a percentage of `cap`, to one decimal; nil without a positive cap. A
     /// percentage, not money: a `Double` is what it is.
     public var percentUsed: Double?
+
+    package init(id: UUID, name: String, plan: String?, periodEnd: Date?, used: Int64, cap: Int64?, percentUsed: Double?) {
+        self.id = id
+        self.name = name
+        self.plan = plan
+        self.periodEnd = periodEnd
+        self.used = used
+        self.cap = cap
+        self.percentUsed = percentUsed
+    }
 }
 
 extension CompanyOverview: Encodable {
@@ -252,4 +304,10 @@ public struct DailyUsage: Sendable, Equatable, Encodable {
     public var date: String
     public var units: Int64
     public var features: [String: Int64]
+
+    package init(date: String, units: Int64, features: [String: Int64]) {
+        self.date = date
+        self.units = units
+        self.features = features
+    }
 }

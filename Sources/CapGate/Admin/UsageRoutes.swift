@@ -5,8 +5,11 @@ import NIOCore
 /// SPEC §4: usage for the calling user, for company admins, and the operator's overview.
 struct UsageRoutes {
     let metering: MeteringStore
-    let usage: UsageStore
-    let tenants: TenantStore
+    /// The reads of `GET /v1/usage` and the admin routes.
+    let usage: any UsageReading
+    /// `/v1/usage/check`'s reads: the admission's own state and windows, in PostgreSQL only.
+    let checks: UsageStore
+    let companies: any CompanyDirectory
 
     /// `GET /v1/usage` and `GET /v1/usage/check` (paths relative to the group).
     func registerClient(on group: RouterGroup<AuthenticatedContext>) {
@@ -39,7 +42,7 @@ struct UsageRoutes {
         // (the state read below may move an ended period forward, as the next call would).
         var lookup: (lookup: UsageStore.FeatureLookup, periodStart: Date?)? = nil
         if let featureID {
-            lookup = try await usage.feature(featureID, company: user.companyID, user: user.userID, at: now)
+            lookup = try await checks.feature(featureID, company: user.companyID, user: user.userID, at: now)
             if case .unknown = lookup?.lookup {
                 throw GatewayError.invalidRequest(
                     "'feature' names \"\(featureID)\", which is not a feature of this gateway or is not active.")
@@ -48,12 +51,12 @@ struct UsageRoutes {
         let state = try await metering.state(companyID: user.companyID, userID: user.userID, at: now)
         if let featureID, let read = lookup, read.periodStart != state.periodStart {
             // The company was just moved into a new period: read its windows there.
-            lookup = try await usage.feature(featureID, company: user.companyID, user: user.userID, at: now)
+            lookup = try await checks.feature(featureID, company: user.companyID, user: user.userID, at: now)
         }
-        let grants = try await usage.grants(company: user.companyID)
-        var rate = try await usage.rateWindows(company: user.companyID, user: user.userID, at: now)
+        let grants = try await checks.grants(company: user.companyID)
+        var rate = try await checks.rateWindows(company: user.companyID, user: user.userID, at: now)
         if let featureID, case .entitled = lookup?.lookup,
-            let entitled = try await usage.featureRateWindows(
+            let entitled = try await checks.featureRateWindows(
                 company: user.companyID, user: user.userID, feature: featureID, at: now)
         {
             // The entitlement's windows, counted after the plan's as the admission counts them.
@@ -90,7 +93,7 @@ struct UsageRoutes {
             guard ["usage", "created"].contains(sort) else {
                 throw GatewayError.invalidRequest("'sort' must be 'usage' or 'created'.")
             }
-            let rows = try await usage.companies(sortByUsage: sort == "usage", after: cursor, limit: limit.map { $0 + 1 })
+            let rows = try await usage.companies(sortByUsage: sort == "usage", after: cursor, limit: limit.map { $0 + 1 }, at: Date())
             guard let limit else { return try jsonResponse(encoding: ListPage(rows)) }
             let hasMore = rows.count > limit
             return try jsonResponse(
@@ -101,7 +104,7 @@ struct UsageRoutes {
             try context.requireAdmin(of: id)
             // The company's windows of each feature, at the top and (as in /v1/usage) in `usage`;
             // each user's own windows in its entry of `users`; all from one snapshot.
-            guard let read = try await usage.companyUsage(id) else { throw GatewayError.notFound("No company with that id.") }
+            guard let read = try await usage.companyUsage(id, at: Date()) else { throw GatewayError.notFound("No company with that id.") }
             return try jsonResponse(encoding: read)
         }
         group.get("companies/{id}/usage/history") { request, context in
@@ -109,17 +112,18 @@ struct UsageRoutes {
             try context.requireAdmin(of: id)
             let periods = try Self.boundedInt(request.uri.queryParameters.get("periods"), name: "periods", default: 12, range: 1...120)
             let feature = try Self.feature(request.uri.queryParameters.get("feature"))
-            guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
-            return try jsonResponse(encoding: ListPage(try await usage.history(company: id, periods: periods, feature: feature)))
+            guard try await companies.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
+            return try jsonResponse(
+                encoding: ListPage(try await usage.history(company: id, periods: periods, feature: feature, at: Date())))
         }
         group.get("companies/{id}/usage/models") { request, context in
             let id = try context.parameters.uuid("id", what: "company")
             try context.requireAdmin(of: id)
             let period = try Self.period(request.uri.queryParameters.get("period"))
-            guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
+            guard try await companies.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
             // Token counts and costs are written in batches after each answer (as for the events).
             await metering.settledSoFar()
-            guard let read = try await usage.models(company: id, period: period) else {
+            guard let read = try await usage.models(company: id, period: period, at: Date()) else {
                 if case .startingOn(let day) = period {
                     throw GatewayError.notFound("No period of this company starts on \(day) (see its usage history).")
                 }
@@ -152,7 +156,7 @@ struct UsageRoutes {
                 cursor = c
             }
             let feature = try Self.feature(query.get("feature"))
-            guard try await tenants.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
+            guard try await companies.companyExists(id) else { throw GatewayError.notFound("No company with that id.") }
             // Token counts are written in batches after each answer: wait for those queued so far,
             // so a read right after a call sees its tokens (within this gateway).
             await metering.settledSoFar()

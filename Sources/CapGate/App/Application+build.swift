@@ -36,7 +36,9 @@ struct GatewayParts {
     /// The listener's TLS when `http.tls.*` are set.
     let tls: ListenerTLS?
 
-    init(configuration: CapGateConfiguration, logger: Logger) async throws {
+    /// `stores`: the read routes' and authentication's stores; nil: PostgreSQL's (the router
+    /// tests pass in-memory ones).
+    init(configuration: CapGateConfiguration, logger: Logger, stores: GatewayStores? = nil) async throws {
         // First: a bad certificate or key stops the start before anything connects.
         self.tls = try configuration.http.tls.map { try ListenerTLS(files: $0) }
         let databaseURL = try DatabaseURL(try configuration.require(configuration.database.url, key: "database.url"))
@@ -60,7 +62,8 @@ struct GatewayParts {
             slotLeaseSeconds: configuration.rateLeaseSeconds, logger: dbLogger)
         let upstream = try UpstreamClient(configuration: configuration, baseURL: upstreamURL, eventLoopGroup: group)
         let keyUsage = KeyUsage(database: database)
-        let authenticator = try await Authenticator(database: database, configuration: configuration, keyUsage: keyUsage)
+        let stores = stores ?? .postgres(database)
+        let authenticator = try await Authenticator(credentials: stores.credentials, configuration: configuration, keyUsage: keyUsage)
         let spool = try Self.spool(configuration: configuration, databaseURL: databaseURL, logger: dbLogger)
         let metering = MeteringStore(
             database: database, relaxed: configuration.database.durability == "relaxed",
@@ -79,7 +82,7 @@ struct GatewayParts {
             GatewayServices(
                 proxyPrefix: configuration.proxy.prefix, proxy: proxy, authenticator: authenticator, database: database,
                 migrator: Migrator(), metering: metering, tenants: TenantStore(database: database),
-                periods: PeriodStore(database: database), usage: UsageStore(database: database), billing: billing,
+                periods: PeriodStore(database: database), usage: UsageStore(database: database), stores: stores, billing: billing,
                 prices: PriceStore(database: database), apple: try AppleSignedData(settings: configuration.apple, logger: logger),
                 metricsAccess: MetricsAccess(configuration: configuration), authFailures: FailedAuthThrottle()))
         // Shut down in reverse: the server drains first, then queued settlements are written,
@@ -181,9 +184,10 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
     let apple = AppleRoutes(signed: services.apple, store: AppleStore(billing: services.billing))
     apple.registerNotifications(on: router)
 
-    let console = ConsoleRoutes(database: database, tenants: services.tenants)
+    let console = ConsoleRoutes(daily: services.stores.daily, companies: services.stores.companies)
     console.registerPage(on: router)
-    let usageRoutes = UsageRoutes(metering: services.metering, usage: services.usage, tenants: services.tenants)
+    let usageRoutes = UsageRoutes(
+        metering: services.metering, usage: services.stores.usage, checks: services.usage, companies: services.stores.companies)
     let client = router.group("v1").add(middleware: AuthMiddleware(authenticator: services.authenticator)).group(
         context: AuthenticatedContext.self)
     usageRoutes.registerClient(on: client)
@@ -196,10 +200,10 @@ func buildRouter(_ services: GatewayServices) -> Router<GatewayContext> {
     BillingRoutes(billing: services.billing).register(on: admin)
     apple.registerAdmin(on: admin)
     PriceRoutes(prices: services.prices).register(on: admin)
-    AuditRoutes(audit: AuditStore(database: database), tenants: services.tenants).register(on: admin)
+    AuditRoutes(audit: services.stores.audit, companies: services.stores.companies).register(on: admin)
     FeatureRoutes(features: FeatureStore(database: services.tenants.database), prefix: services.proxyPrefix).register(on: admin)
     console.register(on: admin)
-    NotificationRoutes(notifications: NotificationStore(database: services.tenants.database), tenants: services.tenants).register(on: admin)
+    NotificationRoutes(notifications: services.stores.notifications, companies: services.stores.companies).register(on: admin)
     methods.record(router)
     return router
 }

@@ -11,7 +11,8 @@ import PostgresNIO
 /// required, `sub` = user id, company id from `jwt.companyClaim`, the features it may be charged
 /// to from `jwt.featureClaim`; `aud`, `iss` and the clock leeway per ``JWTClaimRules``).
 public struct Authenticator: Sendable {
-    let database: Database
+    /// Where API keys and a token's user are looked up (PostgreSQL, or an in-memory store in tests).
+    let credentials: any CredentialStore
     /// `operator.token` and `operator.tokens`, each with its name.
     let operatorTokens: [OperatorToken]
     /// The keys a token's header `alg` selects (SPEC §2): `HS256` the `jwt.secret`, `RS256` and
@@ -26,7 +27,11 @@ public struct Authenticator: Sendable {
     let keyUsage: KeyUsage?
 
     public init(database: Database, configuration: CapGateConfiguration, keyUsage: KeyUsage? = nil) async throws {
-        self.database = database
+        try await self.init(credentials: PostgresCredentials(database: database), configuration: configuration, keyUsage: keyUsage)
+    }
+
+    package init(credentials: any CredentialStore, configuration: CapGateConfiguration, keyUsage: KeyUsage? = nil) async throws {
+        self.credentials = credentials
         self.keyUsage = keyUsage
         self.operatorTokens = configuration.operators.all
         self.companyClaim = configuration.jwt.companyClaim
@@ -102,30 +107,14 @@ public struct Authenticator: Sendable {
     }
 
     func identity(forKey key: String) async throws -> Identity {
-        let hash = ApiKeyGenerator.hash(key)
-        let row = try await database.run { client in
-            let rows = try await client.query(
-                """
-                SELECT k.company_id, k.user_id, u.role, k.features, k.id,
-                       capgate_key_check(true, k.revoked_at, k.expires_at, u.disabled, now())
-                  FROM api_keys k JOIN users u ON u.company_id = k.company_id AND u.id = k.user_id
-                 WHERE k.key_hash = \(hash)
-                """,
-                logger: database.logger
-            )
-            for try await row in rows.decode((UUID, UUID, String, [String]?, UUID, String).self) { return Optional(row) }
-            return nil
-        }
-        guard let (company, user, role, features, keyID, checked) = row else { throw Self.keyError(.unknownKey) }
-        let check = KeyCheck(sql: checked)
+        guard let stored = try await credentials.key(hash: ApiKeyGenerator.hash(key)) else { throw Self.keyError(.unknownKey) }
         // A disabled user's valid key was still used (its last_used_at says so); a revoked or
         // expired one was not.
-        if check == .ok || check == .disabledUser { keyUsage?.record(keyID) }
-        guard check == .ok else { throw Self.keyError(check) }
+        if stored.check == .ok || stored.check == .disabledUser { keyUsage?.record(stored.keyID) }
+        guard stored.check == .ok else { throw Self.keyError(stored.check) }
         return .user(
             UserIdentity(
-                companyID: company, userID: user, role: UserIdentity.Role(sql: role), credential: .apiKey,
-                features: features))
+                companyID: stored.companyID, userID: stored.userID, role: stored.role, credential: .apiKey, features: stored.features))
     }
 
     func identity(forJWT token: String) async throws -> Identity {
@@ -155,22 +144,14 @@ public struct Authenticator: Sendable {
         }
         let features = try boundFeatures(payload.claims)
         // The user must exist in that company (SPEC: an unknown user or company is 401).
-        let result = try await database.run { client -> (String, Bool)? in
-            let rows = try await client.query(
-                "SELECT role, disabled FROM users WHERE company_id = \(companyID) AND id = \(userID)",
-                logger: database.logger
-            )
-            for try await row in rows.decode((String, Bool).self) { return row }
-            return nil
-        }
-        guard let (role, disabled) = result else {
+        guard let member = try await credentials.member(company: companyID, user: userID) else {
             throw GatewayError.authentication(
                 "The token's user is not known in its company: ask your administrator to add the user to CapGate.")
         }
-        if disabled { throw GatewayError.authentication("This user is disabled. Ask your administrator to enable it.") }
+        if member.disabled { throw GatewayError.authentication("This user is disabled. Ask your administrator to enable it.") }
         return .user(
             UserIdentity(
-                companyID: companyID, userID: userID, role: UserIdentity.Role(sql: role), credential: .jwt,
+                companyID: companyID, userID: userID, role: member.role, credential: .jwt,
                 features: features))
     }
 

@@ -7,6 +7,11 @@ public struct UsageState: Sendable {
     public struct PlanRef: Sendable {
         public var id: String
         public var name: String
+
+        package init(id: String, name: String) {
+            self.id = id
+            self.name = name
+        }
     }
     public struct Upgrade: Sendable {
         public var plan: String

@@ -5,7 +5,7 @@ import PostgresNIO
 /// The notification rows of SPEC §9 as JSON: the webhook payload the deliverer signs and the
 /// admin read (`GET /admin/v1/companies/{id}/notifications`) share one column list and one
 /// builder, so what an admin reads is what the receiver got.
-struct NotificationStore: Sendable {
+struct NotificationStore: NotificationReading {
     let database: Database
     var logger: Logger { database.logger }
 
@@ -26,41 +26,17 @@ struct NotificationStore: Sendable {
     static func payload(_ row: PostgresRow, from first: Int = 0) throws -> JSON {
         let cells = row.makeRandomAccess()
         func cell<T: PostgresDecodable>(_ index: Int, _ type: T.Type) throws -> T { try cells[first + index].decode(T.self) }
-        let company = try cell(0, UUID.self)
         let user = try cell(4, UUID?.self)
-        return .obj([
-            "id": .string(try cell(1, UUID.self).uuidString.lowercased()), "type": "usage.threshold",
-            "created_at": JSON(try cell(2, Date.self)),
-            "company": .obj(["id": .string(company.uuidString.lowercased()), "name": .string(try cell(3, String.self))]),
-            "user": try user.map { .obj(["id": .string($0.uuidString.lowercased()), "email": JSON(try cell(5, String?.self))]) } ?? .null,
-            "scope": .string(try cell(6, String.self)), "feature": JSON(try cell(7, String?.self)),
-            "window": .string(try cell(8, String.self)), "window_start": JSON(try cell(9, Date.self)),
-            "window_end": JSON(try cell(10, Date.self)), "threshold": .int(Int64(try cell(11, Int32.self))),
-            "used": .int(try cell(12, Int64.self)), "limit": .int(try cell(13, Int64.self)),
-        ])
+        return NotificationPayload(
+            companyID: try cell(0, UUID.self), id: try cell(1, UUID.self), createdAt: try cell(2, Date.self),
+            companyName: try cell(3, String.self), user: try user.map { ($0, try cell(5, String?.self)) },
+            scope: try cell(6, String.self), feature: try cell(7, String?.self), window: try cell(8, String.self),
+            windowStart: try cell(9, Date.self), windowEnd: try cell(10, Date.self), threshold: Int64(try cell(11, Int32.self)),
+            used: try cell(12, Int64.self), limit: try cell(13, Int64.self)
+        ).json
     }
 
-    /// Where a page of the newest-first list stops: the last row's `created_at` (microseconds
-    /// since 1970, exact) and id. Opaque to clients.
-    struct Cursor: Sendable, Equatable {
-        var micros: Int64
-        var id: UUID
-
-        init(micros: Int64, id: UUID) {
-            self.micros = micros
-            self.id = id
-        }
-
-        init?(_ text: String) {
-            let parts = text.split(separator: "_", omittingEmptySubsequences: false)
-            guard parts.count == 2, let micros = Int64(parts[0]), micros >= 0, let id = UUID(uuidString: String(parts[1])) else {
-                return nil
-            }
-            self.init(micros: micros, id: id)
-        }
-
-        var text: String { "\(micros)_\(id.uuidString.lowercased())" }
-    }
+    typealias Cursor = NotificationCursor
 
     /// One page of the company's notifications, newest first, each with its delivery state.
     /// With `detailed` false (a company's admin), `last_error` is in general words
@@ -90,14 +66,12 @@ struct NotificationStore: Sendable {
                 guard items.count < limit else { return (items, last) }
                 let cells = row.makeRandomAccess()
                 let status = try cells[n].decode(String.self)
-                guard case .object(var fields) = try Self.payload(row) else { continue }
-                fields += [
-                    .init("status", .string(status)), .init("attempts", .int(Int64(try cells[n + 1].decode(Int32.self)))),
-                    .init("last_error", JSON(try cells[n + 2].decode(String?.self).map { detailed ? $0 : Self.generalError($0) })),
-                    .init("delivered_at", JSON(try cells[n + 3].decode(Date?.self))),
-                    .init("next_attempt_at", status == "pending" ? JSON(try cells[n + 4].decode(Date.self)) : .null),
-                ]
-                items.append(.object(fields))
+                let payload = try Self.payload(row)
+                items.append(
+                    NotificationPayload.listed(
+                        payload, status: status, attempts: Int64(try cells[n + 1].decode(Int32.self)),
+                        lastError: try cells[n + 2].decode(String?.self), deliveredAt: try cells[n + 3].decode(Date?.self),
+                        nextAttemptAt: status == "pending" ? try cells[n + 4].decode(Date.self) : nil, detailed: detailed))
                 last = Cursor(micros: try cells[n + 5].decode(Int64.self), id: try cells[1].decode(UUID.self))
             }
             return (items, nil)

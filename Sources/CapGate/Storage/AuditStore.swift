@@ -2,15 +2,31 @@ import Foundation
 import Logging
 import PostgresNIO
 
+/// What the audit routes (SPEC §13) ask of their store: ``AuditStore`` reads PostgreSQL,
+/// `CapGateDev`'s in-memory store a list of rows.
+package protocol AuditReading: Sendable {
+    /// Rows with `id < before` (all when nil), of `company` (all when nil) and `action` (all when
+    /// nil), newest first, at most `limit`.
+    func page(company: UUID?, action: String?, before: Int64?, limit: Int) async throws -> AuditPage
+}
+
+/// One page of the audit log: the rows and, when there are more, the cursor of the next page
+/// (the last row's id).
+package struct AuditPage: Sendable {
+    package var items: [JSON]
+    package var next: Int64?
+
+    package init(items: [JSON], next: Int64?) {
+        self.items = items
+        self.next = next
+    }
+}
+
 /// Reads of the audit log (SPEC §13): newest first, a page at a time, one company's or all.
-struct AuditStore: Sendable {
+struct AuditStore: AuditReading {
     let database: Database
 
-    /// One page: the rows and, when there are more, the cursor of the next page (the last row's id).
-    struct Page: Sendable {
-        var items: [JSON]
-        var next: Int64?
-    }
+    typealias Page = AuditPage
 
     /// Rows with `id < before` (all when nil), of `company` (all when nil) and `action` (all when
     /// nil), newest first, at most `limit`.
@@ -39,9 +55,20 @@ struct AuditStore: Sendable {
     /// A row as the API writes it; `before`/`after` are the stored JSON objects.
     static func json(_ r: (Int64, Date, String, UUID?, String, String?, String?, String?, String?)) -> JSON {
         func parsed(_ text: String?) -> JSON { text.flatMap { try? JSON.parse(Array($0.utf8)) } ?? .null }
-        return .obj([
-            "id": .int(r.0), "time": JSON(r.1), "actor": .string(r.2), "company_id": JSON(r.3), "action": .string(r.4),
-            "target_id": JSON(r.5), "before": parsed(r.6), "after": parsed(r.7), "request_id": JSON(r.8),
+        return AuditPage.row(
+            id: r.0, at: r.1, actor: r.2, company: r.3, action: r.4, target: r.5, before: parsed(r.6), after: parsed(r.7), requestID: r.8)
+    }
+}
+
+extension AuditPage {
+    /// An audit row as the API writes it (both stores build it here).
+    package static func row(
+        id: Int64, at: Date, actor: String, company: UUID?, action: String, target: String?, before: JSON, after: JSON,
+        requestID: String?
+    ) -> JSON {
+        .obj([
+            "id": .int(id), "time": JSON(at), "actor": .string(actor), "company_id": JSON(company), "action": .string(action),
+            "target_id": JSON(target), "before": before, "after": after, "request_id": JSON(requestID),
         ])
     }
 }

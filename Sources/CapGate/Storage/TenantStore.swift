@@ -195,7 +195,7 @@ public struct TenantStore: Sendable {
 
     /// A row of ``companyQuery(_:at:)``: id, name, created_at, plan, period start and end,
     /// auto_renew, time_zone, webhook_url.
-    typealias CompanyRow = (UUID, String, Date, String?, Date?, Date?, Bool?, String, String?)
+    package typealias CompanyRow = (UUID, String, Date, String?, Date?, Date?, Bool?, String, String?)
 
     /// The company object from ``companyQuery(_:at:)``'s rows; nil when there is none.
     static func companyJSON(_ rows: PostgresRowSequence) async throws -> JSON? {
@@ -204,7 +204,7 @@ public struct TenantStore: Sendable {
     }
 
     /// The company object of one ``CompanyRow`` (also read inside the usage snapshot).
-    static func companyJSON(_ r: CompanyRow) -> JSON {
+    package static func companyJSON(_ r: CompanyRow) -> JSON {
         .obj([
             "id": JSON(r.0), "name": .string(r.1), "plan": JSON(r.3),
             "period": r.4.flatMap { s in r.5.map { e in JSON.obj(["start": JSON(s), "end": JSON(e)]) } } ?? .null,
