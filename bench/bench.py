@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -340,6 +341,29 @@ def rss_kb(pid, field="VmRSS"):
     return 0
 
 
+def start_database():
+    """The embedded PostgreSQL (`capgate db`), durable and sized for this machine; its URL and settings."""
+    # PostgreSQL: durable commits (synchronous_commit=on, fsync on), sized for this machine.
+    settings = {"shared_buffers": "1GB", "synchronous_commit": "on", "max_connections": "300",
+                "wal_buffers": "16MB", "max_wal_size": "4GB", "checkpoint_timeout": "15min",
+                "work_mem": "16MB", "random_page_cost": "1.1"}
+    # Extra server settings for profiling, ";"-separated, e.g. BENCH_PG_SETTINGS="shared_preload_libraries=
+    # pg_stat_statements;pg_stat_statements.track=all" (with --pause, then CREATE EXTENSION).
+    for item in filter(None, os.environ.get("BENCH_PG_SETTINGS", "").split(";")):
+        k, _, v = item.partition("=")
+        settings[k.strip()] = v.strip()
+    url_file = os.path.join(WORK, "database_url")
+    db_args = [BIN, "db", "--directory", os.path.join(WORK, "postgres"), "--url-file", url_file]
+    for k, v in settings.items():
+        db_args += ["--setting", f"{k}={v}"]
+    start("postgres", db_args)
+    for _ in range(300):
+        if os.path.exists(url_file):
+            break
+        time.sleep(0.2)
+    return open(url_file).read().strip(), settings
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=10, help="duration of each wrk scenario")
@@ -349,7 +373,7 @@ def main():
     parser.add_argument("--soak", type=int, default=0, help="soak seconds at concurrency 64 (the target run uses 600)")
     parser.add_argument("--durability", choices=["durable", "relaxed"], default="durable")
     parser.add_argument("--ledger-rows", default="10000,100000,1000000")
-    parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    parser.add_argument("--output", help="the report (default BENCHMARKS.md; with --scale, .capgate/bench-scale.md)")
     parser.add_argument("--only-http", action="store_true", help="skip the pgbench and ledger-size parts")
     parser.add_argument("--provider", choices=["lean", "full"], default="lean",
                         help="the mock provider: lean (plain SwiftNIO, `capgate mock --lean`) or full (the Hummingbird mock the tests use)")
@@ -376,33 +400,27 @@ def main():
     parser.add_argument("--notifications", action="store_true",
                         help="threshold notifications on: a signed-webhook receiver on loopback, the gateway's deliverer sending a backlog of "
                              "pending rows while the calls are measured")
+    parser.add_argument("--scale", action="store_true",
+                        help="the ledger at scale (issue #50 item 4): an empty and a filled ledger (--scale-rows over 12 months, generated in SQL by "
+                             "bench/ledger_scale.sql) in one sitting: admission, the biggest company's reads, rollover, export, drop, sizes, verify")
+    parser.add_argument("--scale-rows", type=int, default=50_000_000, help="ledger rows for --scale (12 months, the disk checked month by month)")
+    parser.add_argument("--scale-hot-share", type=float, default=0.08, help="the biggest company's share of the --scale rows")
+    parser.add_argument("--scale-fill-minutes", type=int, default=0,
+                        help="stop the --scale fill before a month likely to end past this many minutes (0: no limit); the most recent months are filled first")
+    parser.add_argument("--scale-reads", type=int, default=50, help="requests per read measured by --scale (the p50 is reported)")
     args = parser.parse_args()
+    if args.output is None:
+        args.output = os.path.join(ROOT, ".capgate", "bench-scale.md") if args.scale else os.path.join(ROOT, "BENCHMARKS.md")
 
     if not os.access(BIN, os.X_OK):
         raise SystemExit(f"{BIN} missing: run `swift build -c release --product capgate` (bench/run does)")
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK, exist_ok=True)
+    if args.scale:
+        return scale(args)
     results = {"wrk": [], "pgbench": [], "batched": [], "ledger": [], "verify": [], "soak": [], "notifications": None, "ab": [], "reader": []}
     try:
-        # PostgreSQL: durable commits (synchronous_commit=on, fsync on), sized for this machine.
-        settings = {"shared_buffers": "1GB", "synchronous_commit": "on", "max_connections": "300",
-                    "wal_buffers": "16MB", "max_wal_size": "4GB", "checkpoint_timeout": "15min",
-                    "work_mem": "16MB", "random_page_cost": "1.1"}
-        # Extra server settings for profiling, ";"-separated, e.g. BENCH_PG_SETTINGS="shared_preload_libraries=
-        # pg_stat_statements;pg_stat_statements.track=all" (with --pause, then CREATE EXTENSION).
-        for item in filter(None, os.environ.get("BENCH_PG_SETTINGS", "").split(";")):
-            k, _, v = item.partition("=")
-            settings[k.strip()] = v.strip()
-        url_file = os.path.join(WORK, "database_url")
-        db_args = [BIN, "db", "--directory", os.path.join(WORK, "postgres"), "--url-file", url_file]
-        for k, v in settings.items():
-            db_args += ["--setting", f"{k}={v}"]
-        start("postgres", db_args)
-        for _ in range(300):
-            if os.path.exists(url_file):
-                break
-            time.sleep(0.2)
-        url = open(url_file).read().strip()
+        url, settings = start_database()
         log("migrating and seeding…")
         subprocess.run([BIN, "migrate"], env={**os.environ, "DATABASE_URL": url}, check=True, capture_output=True)
         psql(url, file=os.path.join(BENCH, "seed.sql"))
@@ -624,6 +642,309 @@ def main():
         if receiver:
             receiver.stop()
     write_report(args, results, settings)
+
+
+# `--scale` (issue #50 item 4): the ledger at scale against an empty ledger, in one sitting.
+SCALE_TARGETS = {"added_p50": 0.10, "rps": 0.10, "read_ms": 50, "rollover_s": 10, "export_rows_s": 200000}
+SCALE_MONTHS = 12
+SCALE_DISK_FLOOR = 15 * 2**30  # the fill stops before less than this would remain free
+SCALE_BYTES_A_ROW = 750        # ledger row and indexes, rollups and their changes, WAL (50 M rows, session 41: about 750)
+
+
+def database_url(url, name):
+    """The same server's URL with another database name."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(path="/" + name))
+
+
+def timed_psql(url, sql):
+    t0 = time.perf_counter()
+    out = psql(url, sql)
+    return time.perf_counter() - t0, out
+
+
+def scale_fill(url, rows, hot_share, minutes):
+    """Fills the ledger month by month (bench/ledger_scale.sql), the current month first, compacting
+    the rollups after each month, logging progress. Stops before a month that would leave less than
+    SCALE_DISK_FLOOR free, or (`minutes`, 0 no limit) would likely end after that many minutes: the
+    ledger then holds the most recent months. Returns the rows written and the fill's timings."""
+    months = psql(url, f"SELECT m FROM bench_scale.months({SCALE_MONTHS}) m ORDER BY m DESC").splitlines()
+    each = rows // len(months)
+    written, fill_s, compact_s, stopped, t0, last = 0, 0.0, 0.0, None, time.perf_counter(), 0.0
+    for i, month in enumerate(months):
+        free = shutil.disk_usage(WORK).free
+        if free - each * SCALE_BYTES_A_ROW < SCALE_DISK_FLOOR:
+            stopped = f"stopped before {month[:7]}: {free / 2**30:.1f} GiB free"
+        elif minutes and time.perf_counter() - t0 + last > minutes * 60:
+            stopped = f"stopped before {month[:7]}: the fill's {minutes} minutes"
+        if stopped:
+            log("fill: " + stopped)
+            break
+        month_t0 = time.perf_counter()
+        seconds, n = timed_psql(url, f"SELECT bench_scale.fill_month('{month}', {each}, {hot_share})")
+        compact, moved = timed_psql(url, "SELECT capgate_rollup_compact()")
+        written, fill_s, compact_s = written + int(n), fill_s + seconds, compact_s + compact
+        last = time.perf_counter() - month_t0
+        log(f"fill {month[:7]}: {int(n):,} rows in {seconds:.0f} s ({int(n) / seconds:,.0f} rows/s), rollups compacted "
+            f"({int(moved):,} changes) in {compact:.0f} s; {written:,} rows so far, {shutil.disk_usage(WORK).free / 2**30:.1f} GiB free")
+    seconds, _ = timed_psql(url, "SELECT bench_scale.finish()")
+    log(f"fill: counters set from the ledger in {seconds:.0f} s")
+    return {"rows": written, "fill_s": fill_s, "compact_s": compact_s, "counters_s": seconds, "stopped": stopped}
+
+
+def read_latency(base, path, count):
+    """`count` sequential GETs of `path` as the operator on one kept-alive connection: p50, p99 ms."""
+    import http.client
+    host, port = base.split("//", 1)[1].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    times = []
+    for _ in range(count + 2):
+        t0 = time.perf_counter()
+        connection.request("GET", path, headers={"Authorization": f"Bearer {OPERATOR}"})
+        response = connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise SystemExit(f"GET {path}: {response.status} {body[:300]!r}")
+        times.append((time.perf_counter() - t0) * 1000)
+    connection.close()
+    times = sorted(times[2:])  # the first two open the connection and warm the plan
+    return {"p50_ms": median(times), "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))], "bytes": len(body)}
+
+
+def run_sampled(args, env=None):
+    """Runs a command to its end, sampling its RSS every 0.2 s: wall seconds, stdout, peak RSS
+    (VmHWM) and the RSS samples (KiB)."""
+    t0 = time.perf_counter()
+    process = subprocess.Popen(args, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    samples, peak = [], 0
+    while process.poll() is None:
+        try:
+            samples.append(rss_kb(process.pid))
+            peak = max(peak, rss_kb(process.pid, "VmHWM"))
+        except OSError:
+            pass
+        time.sleep(0.2)
+    out = process.stdout.read()
+    seconds = time.perf_counter() - t0
+    if process.returncode != 0:
+        raise SystemExit(f"{' '.join(args)}: exit {process.returncode}\n{out}")
+    return seconds, out.strip(), peak, samples
+
+
+def database_sizes(url):
+    """The database's size, and the ledger's partitions and the rollups with their indexes (bytes)."""
+    total = int(psql(url, "SELECT pg_database_size(current_database())"))
+    parts = psql(url, """SELECT c.relname, pg_total_relation_size(c.oid), pg_relation_size(c.oid), coalesce(s.n_live_tup, 0)
+                           FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+                          WHERE c.relkind IN ('r', 'p') AND (c.relname LIKE 'usage_ledger_p%'
+                                OR c.relname IN ('usage_ledger_default', 'usage_rollups', 'usage_rollup_changes'))
+                          ORDER BY c.relname""")
+    return total, [(name, int(t), int(h), int(n)) for name, t, h, n in (line.split("|") for line in parts.splitlines())]
+
+
+def scale(args):
+    """The ledger at scale (issue #50 item 4): two databases on one server, `capgate_empty` (the
+    seed only) and `capgate` (the seed and `--scale-rows` ledger rows over 12 months, generated in
+    SQL), each with its own gateway on the same mock provider; admission ABBA between the two, the
+    reads, rollover, export, drop, sizes and verify."""
+    results = {"verify": []}
+    try:
+        url, settings = start_database()
+        empty_url = database_url(url, "capgate_empty")
+        psql(url, "CREATE DATABASE capgate_empty")
+        log("migrating and seeding both databases…")
+        for u in (url, empty_url):
+            subprocess.run([BIN, "migrate"], env={**os.environ, "DATABASE_URL": u}, check=True, capture_output=True)
+            psql(u, file=os.path.join(BENCH, "seed.sql"))
+            psql(u, file=os.path.join(BENCH, "ledger_scale.sql"))
+            psql(u, f"SELECT bench_scale.prepare({SCALE_MONTHS})")
+        t0 = time.perf_counter()
+        results["fill"] = scale_fill(url, args.scale_rows, args.scale_hot_share, args.scale_fill_minutes)
+        psql(empty_url, "SELECT bench_scale.finish()")
+        results["fill"]["total_s"] = time.perf_counter() - t0
+        results["fill"]["vacuum_s"], _ = timed_psql(url, "VACUUM ANALYZE")
+        psql(empty_url, "VACUUM ANALYZE")
+        psql(url, "CHECKPOINT")
+        log(f"fill: done in {results['fill']['total_s']:.0f} s, VACUUM ANALYZE {results['fill']['vacuum_s']:.0f} s")
+        results["sizes"] = database_sizes(url)
+        results["empty_size"] = int(psql(empty_url, "SELECT pg_database_size(current_database())"))
+        first_month = psql(url, "SELECT to_char(min(month) AT TIME ZONE 'UTC', 'YYYY-MM') FROM bench_scale.progress")
+        hot = psql(url, "SELECT bench_scale.company(0)")
+        hot_rows = psql(url, "SELECT used FROM company_usage c JOIN plan_periods p ON p.company_id = c.company_id AND p.id = c.period_id "
+                             "WHERE c.company_id = bench_scale.company(0) AND p.started_at <= now() AND p.ends_at > now()")
+        results["hot"] = (hot, int(hot_rows))
+
+        many_keys = os.path.join(WORK, "keys_many.txt")
+        hot_keys = os.path.join(WORK, "keys_hot.txt")
+        with open(many_keys, "w") as f:
+            f.writelines(f"cg_bench_c{i}_u{j}\n" for i in range(1, 1001) for j in range(1, 11))
+        with open(hot_keys, "w") as f:
+            f.writelines(f"cg_bench_hot_u{j}\n" for j in range(1, 641))
+        mock_port = free_port()
+        start("mock", [BIN, "mock", "--port", str(mock_port), "--lean"])
+        wait_http(f"http://127.0.0.1:{mock_port}/v1/models")
+        direct = f"http://127.0.0.1:{mock_port}"
+        gateways = {}
+        for label, u in (("empty", empty_url), ("filled", url)):
+            port = free_port()
+            start(f"gateway-{label}", [BIN, "serve"], env={
+                "DATABASE_URL": u, "UPSTREAM_URL": direct, "OPERATOR_TOKEN": OPERATOR, "HTTP_PORT": str(port),
+                "LOG_LEVEL": "warning", "DATABASE_MAX_CONNECTIONS": "16", "DATABASE_DURABILITY": "durable"})
+            wait_http(f"http://127.0.0.1:{port}/readyz")
+            gateways[label] = f"http://127.0.0.1:{port}"
+        for label in ("empty", "filled"):
+            wrk(gateways[label], 64, args.warmup, many_keys)
+            wrk(gateways[label], 64, max(1, args.warmup // 4), hot_keys)
+        for u in (url, empty_url):
+            psql(u, "VACUUM ANALYZE plan_periods, company_usage, user_usage, usage_rollups, usage_rollup_changes")
+        psql(url, "CHECKPOINT")
+
+        # Admission, empty and filled alternating (ABBA), with a direct run per repeat.
+        results["admission"] = []
+        for name, c, keys in [("many companies", 1, many_keys), ("many companies", 64, many_keys), ("one hot company", 64, hot_keys)]:
+            ds, runs = [], {"empty": [], "filled": []}
+            for i in range(args.repeats):
+                ds.append(wrk(direct, c, args.seconds, None, per_call=c == 1))
+                for label in (("empty", "filled") if i % 2 == 0 else ("filled", "empty")):
+                    runs[label].append(wrk(gateways[label], c, args.seconds, keys, per_call=c == 1))
+            row = {"scenario": name, "c": c, "direct": median_run(ds), "empty": median_run(runs["empty"]),
+                   "filled": median_run(runs["filled"]), "ratios": [b["rps"] / a["rps"] for a, b in zip(runs["empty"], runs["filled"])]}
+            if c == 1:
+                row["added"] = {label: [r["calls"]["p50_ms"] - d["calls"]["p50_ms"] for r, d in zip(runs[label], ds)] for label in runs}
+            results["admission"].append(row)
+            log(f"{name:16} c={c:<3} empty {row['empty']['rps']:7.0f} rps, filled {row['filled']['rps']:7.0f} rps, ratios "
+                + " / ".join(f"{x:.3f}" for x in row["ratios"])
+                + (f"; added p50 empty {median(row['added']['empty']):.3f} ms, filled {median(row['added']['filled']):.3f} ms" if c == 1 else ""))
+        # The filled ledger is verified once, at the end (a pass over every row and rollup).
+        ok, line = verify(empty_url)
+        results["verify"].append(("empty, after the admission runs", ok, line))
+
+        # The reads of the biggest company, as the operator: the usage object and the console's
+        # daily chart (the current period, and the 12 months), each `--scale-reads` times.
+        since = psql(url, f"SELECT to_char(min(m) AT TIME ZONE 'UTC', 'YYYY-MM-DD') FROM bench_scale.months({SCALE_MONTHS}) m")
+        today = time.strftime("%Y-%m-%d", time.gmtime())
+        results["reads"] = []
+        for label_path, path in [("admin usage", f"/admin/v1/companies/{hot}/usage"),
+                                 ("daily chart, current period", f"/admin/v1/companies/{hot}/usage/daily"),
+                                 ("daily chart, 12 months", f"/admin/v1/companies/{hot}/usage/daily?from={since}&to={today}"),
+                                 ("per-model usage, current period", f"/admin/v1/companies/{hot}/usage/models")]:
+            row = {"read": label_path, "path": path}
+            for label in ("empty", "filled"):
+                row[label] = read_latency(gateways[label], path, args.scale_reads)
+            results["reads"].append(row)
+            log(f"read {label_path:32} p50 empty {row['empty']['p50_ms']:.2f} ms, filled {row['filled']['p50_ms']:.2f} ms "
+                f"(p99 {row['filled']['p99_ms']:.2f}, {row['filled']['bytes']} bytes)")
+        # The /metrics job's read of the unsettled charges (every 5 minutes in every gateway).
+        results["unsettled_s"], _ = timed_psql(url, "SELECT count(*), min(created_at) FROM usage_ledger WHERE outcome = 'charged' "
+                                                    "AND settled_at IS NULL AND created_at <= clock_timestamp() - interval '1 hour'")
+        log(f"the unsettled read of /metrics: {results['unsettled_s']:.1f} s")
+
+        # Rollover of every company into the next month, as `capgate rollover` at its first second.
+        at = psql(url, "SELECT to_char(date_trunc('month', now() AT TIME ZONE 'UTC') + interval '1 month 1 second', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')")
+        results["rollover"] = {}
+        for label, u in (("empty", empty_url), ("filled", url)):
+            seconds, out, _, _ = run_sampled([BIN, "rollover", "--at", at], {"DATABASE_URL": u})
+            results["rollover"][label] = (seconds, out.splitlines()[-1] if out else "")
+            log(f"rollover {label}: {seconds:.2f} s ({results['rollover'][label][1]})")
+
+        # The oldest month: exported (rows/s, the exporter's RSS), then dropped.
+        export = os.path.join(WORK, f"ledger-{first_month}.jsonl")
+        month_rows = int(psql(url, f"SELECT count(*) FROM usage_ledger_p{first_month.replace('-', '')}"))
+        seconds, out, peak, samples = run_sampled([BIN, "ledger", "export", "--month", first_month, "--to", export], {"DATABASE_URL": url})
+        quarter = [samples[min(len(samples) - 1, len(samples) * k // 4)] for k in (1, 2, 3, 4)] if samples else []
+        results["export"] = {"month": first_month, "rows": month_rows, "seconds": seconds, "peak_kb": peak, "rss_kb": quarter,
+                             "bytes": os.path.getsize(export), "line": out.splitlines()[-1]}
+        log(f"export {first_month}: {month_rows:,} rows in {seconds:.1f} s ({month_rows / seconds:,.0f} rows/s), "
+            f"{os.path.getsize(export) / 2**20:.0f} MiB, peak RSS {peak / 1024:.1f} MiB, RSS at each quarter "
+            + " / ".join(f"{x / 1024:.1f}" for x in quarter) + " MiB")
+        # The retention that lets the month go: one month less than its age (the current month is 0).
+        age = int(psql(url, f"SELECT (extract(year FROM now() AT TIME ZONE 'UTC') * 12 + extract(month FROM now() AT TIME ZONE 'UTC'))::int "
+                            f"- (extract(year FROM date '{first_month}-01') * 12 + extract(month FROM date '{first_month}-01'))::int"))
+        seconds, out, _, _ = run_sampled([BIN, "ledger", "drop", "--month", first_month],
+                                         {"DATABASE_URL": url, "LEDGER_RETENTION_MONTHS": str(max(1, age - 1))})
+        results["drop"] = {"month": first_month, "seconds": seconds, "line": out.splitlines()[-1]}
+        log(f"drop {first_month}: {seconds:.1f} s ({results['drop']['line']})")
+        os.remove(export)
+        results["size_after_drop"] = int(psql(url, "SELECT pg_database_size(current_database())"))
+        for label, u in (("empty", empty_url), ("filled", url)):
+            t0 = time.perf_counter()
+            ok, line = verify(u)
+            results["verify"].append((f"{label}, at the end (after the rollover{', export and drop' if label == 'filled' else ''})", ok, line))
+            results["verify_s"] = time.perf_counter() - t0
+            log(f"verify {label}: {'ok' if ok else 'MISMATCH'} in {results['verify_s']:.0f} s ({line})")
+        if args.pause:
+            # For EXPLAIN ANALYZE by hand on the filled database; `touch WORK/continue` ends it early.
+            log(f"stack up: gateways {gateways}, database {url}; pausing {args.pause} s (touch {WORK}/continue to stop)")
+            deadline = time.time() + args.pause
+            while time.time() < deadline and not os.path.exists(os.path.join(WORK, "continue")):
+                time.sleep(1)
+    finally:
+        stop_all()
+    write_scale_report(args, results, settings)
+
+
+def write_scale_report(args, results, settings):
+    fill = results.get("fill", {})
+    lines = ["## The ledger at scale (`bench.py --scale`)", "",
+             f"Measured on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {machine()}.",
+             "PostgreSQL 15 (embedded launcher), " + ", ".join(f"`{k}={v}`" for k, v in settings.items()) + ".",
+             f"Two databases on that server: `capgate_empty` (the seed only) and `capgate` (the seed and {fill.get('rows', 0):,} ledger rows over "
+             f"{SCALE_MONTHS} UTC months, `bench/ledger_scale.sql`), each with its own gateway (release build, durable, pool of 16) on one lean mock provider.", ""]
+    if fill:
+        lines += [f"Fill: {fill['rows']:,} rows in {fill['fill_s']:.0f} s ({fill['rows'] / max(fill['fill_s'], 1e-9):,.0f} rows/s, rollup triggers on), "
+                  f"rollups compacted in {fill['compact_s']:.0f} s, counters set in {fill['counters_s']:.0f} s, VACUUM ANALYZE {fill['vacuum_s']:.0f} s"
+                  + (f"; {fill['stopped']}" if fill.get("stopped") else "") + ".", ""]
+    if results.get("hot"):
+        lines += [f"The biggest company (`bench hot`, {args.scale_hot_share:.0%} of the rows) has {results['hot'][1]:,} calls in the current period.", ""]
+    t = SCALE_TARGETS
+    lines += ["| measure | empty ledger | filled ledger | filled / empty | target | met |", "| --- | ---: | ---: | ---: | --- | --- |"]
+    for row in results.get("admission", []):
+        ratio = median(row["ratios"])
+        lines.append(f"| {row['scenario']}, c={row['c']}, requests/s (median run; every pair's ratio "
+                     + " / ".join(f"{x:.2f}" for x in row["ratios"]) + f") | {row['empty']['rps']:.0f} | {row['filled']['rps']:.0f} | {ratio:.3f} | "
+                     + ("within 10 % | " + ("yes" if ratio >= 1 - t["rps"] else "no") if row["c"] == 64 else "— | —") + " |")
+        if "added" in row:
+            e, f = median(row["added"]["empty"]), median(row["added"]["filled"])
+            lines.append(f"| {row['scenario']}, c=1, added p50 ms (median of runs "
+                         + " / ".join(f"{x:.2f}" for x in row["added"]["filled"]) + f") | {e:.3f} | {f:.3f} | {f / e:.3f} | within 10 % | "
+                         + ("yes" if f <= e * (1 + t["added_p50"]) else "no") + " |")
+    for row in results.get("reads", []):
+        e, f = row["empty"]["p50_ms"], row["filled"]["p50_ms"]
+        lines.append(f"| {row['read']} of the biggest company, p50 ms ({args.scale_reads} reads; filled p99 {row['filled']['p99_ms']:.1f}) | "
+                     f"{e:.2f} | {f:.2f} | {f / e:.2f} | ≤ 50 ms | " + ("yes" if f <= t["read_ms"] else "no") + " |")
+    if results.get("rollover"):
+        e, f = results["rollover"]["empty"][0], results["rollover"]["filled"][0]
+        lines.append(f"| `capgate rollover` of 1,001 companies, s | {e:.2f} | {f:.2f} | {f / e:.2f} | ≤ 10 s | " + ("yes" if f <= t["rollover_s"] else "no") + " |")
+    if results.get("export"):
+        x = results["export"]
+        rate = x["rows"] / x["seconds"]
+        lines.append(f"| `capgate ledger export` of {x['month']} ({x['rows']:,} rows, {x['bytes'] / 2**20:,.0f} MiB JSON lines), rows/s | — | {rate:,.0f} | — | ≥ 200,000 | "
+                     + ("yes" if rate >= t["export_rows_s"] else "no") + " |")
+        lines.append(f"| the export's RSS, MiB: peak; at each quarter of its run | — | {x['peak_kb'] / 1024:.1f}; "
+                     + " / ".join(f"{k / 1024:.1f}" for k in x["rss_kb"]) + " | — | flat | " + ("yes" if x["rss_kb"] and max(x["rss_kb"]) - min(x["rss_kb"]) < 16 * 1024 else "no") + " |")
+    if results.get("drop"):
+        lines.append(f"| `capgate ledger drop --month {results['drop']['month']}`, s | — | {results['drop']['seconds']:.1f} | — | — | — |")
+    if results.get("sizes"):
+        total, parts = results["sizes"]
+        lines.append(f"| database size, GiB | {results['empty_size'] / 2**30:.2f} | {total / 2**30:.2f} | — | — | — |")
+        if results.get("size_after_drop"):
+            lines.append(f"| database size after the drop, GiB | — | {results['size_after_drop'] / 2**30:.2f} | — | — | — |")
+    if "verify_s" in results:
+        lines.append(f"| `capgate verify` of the filled database (after the drop), s | — | {results['verify_s']:.0f} | — | — | — |")
+    if "unsettled_s" in results:
+        lines.append(f"| the `/metrics` job's unsettled read (every 5 min in every gateway), s | — | {results['unsettled_s']:.1f} | — | — | — |")
+    if results.get("sizes"):
+        lines += ["", "| relation | rows (estimate) | table MiB | with indexes MiB |", "| --- | ---: | ---: | ---: |"]
+        lines += [f"| `{name}` | {n:,} | {heap / 2**20:,.0f} | {total / 2**20:,.0f} |" for name, total, heap, n in results["sizes"][1]]
+    lines += ["", "`capgate verify`:", ""] + [f"- {name}: {'ok' if ok else 'MISMATCH'} ({line})" for name, ok, line in results["verify"]]
+    if results.get("rollover"):
+        lines += [f"- rollover {label}: {line}" for label, (_, line) in results["rollover"].items()]
+    if results.get("drop"):
+        lines.append(f"- drop: {results['drop']['line']}")
+    lines.append("")
+    with open(args.output, "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
 
 
 class WebhookSink:

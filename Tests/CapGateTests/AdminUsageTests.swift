@@ -37,6 +37,36 @@ struct AdminUsageTests {
         }
     }
 
+    @Test("company usage shows each user's counters of the current period, whatever the past periods' counters hold")
+    func companyUsageOfTheCurrentPeriodAmongPastOnes() async throws {
+        try await Harness.with { h in
+            try await h.createPlan("low", company: 100, user: 25)
+            let (a, users) = try await h.createCompany(plan: "low", users: 4, role: "admin")
+            for _ in 0..<2 { _ = try await h.message(key: users[1].key) }
+            _ = try await h.message(key: users[2].key)
+            // Three past periods before the current one, every user counted in each (what a
+            // company's year of history leaves in user_usage): none of it is the current period's.
+            try await h.exec(
+                """
+                INSERT INTO plan_periods (company_id, plan_id, started_at, ends_at, anchor, source)
+                SELECT p.company_id, p.plan_id, p.started_at - make_interval(months => k), p.started_at - make_interval(months => k - 1),
+                       p.anchor, 'operator'
+                  FROM plan_periods p, generate_series(1, 3) k WHERE p.company_id = '\(a.text)';
+                INSERT INTO user_usage (company_id, period_id, user_id, used, cost_used)
+                SELECT p.company_id, p.id, u.id, 11, 1000
+                  FROM plan_periods p JOIN users u ON u.company_id = p.company_id
+                 WHERE p.company_id = '\(a.text)' AND p.ends_at <= now();
+                """)
+            let usage = try await h.op(.GET, "/admin/v1/companies/\(a.text)/usage")
+            #expect(usage.status == 200)
+            let listed = usage.json["users"]?.arrayValue ?? []
+            #expect(listed.count == 4)
+            let used = Dictionary(uniqueKeysWithValues: listed.map { ($0["id"]?.stringValue ?? "", $0["used"]?.intValue ?? -1) })
+            #expect(used == [users[0].id.text: 0, users[1].id.text: 2, users[2].id.text: 1, users[3].id.text: 0])
+            #expect(usage.json["usage"]?["company"]?["used"]?.intValue == 3)
+        }
+    }
+
     @Test("company usage lists every user, unused ones at 0; the operator overview sorts by usage, pages on request, else lists all")
     func companyUsage() async throws {
         try await Harness.with { h in

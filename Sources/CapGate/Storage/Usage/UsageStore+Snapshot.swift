@@ -100,6 +100,11 @@ extension UsageStore {
     /// company per row (the rest repeated; NULL when it has none); then the cost budgets (SPEC
     /// §11) in micro-dollars: the company's used, held and budget, `user`'s used, held and own
     /// budget, the plan's per-user budget, and the listed user's used, held and own budget.
+    ///
+    /// Each listed user's counters are one probe of `user_usage`'s key (the `LATERAL … OFFSET 0`
+    /// keeps the planner from folding it into a join): as a plain join, a company of 640 users with
+    /// twelve past periods was read by a merge join on (company, period) filtering the user, every
+    /// user against every row of the period, 170 ms (BENCHMARKS.md session 41); probed, 10 ms.
     static func headerQuery(company: UUID, user: UUID?, listUsers: Bool, at: Date) -> PostgresQuery {
         """
         SELECT c.id, c.name, c.created_at, pp.plan_id, pp.started_at, pp.ends_at, pp.auto_renew, c.time_zone, c.webhook_url,
@@ -123,7 +128,11 @@ extension UsageStore {
               CASE WHEN pl.id IS NULL THEN 'no_active_plan' ELSE 'company_cap' END, pl.id, NULL, NULL, NULL
           ) AS up (id, monthly_company_cap, monthly_user_cap, feature_limit) ON true
           LEFT JOIN users u ON \(listUsers) AND u.company_id = c.id
-          LEFT JOIN user_usage ou ON ou.company_id = c.id AND ou.period_id = pp.id AND ou.user_id = u.id
+          LEFT JOIN LATERAL (
+              SELECT x.used, x.cost_used, x.cost_held FROM user_usage x
+               WHERE x.company_id = c.id AND x.period_id = pp.id AND x.user_id = u.id
+              OFFSET 0
+          ) ou ON true
          ORDER BY u.created_at, u.id
         """
     }
